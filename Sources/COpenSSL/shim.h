@@ -1,0 +1,86 @@
+#ifndef PINGATE_COPENSSL_SHIM_H
+#define PINGATE_COPENSSL_SHIM_H
+
+// Swift cannot import OpenSSL's function-like macros (most are thin wrappers over
+// *_ctrl calls) nor its variadic functions. Each wrapper below exposes exactly one
+// of those as a real function; nothing here holds logic of its own beyond that.
+
+#include <openssl/ssl.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
+#include <openssl/bio.h>
+#include <openssl/ec.h>
+#include <openssl/rand.h>
+#include <openssl/crypto.h>
+#include <openssl/opensslv.h>
+
+static inline int pg_SSL_CTX_set_min_proto_version(SSL_CTX *ctx, int version) {
+    return (int)SSL_CTX_set_min_proto_version(ctx, version);
+}
+
+static inline long pg_SSL_CTX_set_mode(SSL_CTX *ctx, long mode) {
+    return SSL_CTX_set_mode(ctx, mode);
+}
+
+static inline long pg_SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER(void) { return SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER; }
+static inline long pg_SSL_MODE_ENABLE_PARTIAL_WRITE(void) { return SSL_MODE_ENABLE_PARTIAL_WRITE; }
+static inline long pg_SSL_MODE_RELEASE_BUFFERS(void) { return SSL_MODE_RELEASE_BUFFERS; }
+
+static inline uint64_t pg_SSL_OP_NO_COMPRESSION(void) { return SSL_OP_NO_COMPRESSION; }
+static inline uint64_t pg_SSL_OP_NO_RENEGOTIATION(void) { return SSL_OP_NO_RENEGOTIATION; }
+static inline uint64_t pg_SSL_OP_CIPHER_SERVER_PREFERENCE(void) { return SSL_OP_CIPHER_SERVER_PREFERENCE; }
+
+static inline int pg_SSL_CTX_add1_chain_cert(SSL_CTX *ctx, X509 *cert) {
+    return (int)SSL_CTX_add1_chain_cert(ctx, cert);
+}
+
+static inline int pg_SSL_set_tlsext_host_name(SSL *ssl, const char *name) {
+    return (int)SSL_set_tlsext_host_name(ssl, name);
+}
+
+static inline int pg_SSL_set_app_data(SSL *ssl, void *arg) {
+    return SSL_set_app_data(ssl, arg);
+}
+
+static inline void *pg_SSL_get_app_data(const SSL *ssl) {
+    return SSL_get_app_data(ssl);
+}
+
+/// A memory BIO that answers "retry later" instead of EOF when it runs dry, which is
+/// what a sans-IO TLS engine needs: no bytes yet is not the end of the stream.
+static inline void pg_BIO_set_mem_eof_return(BIO *bio, int value) {
+    (void)BIO_set_mem_eof_return(bio, value);
+}
+
+static inline void pg_OPENSSL_free(void *ptr) { OPENSSL_free(ptr); }
+
+/// EVP_EC_gen is a variadic macro over EVP_PKEY_Q_keygen.
+static inline EVP_PKEY *pg_EVP_EC_gen_P256(void) {
+    return EVP_EC_gen("P-256");
+}
+
+/// X509V3_set_ctx_nodb is a macro that writes into the context struct; doing the
+/// whole "build one extension from its config text and add it" step here keeps the
+/// struct out of Swift.
+static inline int pg_X509_add_ext_conf(X509 *cert, X509 *issuer, int nid, const char *value) {
+    X509V3_CTX ctx;
+    X509V3_set_ctx_nodb(&ctx);
+    X509V3_set_ctx(&ctx, issuer, cert, NULL, NULL, 0);
+    X509_EXTENSION *ext = X509V3_EXT_conf_nid(NULL, &ctx, nid, value);
+    if (ext == NULL) return 0;
+    int ok = X509_add_ext(cert, ext, -1);
+    X509_EXTENSION_free(ext);
+    return ok;
+}
+
+static inline int pg_SSL_CLIENT_HELLO_SUCCESS(void) { return SSL_CLIENT_HELLO_SUCCESS; }
+static inline int pg_SSL_CLIENT_HELLO_RETRY(void) { return SSL_CLIENT_HELLO_RETRY; }
+static inline int pg_SSL_CLIENT_HELLO_ERROR(void) { return SSL_CLIENT_HELLO_ERROR; }
+static inline int pg_SSL_TLSEXT_ERR_OK(void) { return SSL_TLSEXT_ERR_OK; }
+static inline int pg_SSL_TLSEXT_ERR_NOACK(void) { return SSL_TLSEXT_ERR_NOACK; }
+static inline int pg_SSL_TLSEXT_ERR_ALERT_FATAL(void) { return SSL_TLSEXT_ERR_ALERT_FATAL; }
+
+#endif

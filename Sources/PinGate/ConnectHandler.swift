@@ -1,0 +1,289 @@
+import Foundation
+import Logging
+import NIOCore
+import PinGateTLS
+import PinList
+
+/// Drives one client connection from its first byte to an established tunnel or a
+/// refusal:
+///
+/// readingHead → (refused) | connectingUpstream → (refused) | handshakingClient → relaying
+///
+/// The upstream handshake and the pin verdict come first; only a trusted upstream gets a
+/// `200` and a minted leaf. A refused CONNECT is answered with the reason and closed;
+/// the upstream (if one was opened) saw the TLS handshake and nothing else.
+final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = ByteBuffer
+    typealias InboundOut = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    private enum State {
+        case readingHead
+        case connectingUpstream
+        case handshakingClient
+        case relaying
+        case done
+    }
+
+    /// Bytes a client may send after its head before the tunnel is up (an eager ClientHello).
+    private static let earlyBytesLimit = 64 * 1024
+
+    private let environment: GateEnvironment
+    private var parser: ConnectRequestParser
+    private var state = State.readingHead
+    private var request: ConnectRequest?
+    private var earlyBytes: [UInt8] = []
+    private var headTimeout: Scheduled<Void>?
+    private var started = NIODeadline.now()
+    private var clientAddress = "unknown"
+    private var upstream: UpstreamConnection?
+    private var clientChannel: Channel?
+
+    init(environment: GateEnvironment) {
+        self.environment = environment
+        self.parser = ConnectRequestParser(maximumHeadBytes: environment.configuration.maximumHeadBytes)
+    }
+
+    // MARK: channel events
+
+    func channelActive(context: ChannelHandlerContext) {
+        started = .now()
+        clientChannel = context.channel
+        clientAddress = context.channel.remoteAddress.map(Self.describe) ?? "unknown"
+        headTimeout = context.eventLoop.assumeIsolated().scheduleTask(in: environment.configuration.headTimeout) {
+            guard self.state == .readingHead else { return }
+            self.refuse(context: context, .head(HeadRejection(
+                status: 408, reason: "request-timeout",
+                detail: "the CONNECT request head did not arrive within \(self.environment.configuration.headTimeout.nanoseconds / 1_000_000_000) s")))
+        }
+        context.fireChannelActive()
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let bytes = unwrapInboundIn(data)
+        switch state {
+        case .readingHead:
+            let outcome = bytes.withUnsafeReadableBytes { parser.feed($0) }
+            switch outcome {
+            case .needMoreBytes:
+                break
+            case .rejected(let rejection):
+                refuse(context: context, .head(rejection))
+            case .request(let parsed, let leftover):
+                headTimeout?.cancel()
+                request = parsed
+                earlyBytes = leftover
+                startUpstream(context: context, request: parsed)
+            }
+        case .connectingUpstream:
+            earlyBytes.append(contentsOf: bytes.readableBytesView)
+            if earlyBytes.count > Self.earlyBytesLimit { context.close(promise: nil) }
+        case .handshakingClient, .relaying, .done:
+            break
+        }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        headTimeout?.cancel()
+        if state == .readingHead || state == .connectingUpstream { state = .done }
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: Error) {
+        environment.logger.debug("client connection error", metadata: ["client": "\(clientAddress)", "error": "\(error)"])
+        context.close(promise: nil)
+    }
+
+    // MARK: upstream and verdict
+
+    private func startUpstream(context: ChannelHandlerContext, request: ConnectRequest) {
+        let list = environment.store.list
+        guard environment.policy.isPinned(host: request.host, list: list, now: environment.now()) else {
+            // Deny by default, and without touching the network.
+            refuse(context: context, .verdict(.empty))
+            return
+        }
+        state = .connectingUpstream
+        connectUpstream(context: context, alpnOffer: environment.configuration.upstreamALPNOffer)
+            .assumeIsolated().whenComplete { result in
+                switch result {
+                case .success(let connection):
+                    guard self.state == .connectingUpstream else {
+                        connection.channel.close(promise: nil) // the client left meanwhile
+                        return
+                    }
+                    let verdict = self.evaluate(connection)
+                    guard verdict.isTrusted else {
+                        connection.channel.close(promise: nil)
+                        self.refuse(context: context, .verdict(verdict), upstream: connection)
+                        return
+                    }
+                    self.admit(context: context, upstream: connection)
+                case .failure(let error):
+                    guard self.state == .connectingUpstream else { return }
+                    let refusal = (error as? UpstreamFailure)?.refusal ?? .upstreamUnreachable("\(error)")
+                    self.refuse(context: context, refusal)
+                }
+            }
+    }
+
+    private func connectUpstream(context: ChannelHandlerContext, alpnOffer: [String]?) -> EventLoopFuture<UpstreamConnection> {
+        guard let request else { return context.eventLoop.makeFailedFuture(UpstreamFailure.unreachable("no request")) }
+        let statistics = environment.statistics
+        return environment.connector.connect(
+            host: request.host, port: request.port, alpnOffer: alpnOffer, on: context.eventLoop,
+            countRelayed: { statistics.relayed(up: 0, down: $0) })
+    }
+
+    private func evaluate(_ connection: UpstreamConnection) -> Verdict {
+        environment.policy.evaluate(
+            host: request?.host ?? "",
+            leafFingerprint: connection.peer.leaf?.sha256Fingerprint,
+            chain: .init(valid: connection.peer.chainAndHostnameValid, reason: connection.peer.verifyReason),
+            list: environment.store.list,
+            now: environment.now())
+    }
+
+    // MARK: refusal
+
+    private func refuse(context: ChannelHandlerContext, _ refusal: Refusal, upstream: UpstreamConnection? = nil) {
+        guard state != .done else { return }
+        state = .done
+        headTimeout?.cancel()
+        environment.statistics.recordDecision(refusal.reason)
+        logDecision(verdict: "refused", reason: refusal.reason, observed: refusal.observedFingerprint, upstream: upstream, level: .notice)
+        let host = request?.host ?? "-"
+        let port = request?.port ?? 0
+        var buffer = context.channel.allocator.buffer(capacity: 512)
+        buffer.writeBytes(refusal.httpResponse(host: host, port: port))
+        context.writeAndFlush(wrapOutboundOut(buffer)).assumeIsolated().whenComplete { _ in
+            context.close(promise: nil)
+        }
+    }
+
+    // MARK: tunnel
+
+    private func admit(context: ChannelHandlerContext, upstream connection: UpstreamConnection) {
+        guard let request else { return }
+        let serverConnection: TLSConnection
+        do {
+            let leaf = try environment.minter.leaf(for: request.host, now: environment.now())
+            serverConnection = try TLSConnection(
+                serverOf: leaf.context,
+                options: .init(preferredALPN: connection.peer.alpn, pauseWhenPreferredALPNMissing: true))
+        } catch {
+            connection.channel.close(promise: nil)
+            refuse(context: context, .internalError("cannot mint a leaf for \(request.host): \(error)"))
+            return
+        }
+        state = .handshakingClient
+        upstream = connection
+        watchUpstreamBeforeJoin(connection)
+        environment.statistics.recordDecision("trusted")
+        environment.statistics.tunnelOpened()
+        let statistics = environment.statistics
+        context.channel.closeFuture.assumeIsolated().whenComplete { _ in
+            statistics.tunnelClosed()
+            self.upstream?.channel.close(promise: nil)
+        }
+
+        var established = context.channel.allocator.buffer(capacity: 64)
+        established.writeString("HTTP/1.1 200 Connection established\r\n\r\n")
+        context.writeAndFlush(wrapOutboundOut(established), promise: nil)
+
+        let handshake = context.eventLoop.makePromise(of: TLSPeerSummary.self)
+        let tls = TLSHandler(connection: serverConnection, handshakePromise: handshake) { offer in
+            self.reconnectForClientOffer(context: context, offer: offer)
+        }
+        let clientGlue = GlueHandler(countRelayed: { statistics.relayed(up: $0, down: 0) })
+        do {
+            try context.pipeline.syncOperations.addHandlers(
+                [IdleStateHandler(allTimeout: environment.configuration.idleTimeout), tls, clientGlue], position: .last)
+        } catch {
+            context.close(promise: nil)
+            return
+        }
+        handshake.futureResult.assumeIsolated().whenComplete { result in
+            switch result {
+            case .success(let client):
+                guard let upstream = self.upstream else { return }
+                self.state = .relaying
+                GlueHandler.join(clientGlue, upstream.glue.value)
+                self.logDecision(verdict: "trusted", reason: "trusted", observed: upstream.peer.leaf?.sha256Fingerprint,
+                                 upstream: upstream, level: .info, clientALPN: client.alpn)
+            case .failure(let error):
+                self.environment.statistics.clientHandshakeFailed()
+                self.environment.logger.notice("client TLS handshake failed", metadata: [
+                    "client": "\(self.clientAddress)", "host": "\(request.host)", "error": "\(error)",
+                ])
+                self.upstream?.channel.close(promise: nil)
+                context.close(promise: nil)
+            }
+        }
+        let early = earlyBytes
+        earlyBytes = []
+        context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
+        if !early.isEmpty {
+            var buffer = context.channel.allocator.buffer(capacity: early.count)
+            buffer.writeBytes(early)
+            context.fireChannelRead(wrapInboundOut(buffer))
+            context.fireChannelReadComplete()
+        }
+    }
+
+    /// Until the tunnel is joined, an upstream that goes away takes the client with it.
+    private func watchUpstreamBeforeJoin(_ connection: UpstreamConnection) {
+        connection.channel.closeFuture.assumeIsolated().whenComplete { _ in
+            guard self.state == .handshakingClient, self.upstream?.channel === connection.channel else { return }
+            self.clientChannel?.close(promise: nil)
+        }
+    }
+
+    /// The client cannot speak the protocol the upstream chose (e.g. it offered only
+    /// `http/1.1` and the upstream picked `h2`): open a fresh upstream with the client's
+    /// exact offer, pin-check that one too, and resume the client handshake with its choice.
+    private func reconnectForClientOffer(context: ChannelHandlerContext, offer: [String]?) -> EventLoopFuture<String?> {
+        let previous = upstream
+        upstream = nil
+        previous?.channel.close(promise: nil)
+        return connectUpstream(context: context, alpnOffer: offer).assumeIsolated().flatMapThrowing { connection in
+            let verdict = self.evaluate(connection)
+            guard verdict.isTrusted, self.state == .handshakingClient else {
+                connection.channel.close(promise: nil)
+                self.environment.statistics.recordDecision(verdict.reasonToken)
+                self.logDecision(verdict: "refused", reason: verdict.reasonToken, observed: verdict.observedFingerprint,
+                                 upstream: connection, level: .notice)
+                throw TLSHandlerError.abandonedAtClientHello(verdict.reasonToken)
+            }
+            self.upstream = connection
+            self.watchUpstreamBeforeJoin(connection)
+            return connection.peer.alpn
+        }.nonisolated()
+    }
+
+    // MARK: log
+
+    private func logDecision(verdict: String, reason: String, observed: String?, upstream: UpstreamConnection?,
+                             level: Logger.Level, clientALPN: String? = nil) {
+        var metadata: Logger.Metadata = [
+            "client": "\(clientAddress)",
+            "host": "\(request?.host ?? "-")",
+            "port": "\(request?.port ?? 0)",
+            "verdict": "\(verdict)",
+            "reason": "\(reason)",
+            "observed_fingerprint": "\(observed ?? "-")",
+            "duration_ms": "\((NIODeadline.now() - started).nanoseconds / 1_000_000)",
+        ]
+        if let upstream {
+            metadata["upstream_handshake_ms"] = "\(upstream.handshakeDuration.nanoseconds / 1_000_000)"
+            metadata["alpn"] = "\(upstream.peer.alpn ?? "-")"
+        }
+        if let clientALPN { metadata["client_alpn"] = "\(clientALPN)" }
+        environment.logger.log(level: level, "connect decision", metadata: metadata)
+    }
+
+    private static func describe(_ address: SocketAddress) -> String {
+        guard let ip = address.ipAddress, let port = address.port else { return "\(address)" }
+        return ip.contains(":") ? "[\(ip)]:\(port)" : "\(ip):\(port)"
+    }
+}

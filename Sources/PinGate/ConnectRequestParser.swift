@@ -1,0 +1,179 @@
+import PinGateTLS
+import PinList
+
+/// A parsed `CONNECT host:port HTTP/1.1` request.
+public struct ConnectRequest: Sendable, Equatable {
+    /// The normalized target host: lower case, no trailing dot, IPv6 without brackets.
+    public let host: String
+    /// The target port.
+    public let port: Int
+    /// True when `host` is an IPv4 or IPv6 literal.
+    public let isIPLiteral: Bool
+
+    /// `host:port`, with brackets around IPv6, as it would appear in a request line.
+    public var authority: String {
+        host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
+    }
+}
+
+/// Why a request head was turned away before any upstream work.
+public struct HeadRejection: Error, Sendable, Equatable {
+    /// The HTTP status to answer with.
+    public let status: Int
+    /// The machine-readable reason token (`Pingate-Refusal`).
+    public let reason: String
+    /// What went wrong, for the response body and the log.
+    public let detail: String
+}
+
+/// A sans-IO parser for the proxy's request head: feed it bytes as they arrive and it
+/// says when it has a CONNECT request, or why the head is refused.
+///
+/// Limits: the head may be at most `maximumHeadBytes` (answer 431 beyond); lines end in
+/// CRLF (a bare LF is tolerated, as RFC 9112 §2.2 allows).
+public struct ConnectRequestParser: Sendable {
+    /// What one `feed` produced.
+    public enum Outcome: Sendable, Equatable {
+        /// The head is not complete yet.
+        case needMoreBytes
+        /// A complete CONNECT request; `leftover` are bytes that followed the head.
+        case request(ConnectRequest, leftover: [UInt8])
+        /// The head is refused; answer with the rejection's status and close.
+        case rejected(HeadRejection)
+    }
+
+    /// The largest accepted request head, blank line included.
+    public let maximumHeadBytes: Int
+    private var buffer: [UInt8] = []
+    private var scanFrom = 0
+    private var finished = false
+
+    /// A parser accepting heads of at most `maximumHeadBytes` (16 KiB by default).
+    public init(maximumHeadBytes: Int = 16 * 1024) {
+        self.maximumHeadBytes = maximumHeadBytes
+    }
+
+    /// Adds `bytes` and reports whether the head is complete.
+    public mutating func feed<Bytes: Collection>(_ bytes: Bytes) -> Outcome where Bytes.Element == UInt8 {
+        guard !finished else { return .needMoreBytes }
+        buffer.append(contentsOf: bytes)
+        guard let (headEnd, bodyStart) = findEndOfHead() else {
+            if buffer.count > maximumHeadBytes { return finish(.rejected(Self.tooLarge)) }
+            return .needMoreBytes
+        }
+        if headEnd > maximumHeadBytes { return finish(.rejected(Self.tooLarge)) }
+        let leftover = Array(buffer[bodyStart...])
+        switch Self.parseHead(buffer[..<headEnd]) {
+        case .success(let request): return finish(.request(request, leftover: leftover))
+        case .failure(let rejection): return finish(.rejected(rejection))
+        }
+    }
+
+    private static let tooLarge = HeadRejection(status: 431, reason: "header-too-large", detail: "the request head exceeds 16 KiB")
+
+    private mutating func finish(_ outcome: Outcome) -> Outcome {
+        finished = true
+        buffer = []
+        return outcome
+    }
+
+    /// Finds the blank line that ends the head: returns where the head's text ends and
+    /// where the bytes after it begin.
+    private mutating func findEndOfHead() -> (Int, Int)? {
+        var index = max(0, scanFrom)
+        while index < buffer.count {
+            if buffer[index] == UInt8(ascii: "\n") {
+                // "\n\n" or "\n\r\n" ends the head.
+                if index + 1 < buffer.count, buffer[index + 1] == UInt8(ascii: "\n") { return (index, index + 2) }
+                if index + 2 < buffer.count, buffer[index + 1] == UInt8(ascii: "\r"), buffer[index + 2] == UInt8(ascii: "\n") {
+                    return (index, index + 3)
+                }
+            }
+            index += 1
+        }
+        // Rescan the last two bytes next time: the terminator may straddle two reads.
+        scanFrom = max(0, buffer.count - 2)
+        return nil
+    }
+
+    private static func parseHead(_ head: ArraySlice<UInt8>) -> Result<ConnectRequest, HeadRejection> {
+        guard let text = String(validating: head, as: UTF8.self) else {
+            return .failure(bad("the request head is not valid UTF-8"))
+        }
+        var lines = text.split(separator: "\n", omittingEmptySubsequences: false).map { line -> Substring in
+            line.hasSuffix("\r") ? line.dropLast() : line
+        }
+        guard !lines.isEmpty else { return .failure(bad("empty request")) }
+        let requestLine = lines.removeFirst()
+        let parts = requestLine.split(separator: " ", omittingEmptySubsequences: false)
+        guard parts.count == 3, !parts[0].isEmpty, parts[0].allSatisfy(isTokenCharacter) else {
+            return .failure(bad("the request line must be `METHOD TARGET HTTP/1.1`"))
+        }
+        guard parts[2] == "HTTP/1.1" || parts[2] == "HTTP/1.0" else {
+            return .failure(bad("unsupported protocol version \(parts[2])"))
+        }
+        for line in lines where !line.isEmpty {
+            guard let colon = line.firstIndex(of: ":"), colon != line.startIndex,
+                  line[..<colon].allSatisfy(isTokenCharacter)
+            else { return .failure(bad("malformed header line")) }
+        }
+        guard parts[0] == "CONNECT" else {
+            return .failure(HeadRejection(
+                status: 405, reason: "method-not-allowed",
+                detail: "pingate forwards only HTTPS via CONNECT; plain HTTP (\(parts[0])) cannot be pinned, so it is refused"))
+        }
+        return parseAuthority(parts[1])
+    }
+
+    /// Parses `host:port`, `[v6]:port`; validates names, IPv4 and IPv6 literals and the port.
+    static func parseAuthority(_ authority: Substring) -> Result<ConnectRequest, HeadRejection> {
+        let host: Substring
+        let portText: Substring
+        if authority.hasPrefix("[") {
+            guard let close = authority.firstIndex(of: "]") else { return .failure(bad("unterminated IPv6 literal")) }
+            host = authority[authority.index(after: authority.startIndex)..<close]
+            let rest = authority[authority.index(after: close)...]
+            guard rest.hasPrefix(":") else { return .failure(bad("the CONNECT target needs a port")) }
+            portText = rest.dropFirst()
+            guard host.contains(":"), IPAddressText.isIPLiteral(String(host)) else {
+                return .failure(bad("invalid IPv6 literal [\(host)]"))
+            }
+        } else {
+            guard let colon = authority.lastIndex(of: ":") else { return .failure(bad("the CONNECT target needs a port")) }
+            host = authority[..<colon]
+            portText = authority[authority.index(after: colon)...]
+            guard !host.contains(":") else { return .failure(bad("IPv6 literals must be in brackets")) }
+        }
+        guard !portText.isEmpty, portText.count <= 5, portText.allSatisfy({ $0.isASCII && $0.isNumber }),
+              let port = Int(portText), (1...65535).contains(port)
+        else { return .failure(bad("invalid port \"\(portText)\"")) }
+        let hostText = String(host)
+        if IPAddressText.isIPLiteral(hostText) {
+            return .success(ConnectRequest(host: hostText.lowercased(), port: port, isIPLiteral: true))
+        }
+        let name = HostName.normalize(hostText)
+        guard isValidHostName(name) else { return .failure(bad("invalid host name \"\(hostText)\"")) }
+        return .success(ConnectRequest(host: name, port: port, isIPLiteral: false))
+    }
+
+    /// Letters, digits, `-` and `_`, in dot-separated labels of 1–63 characters, 253 in all.
+    static func isValidHostName(_ name: String) -> Bool {
+        guard !name.isEmpty, name.utf8.count <= 253 else { return false }
+        return name.split(separator: ".", omittingEmptySubsequences: false).allSatisfy { label in
+            !label.isEmpty && label.utf8.count <= 63 && !label.hasPrefix("-") && !label.hasSuffix("-")
+                && label.utf8.allSatisfy { byte in
+                    (byte >= 0x61 && byte <= 0x7A) || (byte >= 0x30 && byte <= 0x39) || byte == 0x2D || byte == 0x5F
+                }
+        }
+    }
+
+    private static func isTokenCharacter(_ character: Character) -> Bool {
+        guard let ascii = character.asciiValue else { return false }
+        if (ascii >= 0x30 && ascii <= 0x39) || (ascii >= 0x41 && ascii <= 0x5A) || (ascii >= 0x61 && ascii <= 0x7A) { return true }
+        return "!#$%&'*+-.^_`|~".utf8.contains(ascii)
+    }
+
+    private static func bad(_ detail: String) -> HeadRejection {
+        HeadRejection(status: 400, reason: "bad-request", detail: detail)
+    }
+}

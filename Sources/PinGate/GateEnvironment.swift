@@ -1,0 +1,18 @@
+import Foundation
+import Logging
+import PinGateCA
+import PinList
+
+/// What every connection of one gate shares: settings, the list in force, the policy,
+/// the leaf minter, the upstream connector, the counters, the logger and the clock.
+struct GateEnvironment: Sendable {
+    let configuration: GateConfiguration
+    let store: PinListStore
+    let policy: PinPolicy
+    let minter: LeafMinter
+    let connector: UpstreamConnector
+    let statistics: GateStatistics
+    let logger: Logger
+    /// The clock: injectable so expiry behaviour is testable at fixed times.
+    let now: @Sendable () -> Date
+}

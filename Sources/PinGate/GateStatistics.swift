@@ -1,0 +1,44 @@
+import Synchronization
+
+/// Counters the gate keeps about its tunnels: what tests assert on and what the admin
+/// endpoint will report.
+public final class GateStatistics: Sendable {
+    /// A point-in-time copy of every counter.
+    public struct Snapshot: Sendable, Equatable {
+        /// CONNECTs decided, by reason token ("trusted", "empty", "pin-mismatch", …).
+        public var connectsByReason: [String: Int] = [:]
+        /// Tunnels relaying now.
+        public var openTunnels: Int = 0
+        /// Plaintext bytes relayed from clients to upstreams.
+        public var bytesUp: Int = 0
+        /// Plaintext bytes relayed from upstreams to clients.
+        public var bytesDown: Int = 0
+        /// Upstream TCP connections opened.
+        public var upstreamConnections: Int = 0
+        /// Client-side TLS handshakes that failed after a 200.
+        public var clientHandshakeFailures: Int = 0
+
+        /// The count for one reason token.
+        public func count(_ reason: String) -> Int { connectsByReason[reason, default: 0] }
+    }
+
+    private let state = Mutex(Snapshot())
+
+    /// Creates zeroed counters.
+    public init() {}
+
+    /// A copy of every counter now.
+    public var snapshot: Snapshot { state.withLock { $0 } }
+
+    func recordDecision(_ reason: String) { state.withLock { $0.connectsByReason[reason, default: 0] += 1 } }
+    func tunnelOpened() { state.withLock { $0.openTunnels += 1 } }
+    func tunnelClosed() { state.withLock { $0.openTunnels -= 1 } }
+    func upstreamConnectionOpened() { state.withLock { $0.upstreamConnections += 1 } }
+    func clientHandshakeFailed() { state.withLock { $0.clientHandshakeFailures += 1 } }
+    func relayed(up: Int, down: Int) {
+        state.withLock {
+            $0.bytesUp += up
+            $0.bytesDown += down
+        }
+    }
+}

@@ -1,0 +1,106 @@
+import CNghttp2
+import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+import PinGateCA
+import PinGateTLS
+import PinList
+
+/// A running gate: the CONNECT listener and everything its connections share.
+public final class PinGateServer: Sendable {
+    /// The settings it was started with.
+    public let configuration: GateConfiguration
+    /// The fingerprint list in force (replaceable while running).
+    public let store: PinListStore
+    /// Tunnel counters.
+    public let statistics: GateStatistics
+    /// The leaf minter (its counters show cache behaviour).
+    public let minter: LeafMinter
+    private let group: MultiThreadedEventLoopGroup
+    private let listener: Channel
+
+    private init(configuration: GateConfiguration, store: PinListStore, statistics: GateStatistics,
+                 minter: LeafMinter, group: MultiThreadedEventLoopGroup, listener: Channel) {
+        self.configuration = configuration
+        self.store = store
+        self.statistics = statistics
+        self.minter = minter
+        self.group = group
+        self.listener = listener
+    }
+
+    /// Starts listening. The upstream trust roots are loaded now, so a bad `--upstream-ca`
+    /// fails here rather than on the first CONNECT.
+    public static func start(
+        configuration: GateConfiguration,
+        store: PinListStore,
+        ca: LocalCA,
+        logger: Logger,
+        now: @escaping @Sendable () -> Date = { Date() }
+    ) async throws -> PinGateServer {
+        // A write to a peer that has gone away must be an error, not the end of the process.
+        signal(SIGPIPE, SIG_IGN)
+        let upstreamContext = try TLSContext.client(trustRoots: configuration.upstreamTrust)
+        let statistics = GateStatistics()
+        let minter = try LeafMinter(ca: ca)
+        let environment = GateEnvironment(
+            configuration: configuration,
+            store: store,
+            policy: PinPolicy(pinsOnlyHosts: configuration.pinsOnlyHosts),
+            minter: minter,
+            connector: UpstreamConnector(configuration: configuration, tlsContext: upstreamContext, statistics: statistics),
+            statistics: statistics,
+            logger: logger,
+            now: now)
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: max(1, configuration.eventLoopThreads))
+        do {
+            let listener = try await ServerBootstrap(group: group)
+                .serverChannelOption(.backlog, value: 256)
+                .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+                .childChannelOption(.allowRemoteHalfClosure, value: true)
+                .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
+                .childChannelInitializer { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        try channel.pipeline.syncOperations.addHandler(ConnectHandler(environment: environment))
+                    }
+                }
+                .bind(host: configuration.listenHost, port: configuration.listenPort)
+                .get()
+            logger.info("pingate listening", metadata: [
+                "address": "\(listener.localAddress.map { "\($0)" } ?? "?")",
+                "openssl": "\(OpenSSLVersion.text)",
+                "nghttp2": "\(Self.nghttp2Version)",
+            ])
+            return PinGateServer(configuration: configuration, store: store, statistics: statistics,
+                                 minter: minter, group: group, listener: listener)
+        } catch {
+            try? await group.shutdownGracefully()
+            throw error
+        }
+    }
+
+    /// The bound address (its port is the real one when 0 was asked for).
+    public var localAddress: SocketAddress? { listener.localAddress }
+
+    /// The bound port.
+    public var port: Int { listener.localAddress?.port ?? 0 }
+
+    /// Waits until the listener closes.
+    public func waitUntilClosed() async throws {
+        try await listener.closeFuture.get()
+    }
+
+    /// Stops listening, closes every connection and stops the event loops.
+    public func shutdown() async throws {
+        try? await listener.close()
+        try await group.shutdownGracefully()
+    }
+
+    /// The version of the linked libnghttp2 (declared now so the build proves it links;
+    /// HTTP/2 inspection comes later).
+    public static var nghttp2Version: String {
+        guard let info = nghttp2_version(0), let text = info.pointee.version_str else { return "unknown" }
+        return String(cString: text)
+    }
+}

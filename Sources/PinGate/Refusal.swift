@@ -1,0 +1,102 @@
+import PinList
+
+/// Why the gate refused a CONNECT, with everything the answer and the log need.
+public enum Refusal: Sendable, Equatable {
+    /// The request head itself was refused (400, 405, 408, 431).
+    case head(HeadRejection)
+    /// The pin policy said no (403 `empty`, 502 `pin-mismatch` or `chain-invalid`).
+    case verdict(Verdict)
+    /// The upstream did not connect or finish its handshake in time (504).
+    case upstreamTimeout(String)
+    /// The upstream could not be reached: refused, unresolvable, reset (502).
+    case upstreamUnreachable(String)
+    /// The upstream TLS handshake failed (502).
+    case upstreamHandshakeFailed(String)
+    /// The gate itself failed, e.g. could not mint a leaf (500).
+    case internalError(String)
+
+    /// The HTTP status for the CONNECT answer.
+    public var status: Int {
+        switch self {
+        case .head(let rejection): return rejection.status
+        case .verdict(.empty): return 403
+        case .verdict: return 502
+        case .upstreamTimeout: return 504
+        case .upstreamUnreachable, .upstreamHandshakeFailed: return 502
+        case .internalError: return 500
+        }
+    }
+
+    /// The machine-readable reason token sent in `Pingate-Refusal`.
+    public var reason: String {
+        switch self {
+        case .head(let rejection): return rejection.reason
+        case .verdict(let verdict): return verdict.reasonToken
+        case .upstreamTimeout: return "upstream-timeout"
+        case .upstreamUnreachable: return "upstream-unreachable"
+        case .upstreamHandshakeFailed: return "upstream-tls-failed"
+        case .internalError: return "internal-error"
+        }
+    }
+
+    /// The fingerprint the upstream presented, when one was seen.
+    public var observedFingerprint: String? {
+        if case .verdict(let verdict) = self { return verdict.observedFingerprint }
+        return nil
+    }
+
+    /// A short human explanation: what happened and what to do.
+    public func explanation(host: String, port: Int) -> String {
+        switch self {
+        case .head(let rejection):
+            return rejection.detail
+        case .verdict(.empty):
+            return "\(host) has no unexpired pin in the fingerprint list, so pingate refuses it (deny by default) and made no connection to it. Add a signed entry for \(host) to the list if this host should be reachable."
+        case .verdict(.untrusted(let observed, let expected)):
+            return "\(host):\(port) presented a certificate with SHA-256 \(observed), which matches none of its pins (\(expected.joined(separator: ", "))). Someone may be intercepting the connection, or the certificate rotated without a list update. Nothing was forwarded."
+        case .verdict(.chainInvalid(let reason, _)):
+            return "\(host):\(port) presented a pinned certificate, but its chain or host name failed validation: \(reason). Nothing was forwarded."
+        case .verdict(.trusted):
+            return "trusted"
+        case .upstreamTimeout(let detail):
+            return "\(host):\(port) did not answer in time (\(detail)). Nothing was forwarded."
+        case .upstreamUnreachable(let detail):
+            return "\(host):\(port) could not be reached: \(detail)."
+        case .upstreamHandshakeFailed(let detail):
+            return "the TLS handshake with \(host):\(port) failed: \(detail). Nothing was forwarded."
+        case .internalError(let detail):
+            return "pingate failed internally: \(detail)."
+        }
+    }
+
+    /// The complete HTTP/1.1 answer: status, `Pingate-Refusal`, the observed fingerprint
+    /// where known, and a short text body. The connection is closed after it.
+    public func httpResponse(host: String, port: Int) -> [UInt8] {
+        let body = explanation(host: host, port: port) + "\n"
+        var head = "HTTP/1.1 \(status) \(Self.reasonPhrase(status))\r\n"
+        head += "Pingate-Refusal: \(reason)\r\n"
+        if let observed = observedFingerprint, !observed.isEmpty {
+            head += "Pingate-Observed-Fingerprint: \(observed)\r\n"
+        }
+        if status == 405 { head += "Allow: CONNECT\r\n" }
+        head += "Content-Type: text/plain; charset=utf-8\r\n"
+        head += "Content-Length: \(body.utf8.count)\r\n"
+        head += "Connection: close\r\n\r\n"
+        return Array((head + body).utf8)
+    }
+
+    static func reasonPhrase(_ status: Int) -> String {
+        switch status {
+        case 400: return "Bad Request"
+        case 403: return "Forbidden"
+        case 405: return "Method Not Allowed"
+        case 408: return "Request Timeout"
+        case 431: return "Request Header Fields Too Large"
+        case 500: return "Internal Server Error"
+        case 502: return "Bad Gateway"
+        case 503: return "Service Unavailable"
+        case 504: return "Gateway Timeout"
+        default: return "Error"
+        }
+    }
+}

@@ -1,0 +1,285 @@
+import NIOCore
+import PinGateTLS
+
+/// Errors the TLS channel handler raises itself.
+public enum TLSHandlerError: Error, Equatable, Sendable {
+    /// The peer closed the TCP connection before the handshake finished.
+    case closedDuringHandshake
+    /// The handshake did not finish within its deadline.
+    case handshakeTimedOut
+    /// Someone decided, at the ClientHello pause, that this connection must not go on.
+    case abandonedAtClientHello(String)
+}
+
+/// Drives a sans-IO `TLSConnection` inside a NIO pipeline: ciphertext from the socket
+/// goes in, plaintext goes up the pipeline; plaintext written down the pipeline is
+/// encrypted and goes out. close_notify maps to NIO's half-close in both directions.
+final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
+    typealias InboundIn = ByteBuffer
+    typealias InboundOut = ByteBuffer
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    /// Asked at a server-side ClientHello pause with the client's ALPN offer; answers
+    /// the ALPN protocol to select when the handshake resumes, or fails to abandon it.
+    typealias ClientHelloResponder = (_ offeredALPN: [String]?) -> EventLoopFuture<String?>
+
+    private enum State {
+        case handshaking
+        case pausedAtClientHello
+        case active
+        case closed
+    }
+
+    private static let readChunk = 16 * 1024
+
+    private let connection: TLSConnection
+    private var state: State = .handshaking
+    private var handshakePromise: EventLoopPromise<TLSPeerSummary>?
+    private let clientHelloResponder: ClientHelloResponder?
+    private var bufferedWrites: [(ByteBuffer, EventLoopPromise<Void>?)] = []
+    private var flushWhenActive = false
+    private var receivedCloseNotify = false
+    private var sentCloseNotify = false
+    private var firedInputClosed = false
+    private var producedPlaintext = false
+
+    /// Wraps `connection`; `handshakePromise` completes with the peer summary or the failure.
+    init(connection: TLSConnection, handshakePromise: EventLoopPromise<TLSPeerSummary>?, clientHelloResponder: ClientHelloResponder? = nil) {
+        self.connection = connection
+        self.handshakePromise = handshakePromise
+        self.clientHelloResponder = clientHelloResponder
+    }
+
+    // MARK: inbound
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        if connection.role == .client && context.channel.isActive { advance(context: context) }
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        context.fireChannelActive()
+        if connection.role == .client { advance(context: context) }
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let ciphertext = unwrapInboundIn(data)
+        guard state != .closed else { return }
+        ciphertext.withUnsafeReadableBytes { connection.feedCiphertext($0) }
+        advance(context: context)
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        if producedPlaintext {
+            producedPlaintext = false
+            context.fireChannelReadComplete()
+        }
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if let event = event as? ChannelEvent, event == .inputClosed {
+            switch state {
+            case .handshaking, .pausedAtClientHello:
+                fail(context: context, error: TLSHandlerError.closedDuringHandshake)
+            case .active, .closed:
+                // A TCP FIN without close_notify is a truncation; the relay treats it
+                // as end of input all the same, and says so only once.
+                fireInputClosedOnce(context: context)
+            }
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        if state != .active { handshakePromise?.fail(TLSHandlerError.closedDuringHandshake) }
+        handshakePromise = nil
+        state = .closed
+        failBufferedWrites(ChannelError.ioOnClosedChannel)
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: Error) {
+        handshakePromise?.fail(error)
+        handshakePromise = nil
+        context.fireErrorCaught(error)
+    }
+
+    // MARK: outbound
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        let plaintext = unwrapOutboundIn(data)
+        switch state {
+        case .handshaking, .pausedAtClientHello:
+            bufferedWrites.append((plaintext, promise))
+        case .active:
+            encrypt(context: context, plaintext, promise: promise)
+        case .closed:
+            promise?.fail(ChannelError.ioOnClosedChannel)
+        }
+    }
+
+    func flush(context: ChannelHandlerContext) {
+        if state == .active {
+            context.flush()
+        } else {
+            flushWhenActive = true
+        }
+    }
+
+    func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
+        switch mode {
+        case .output, .all:
+            if state == .active && !sentCloseNotify {
+                sentCloseNotify = true
+                connection.sendCloseNotify()
+                writeCiphertext(context: context, promise: nil)
+                context.flush()
+            }
+            if mode == .all {
+                state = .closed
+                failBufferedWrites(ChannelError.ioOnClosedChannel)
+            }
+            context.close(mode: mode, promise: promise)
+        case .input:
+            context.close(mode: mode, promise: promise)
+        }
+    }
+
+    // MARK: engine
+
+    /// Runs the handshake and then the read loop as far as the bytes fed allow, and
+    /// sends whatever ciphertext that produced.
+    private func advance(context: ChannelHandlerContext) {
+        if state == .handshaking { runHandshake(context: context) }
+        if state == .active { readPlaintext(context: context) }
+        if writeCiphertext(context: context, promise: nil) { context.flush() }
+    }
+
+    private func runHandshake(context: ChannelHandlerContext) {
+        switch connection.handshake() {
+        case .needsMoreInput:
+            break
+        case .complete:
+            state = .active
+            if writeCiphertext(context: context, promise: nil) { context.flush() }
+            let summary = connection.peerSummary()
+            handshakePromise?.succeed(summary)
+            handshakePromise = nil
+            let pending = bufferedWrites
+            bufferedWrites = []
+            for (plaintext, promise) in pending { encrypt(context: context, plaintext, promise: promise) }
+            if flushWhenActive || !pending.isEmpty {
+                flushWhenActive = false
+                context.flush()
+            }
+        case .pausedAtClientHello(let offeredALPN):
+            guard let responder = clientHelloResponder else {
+                connection.resumeAfterClientHello(preferredALPN: nil)
+                runHandshake(context: context)
+                return
+            }
+            state = .pausedAtClientHello
+            responder(offeredALPN).assumeIsolated().whenComplete { result in
+                guard self.state == .pausedAtClientHello else { return }
+                switch result {
+                case .success(let preferred):
+                    self.connection.resumeAfterClientHello(preferredALPN: preferred)
+                    self.state = .handshaking
+                    self.advance(context: context)
+                case .failure(let error):
+                    self.fail(context: context, error: error)
+                }
+            }
+        case .failed(let error):
+            // Send the alert OpenSSL queued, so the peer learns why.
+            if writeCiphertext(context: context, promise: nil) { context.flush() }
+            fail(context: context, error: error)
+        }
+    }
+
+    private func readPlaintext(context: ChannelHandlerContext) {
+        while state == .active && !receivedCloseNotify {
+            var outcome = TLSReadOutcome.needsMoreInput
+            var buffer = context.channel.allocator.buffer(capacity: Self.readChunk)
+            _ = buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: Self.readChunk) { space in
+                outcome = connection.readPlaintext(into: space)
+                if case .bytes(let count) = outcome { return count }
+                return 0
+            }
+            switch outcome {
+            case .bytes(let count) where count > 0:
+                producedPlaintext = true
+                context.fireChannelRead(wrapInboundOut(buffer))
+            case .bytes, .needsMoreInput:
+                return
+            case .closeNotify:
+                receivedCloseNotify = true
+                if producedPlaintext {
+                    producedPlaintext = false
+                    context.fireChannelReadComplete()
+                }
+                fireInputClosedOnce(context: context)
+                return
+            case .failed(let error):
+                if writeCiphertext(context: context, promise: nil) { context.flush() }
+                fail(context: context, error: error)
+                return
+            }
+        }
+    }
+
+    private func encrypt(context: ChannelHandlerContext, _ plaintext: ByteBuffer, promise: EventLoopPromise<Void>?) {
+        guard !sentCloseNotify else {
+            promise?.fail(ChannelError.outputClosed)
+            return
+        }
+        do {
+            try plaintext.withUnsafeReadableBytes { try connection.writePlaintext($0) }
+        } catch {
+            promise?.fail(error)
+            fail(context: context, error: error)
+            return
+        }
+        if !writeCiphertext(context: context, promise: promise) { promise?.succeed(()) }
+    }
+
+    /// Moves all pending ciphertext to the socket; `promise` rides on the last write.
+    /// Returns false when there was nothing to write.
+    @discardableResult
+    private func writeCiphertext(context: ChannelHandlerContext, promise: EventLoopPromise<Void>?) -> Bool {
+        var wrote = false
+        while true {
+            let pending = connection.pendingCiphertextCount
+            guard pending > 0 else { break }
+            var buffer = context.channel.allocator.buffer(capacity: pending)
+            buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: pending) { connection.takeCiphertext(into: $0) }
+            let last = connection.pendingCiphertextCount == 0
+            context.write(wrapOutboundOut(buffer), promise: last ? promise : nil)
+            wrote = true
+        }
+        return wrote
+    }
+
+    private func fireInputClosedOnce(context: ChannelHandlerContext) {
+        guard !firedInputClosed else { return }
+        firedInputClosed = true
+        context.fireUserInboundEventTriggered(ChannelEvent.inputClosed)
+    }
+
+    private func failBufferedWrites(_ error: Error) {
+        let pending = bufferedWrites
+        bufferedWrites = []
+        for (_, promise) in pending { promise?.fail(error) }
+    }
+
+    private func fail(context: ChannelHandlerContext, error: Error) {
+        guard state != .closed else { return }
+        state = .closed
+        handshakePromise?.fail(error)
+        handshakePromise = nil
+        failBufferedWrites(error)
+        context.fireErrorCaught(error)
+        context.close(promise: nil)
+    }
+}

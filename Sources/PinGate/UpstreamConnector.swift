@@ -1,0 +1,105 @@
+import NIOCore
+import NIOPosix
+import PinGateTLS
+
+/// An upstream connection whose TLS handshake has completed, not yet relaying: its
+/// glue holds anything the server sent first until the tunnel is joined.
+struct UpstreamConnection: Sendable {
+    let channel: Channel
+    /// Bound to the channel's loop, the only place the glue may be touched.
+    let glue: NIOLoopBound<GlueHandler>
+    let peer: TLSPeerSummary
+    /// How long TCP connect plus TLS handshake took.
+    let handshakeDuration: TimeAmount
+}
+
+/// Why an upstream connection did not come up; each maps to one refusal.
+enum UpstreamFailure: Error {
+    case timedOut(String)
+    case unreachable(String)
+    case handshakeFailed(String)
+
+    var refusal: Refusal {
+        switch self {
+        case .timedOut(let detail): return .upstreamTimeout(detail)
+        case .unreachable(let detail): return .upstreamUnreachable(detail)
+        case .handshakeFailed(let detail): return .upstreamHandshakeFailed(detail)
+        }
+    }
+}
+
+/// Opens TCP to an upstream (honouring `--resolve` overrides) on the client's event
+/// loop, then runs the TLS client handshake: SNI = host (none for IP literals), the
+/// given ALPN offer, TLS 1.2 minimum, chain and hostname verified against the
+/// configured roots. Nothing but the handshake is ever sent here.
+struct UpstreamConnector {
+    let configuration: GateConfiguration
+    let tlsContext: TLSContext
+    let statistics: GateStatistics
+
+    func connect(host: String, port: Int, alpnOffer: [String]?, on eventLoop: EventLoop, countRelayed: @escaping GlueHandler.ByteCounter) -> EventLoopFuture<UpstreamConnection> {
+        let started = NIODeadline.now()
+        let handshakePromise = eventLoop.makePromise(of: TLSPeerSummary.self)
+        let connection: TLSConnection
+        do {
+            connection = try TLSConnection(clientOf: tlsContext, options: .init(expectedHost: host, alpnOffer: alpnOffer))
+        } catch {
+            handshakePromise.fail(error)
+            return eventLoop.makeFailedFuture(UpstreamFailure.handshakeFailed("\(error)"))
+        }
+        // The TLS connection and glue are made here, on the loop, and handed to the
+        // initializer that runs on the same loop.
+        let handlers = NIOLoopBound((TLSHandler(connection: connection, handshakePromise: handshakePromise), GlueHandler(countRelayed: countRelayed)), eventLoop: eventLoop)
+        let bootstrap = ClientBootstrap(group: eventLoop)
+            .connectTimeout(configuration.upstreamConnectTimeout)
+            .channelOption(.allowRemoteHalfClosure, value: true)
+            .channelOption(.tcpOption(.tcp_nodelay), value: 1)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    let (tls, glue) = handlers.value
+                    try channel.pipeline.syncOperations.addHandlers([tls, glue])
+                }
+            }
+
+        let connected: EventLoopFuture<Channel>
+        if let address = configuration.resolveOverride(host: host, port: port) ?? (IPAddressText.isIPLiteral(host) ? host : nil) {
+            do {
+                connected = bootstrap.connect(to: try SocketAddress(ipAddress: address, port: port))
+            } catch {
+                handshakePromise.fail(error)
+                return eventLoop.makeFailedFuture(UpstreamFailure.unreachable("bad address \(address): \(error)"))
+            }
+        } else {
+            connected = bootstrap.connect(host: host, port: port)
+        }
+
+        let handshakeTimeout = configuration.upstreamHandshakeTimeout
+        return connected.flatMapError { error in
+            handshakePromise.fail(error)
+            return eventLoop.makeFailedFuture(Self.classifyConnectError(error))
+        }.flatMap { channel in
+            statistics.upstreamConnectionOpened()
+            let timeout = eventLoop.scheduleTask(in: handshakeTimeout) {
+                handshakePromise.fail(TLSHandlerError.handshakeTimedOut)
+            }
+            return handshakePromise.futureResult.always { _ in timeout.cancel() }
+                .flatMapError { error in
+                    channel.close(promise: nil)
+                    if case TLSHandlerError.handshakeTimedOut = error {
+                        return eventLoop.makeFailedFuture(UpstreamFailure.timedOut("TLS handshake took longer than \(handshakeTimeout.nanoseconds / 1_000_000_000) s"))
+                    }
+                    return eventLoop.makeFailedFuture(UpstreamFailure.handshakeFailed("\(error)"))
+                }
+                .map { peer in
+                    UpstreamConnection(channel: channel, glue: NIOLoopBound(handlers.value.1, eventLoop: eventLoop), peer: peer, handshakeDuration: .now() - started)
+                }
+        }
+    }
+
+    private static func classifyConnectError(_ error: Error) -> UpstreamFailure {
+        if let channelError = error as? ChannelError, case .connectTimeout(let amount) = channelError {
+            return .timedOut("TCP connect took longer than \(amount.nanoseconds / 1_000_000) ms")
+        }
+        return .unreachable("\(error)")
+    }
+}

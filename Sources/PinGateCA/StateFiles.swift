@@ -1,0 +1,75 @@
+import Foundation
+
+/// Writes files the way secrets and state need: the directory private, the write atomic
+/// (temporary file, fsync, rename, fsync of the directory), and the mode set at creation
+/// so a key is never readable by others, not even for an instant.
+public enum StateFiles {
+    /// Why a state file could not be written.
+    public struct WriteError: Error, CustomStringConvertible, Sendable {
+        /// The file being written.
+        public let path: String
+        /// The failing step and `errno` text.
+        public let detail: String
+        public var description: String { "cannot write \(path): \(detail)" }
+    }
+
+    /// Creates `path` (and parents) as a directory with mode 0700 if it does not exist.
+    public static func ensureDirectory(_ path: String) throws {
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) {
+            guard isDirectory.boolValue else { throw WriteError(path: path, detail: "exists and is not a directory") }
+            return
+        }
+        do {
+            try FileManager.default.createDirectory(
+                atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        } catch {
+            throw WriteError(path: path, detail: "\(error.localizedDescription)")
+        }
+    }
+
+    /// Atomically replaces `path` with `contents`, created with `mode`.
+    public static func writeAtomically(_ contents: [UInt8], to path: String, mode: mode_t) throws {
+        let directory = (path as NSString).deletingLastPathComponent
+        let temporary = "\(path).tmp-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        let descriptor = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode)
+        guard descriptor >= 0 else { throw failure(temporary, "open") }
+        var written = 0
+        while written < contents.count {
+            let result = contents.withUnsafeBytes { raw -> Int in
+                guard let base = raw.baseAddress else { return 0 }
+                return write(descriptor, base + written, raw.count - written)
+            }
+            if result < 0 {
+                if errno == EINTR { continue }
+                let error = failure(temporary, "write")
+                close(descriptor)
+                unlink(temporary)
+                throw error
+            }
+            written += result
+        }
+        // The mode passed to open() is filtered by the umask; set it exactly.
+        guard fchmod(descriptor, mode) == 0, fsync(descriptor) == 0 else {
+            let error = failure(temporary, "fchmod/fsync")
+            close(descriptor)
+            unlink(temporary)
+            throw error
+        }
+        close(descriptor)
+        guard rename(temporary, path) == 0 else {
+            let error = failure(path, "rename")
+            unlink(temporary)
+            throw error
+        }
+        let directoryDescriptor = open(directory.isEmpty ? "." : directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        if directoryDescriptor >= 0 {
+            _ = fsync(directoryDescriptor)
+            close(directoryDescriptor)
+        }
+    }
+
+    private static func failure(_ path: String, _ step: String) -> WriteError {
+        WriteError(path: path, detail: "\(step): \(String(cString: strerror(errno)))")
+    }
+}

@@ -1,0 +1,132 @@
+import COpenSSL
+import Foundation
+
+/// An X.509 certificate, owning one OpenSSL `X509` object.
+///
+/// `@unchecked Sendable`: the wrapped object is never mutated after this type gets it
+/// (builders finish signing before handing it over), and OpenSSL allows concurrent
+/// read-only use of an `X509`.
+public final class Certificate: @unchecked Sendable {
+    let pointer: OpaquePointer
+
+    /// Takes ownership of `pointer` (one reference); `deinit` releases it.
+    init(owning pointer: OpaquePointer) {
+        self.pointer = pointer
+    }
+
+    deinit { X509_free(pointer) }
+
+    /// Parses one DER-encoded certificate.
+    public convenience init(der: [UInt8]) throws {
+        OpenSSLErrorQueue.clear()
+        let parsed: OpaquePointer? = der.withUnsafeBufferPointer { buffer in
+            var cursor: UnsafePointer<UInt8>? = buffer.baseAddress
+            return d2i_X509(nil, &cursor, buffer.count)
+        }
+        guard let parsed else { throw OpenSSLError.drained("parse certificate DER") }
+        self.init(owning: parsed)
+    }
+
+    /// Parses the first certificate of a PEM text.
+    public convenience init(pem: String) throws {
+        guard let first = try Certificate.all(inPEM: pem).first else {
+            throw OpenSSLError(operation: "parse certificate PEM", reasons: ["no certificate found"])
+        }
+        try self.init(der: first.derBytes)
+    }
+
+    /// Every certificate in a PEM text (a bundle), in order.
+    public static func all(inPEM pem: String) throws -> [Certificate] {
+        let bio = try MemoryBIO(bytes: Array(pem.utf8))
+        var certificates: [Certificate] = []
+        OpenSSLErrorQueue.clear()
+        while let next = PEM_read_bio_X509(bio.pointer, nil, nil, nil) {
+            certificates.append(Certificate(owning: next))
+        }
+        // Reading stops with a "no start line" error at the end of the text; that is
+        // the normal end, not a failure, unless nothing at all was read.
+        let reasons = OpenSSLErrorQueue.drain()
+        if certificates.isEmpty {
+            throw OpenSSLError(operation: "parse certificate PEM", reasons: reasons.isEmpty ? ["no certificate found"] : reasons)
+        }
+        return certificates
+    }
+
+    /// Every certificate in a PEM file.
+    public static func all(inPEMFile path: String) throws -> [Certificate] {
+        let text = try String(contentsOfFile: path, encoding: .utf8)
+        return try all(inPEM: text)
+    }
+
+    /// The DER encoding.
+    public var derBytes: [UInt8] {
+        let length = i2d_X509(pointer, nil)
+        guard length > 0 else { return [] }
+        var bytes = [UInt8](repeating: 0, count: Int(length))
+        bytes.withUnsafeMutableBufferPointer { buffer in
+            var cursor: UnsafeMutablePointer<UInt8>? = buffer.baseAddress
+            _ = i2d_X509(pointer, &cursor)
+        }
+        return bytes
+    }
+
+    /// The PEM encoding ("-----BEGIN CERTIFICATE-----" …).
+    public func pemString() throws -> String {
+        let bio = try MemoryBIO()
+        OpenSSLErrorQueue.clear()
+        guard PEM_write_bio_X509(bio.pointer, pointer) == 1 else { throw OpenSSLError.drained("write certificate PEM") }
+        return String(decoding: bio.readAll(), as: UTF8.self)
+    }
+
+    /// base64(SHA-256(DER)): the fingerprint a Wultra list pins.
+    public var sha256Fingerprint: String { SHA256Digest.base64(derBytes) }
+
+    /// The DER SubjectPublicKeyInfo of the certified key.
+    public var subjectPublicKeyInfoDER: [UInt8] {
+        guard let key = X509_get0_pubkey(pointer) else { return [] }
+        return PublicKey.spkiDER(of: key)
+    }
+
+    /// base64(SHA-256(SubjectPublicKeyInfo)): the TrustKit/HPKP style pin.
+    public var spkiSHA256: String { SHA256Digest.base64(subjectPublicKeyInfoDER) }
+
+    /// The subject as a one-line text, e.g. "/CN=api.example.test".
+    public var subjectDescription: String { Certificate.oneLine(X509_get_subject_name(pointer)) }
+
+    /// The issuer as a one-line text.
+    public var issuerDescription: String { Certificate.oneLine(X509_get_issuer_name(pointer)) }
+
+    /// The subject's common name, if it has one.
+    public var commonName: String? {
+        guard let name = X509_get_subject_name(pointer) else { return nil }
+        var buffer = [CChar](repeating: 0, count: 256)
+        let length = X509_NAME_get_text_by_NID(name, NID_commonName, &buffer, Int32(buffer.count))
+        guard length > 0 else { return nil }
+        return String(decoding: buffer.prefix(Int(length)).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    /// The end of the validity period.
+    public var notAfter: Date? { Certificate.date(X509_get0_notAfter(pointer)) }
+
+    /// The start of the validity period.
+    public var notBefore: Date? { Certificate.date(X509_get0_notBefore(pointer)) }
+
+    /// A new reference to the same OpenSSL object, for APIs that take ownership.
+    func retainedPointer() -> OpaquePointer {
+        X509_up_ref(pointer)
+        return pointer
+    }
+
+    private static func oneLine(_ name: OpaquePointer?) -> String {
+        guard let name, let text = X509_NAME_oneline(name, nil, 0) else { return "" }
+        defer { pg_OPENSSL_free(text) }
+        return String(cString: text)
+    }
+
+    private static func date(_ time: UnsafePointer<ASN1_TIME>?) -> Date? {
+        guard let time else { return nil }
+        var parts = tm()
+        guard ASN1_TIME_to_tm(time, &parts) == 1 else { return nil }
+        return Date(timeIntervalSince1970: TimeInterval(timegm(&parts)))
+    }
+}

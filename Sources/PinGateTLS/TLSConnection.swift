@@ -1,0 +1,348 @@
+import COpenSSL
+import Foundation
+
+/// The two ends of a TLS connection.
+public enum TLSRole: Sendable {
+    case client
+    case server
+}
+
+/// Where a handshake stands after feeding it what has arrived so far.
+public enum TLSHandshakeProgress: Equatable {
+    /// The handshake finished; application data may flow.
+    case complete
+    /// OpenSSL needs more ciphertext from the peer.
+    case needsMoreInput
+    /// Server only: the ClientHello arrived and the connection was asked to pause there.
+    /// `offeredALPN` is the client's list (nil when it sent no ALPN extension).
+    case pausedAtClientHello(offeredALPN: [String]?)
+    /// The handshake failed; any alert for the peer is waiting as ciphertext.
+    case failed(OpenSSLError)
+}
+
+/// The outcome of one attempt to read plaintext.
+public enum TLSReadOutcome: Equatable {
+    /// This many plaintext bytes were written into the buffer.
+    case bytes(Int)
+    /// No whole record is buffered yet.
+    case needsMoreInput
+    /// The peer sent close_notify: it will send no more data.
+    case closeNotify
+    /// The stream is broken (bad record, protocol violation).
+    case failed(OpenSSLError)
+}
+
+/// What the peer proved during the handshake, read once it completed.
+public struct TLSPeerSummary: Sendable {
+    /// The peer's leaf certificate (nil if it sent none).
+    public let leaf: Certificate?
+    /// OpenSSL's chain-and-hostname verdict: `X509_V_OK` (0) when both passed.
+    public let verifyCode: Int
+    /// OpenSSL's text for `verifyCode`.
+    public let verifyReason: String
+    /// The application protocol both ends agreed on through ALPN, if any.
+    public let alpn: String?
+    /// The protocol version, e.g. "TLSv1.3".
+    public let protocolVersion: String
+
+    /// True when the chain validated to a trusted root and matched the expected host.
+    public var chainAndHostnameValid: Bool { leaf != nil && verifyCode == Int(X509_V_OK) }
+}
+
+/// One TLS connection over memory BIOs: ciphertext in, ciphertext out, plaintext both
+/// ways, and no sockets. The caller moves bytes between this and the network.
+///
+/// Not `Sendable`: an `SSL*` must only ever be used from one thread at a time; the proxy
+/// keeps each connection on its channel's event loop.
+public final class TLSConnection {
+    /// Options for a server-side connection.
+    public struct ServerOptions: Sendable {
+        /// The ALPN protocol to select when the client offers it (nil: select none).
+        public var preferredALPN: String?
+        /// Pause at the ClientHello when the client does not offer `preferredALPN`,
+        /// so the caller can fetch a matching upstream before answering.
+        public var pauseWhenPreferredALPNMissing: Bool
+
+        /// Creates server options.
+        public init(preferredALPN: String?, pauseWhenPreferredALPNMissing: Bool) {
+            self.preferredALPN = preferredALPN
+            self.pauseWhenPreferredALPNMissing = pauseWhenPreferredALPNMissing
+        }
+    }
+
+    /// Options for a client-side connection.
+    public struct ClientOptions: Sendable {
+        /// The host name or IP literal the server must prove; also the SNI for names.
+        public var expectedHost: String
+        /// The ALPN protocols to offer, most preferred first (nil: no ALPN extension).
+        public var alpnOffer: [String]?
+
+        /// Creates client options.
+        public init(expectedHost: String, alpnOffer: [String]?) {
+            self.expectedHost = expectedHost
+            self.alpnOffer = alpnOffer
+        }
+    }
+
+    private let ssl: OpaquePointer
+    private let readBIO: OpaquePointer
+    private let writeBIO: OpaquePointer
+    private let hooks: TLSConnectionHooks
+
+    /// The role this connection plays.
+    public let role: TLSRole
+
+    private init(context: TLSContext, role: TLSRole, hooks: TLSConnectionHooks) throws {
+        OpenSSLErrorQueue.clear()
+        guard let ssl = SSL_new(context.pointer) else { throw OpenSSLError.drained("create TLS connection") }
+        guard let readBIO = BIO_new(BIO_s_mem()), let writeBIO = BIO_new(BIO_s_mem()) else {
+            SSL_free(ssl)
+            throw OpenSSLError.drained("create memory BIOs")
+        }
+        // An empty read BIO means "wait for more bytes", not end of stream.
+        pg_BIO_set_mem_eof_return(readBIO, -1)
+        SSL_set_bio(ssl, readBIO, writeBIO) // the SSL now owns both BIOs
+        self.ssl = ssl
+        self.readBIO = readBIO
+        self.writeBIO = writeBIO
+        self.hooks = hooks
+        self.role = role
+        _ = pg_SSL_set_app_data(ssl, Unmanaged.passUnretained(hooks).toOpaque())
+    }
+
+    /// A client connection that will verify `options.expectedHost` and offer its ALPN list.
+    public convenience init(clientOf context: TLSContext, options: ClientOptions) throws {
+        try self.init(context: context, role: .client, hooks: TLSConnectionHooks())
+        let host = options.expectedHost
+        OpenSSLErrorQueue.clear()
+        if IPAddressText.isIPLiteral(host) {
+            // No SNI for IP literals (RFC 6066 §3); the certificate must carry the IP SAN.
+            guard X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), host) == 1 else {
+                throw OpenSSLError.drained("set expected IP \(host)")
+            }
+        } else {
+            guard pg_SSL_set_tlsext_host_name(ssl, host) == 1 else { throw OpenSSLError.drained("set SNI \(host)") }
+            guard SSL_set1_host(ssl, host) == 1 else { throw OpenSSLError.drained("set expected host \(host)") }
+        }
+        if let offer = options.alpnOffer, !offer.isEmpty {
+            let wire = ALPNWire.encode(offer)
+            // SSL_set_alpn_protos returns 0 on success, unlike most OpenSSL calls.
+            let result = wire.withUnsafeBufferPointer { SSL_set_alpn_protos(ssl, $0.baseAddress, UInt32($0.count)) }
+            guard result == 0 else { throw OpenSSLError.drained("set ALPN offer") }
+        }
+        SSL_set_connect_state(ssl)
+    }
+
+    /// A server connection using the certificate in `context` and the ALPN rules in `options`.
+    public convenience init(serverOf context: TLSContext, options: ServerOptions) throws {
+        let hooks = TLSConnectionHooks()
+        hooks.preferredALPN = options.preferredALPN
+        hooks.pauseWhenPreferredALPNMissing = options.pauseWhenPreferredALPNMissing
+        try self.init(context: context, role: .server, hooks: hooks)
+        SSL_set_accept_state(ssl)
+    }
+
+    deinit { SSL_free(ssl) }
+
+    // MARK: ciphertext
+
+    /// Hands ciphertext that arrived from the peer to OpenSSL.
+    public func feedCiphertext(_ bytes: UnsafeRawBufferPointer) {
+        guard let base = bytes.baseAddress, bytes.count > 0 else { return }
+        var offset = 0
+        while offset < bytes.count {
+            let chunk = Int32(min(bytes.count - offset, Int(Int32.max)))
+            // A memory BIO grows as needed, so a write only fails on allocation failure.
+            let written = BIO_write(readBIO, base + offset, chunk)
+            if written <= 0 { break }
+            offset += Int(written)
+        }
+    }
+
+    /// How many ciphertext bytes are waiting to go to the peer.
+    public var pendingCiphertextCount: Int { Int(BIO_ctrl_pending(writeBIO)) }
+
+    /// Moves waiting ciphertext into `buffer`; returns how many bytes were moved.
+    public func takeCiphertext(into buffer: UnsafeMutableRawBufferPointer) -> Int {
+        guard let base = buffer.baseAddress, buffer.count > 0 else { return 0 }
+        let read = BIO_read(writeBIO, base, Int32(min(buffer.count, Int(Int32.max))))
+        return max(0, Int(read))
+    }
+
+    // MARK: handshake
+
+    /// Advances the handshake with what has been fed so far.
+    public func handshake() -> TLSHandshakeProgress {
+        OpenSSLErrorQueue.clear()
+        let result = SSL_do_handshake(ssl)
+        if result == 1 { return .complete }
+        let error = SSL_get_error(ssl, result)
+        switch error {
+        case SSL_ERROR_WANT_READ, SSL_ERROR_WANT_WRITE:
+            return .needsMoreInput
+        case SSL_ERROR_WANT_CLIENT_HELLO_CB:
+            return .pausedAtClientHello(offeredALPN: hooks.offeredALPN)
+        default:
+            var failure = OpenSSLError.drained("TLS handshake")
+            if failure.reasons.isEmpty {
+                failure = OpenSSLError(operation: "TLS handshake", reasons: ["SSL error \(error)"])
+            }
+            return .failed(failure)
+        }
+    }
+
+    /// Server only: ends a ClientHello pause, choosing the ALPN protocol to select if offered.
+    public func resumeAfterClientHello(preferredALPN: String?) {
+        hooks.preferredALPN = preferredALPN
+        hooks.pauseWhenPreferredALPNMissing = false
+    }
+
+    /// What the peer proved; meaningful once the handshake is complete.
+    public func peerSummary() -> TLSPeerSummary {
+        let leaf = SSL_get1_peer_certificate(ssl).map { Certificate(owning: $0) }
+        let code = Int(SSL_get_verify_result(ssl))
+        let reason = X509_verify_cert_error_string(code).map { String(cString: $0) } ?? "unknown"
+        let version = SSL_get_version(ssl).map { String(cString: $0) } ?? "unknown"
+        return TLSPeerSummary(leaf: leaf, verifyCode: code, verifyReason: reason, alpn: negotiatedALPN, protocolVersion: version)
+    }
+
+    /// The ALPN protocol agreed in the handshake, if any.
+    public var negotiatedALPN: String? {
+        var data: UnsafePointer<UInt8>?
+        var length: UInt32 = 0
+        SSL_get0_alpn_selected(ssl, &data, &length)
+        guard let data, length > 0 else { return nil }
+        return String(decoding: UnsafeBufferPointer(start: data, count: Int(length)), as: UTF8.self)
+    }
+
+    // MARK: plaintext
+
+    /// Decrypts into `buffer` as much as one call can.
+    public func readPlaintext(into buffer: UnsafeMutableRawBufferPointer) -> TLSReadOutcome {
+        guard let base = buffer.baseAddress, buffer.count > 0 else { return .bytes(0) }
+        OpenSSLErrorQueue.clear()
+        var read = 0
+        if SSL_read_ex(ssl, base, buffer.count, &read) == 1 { return .bytes(read) }
+        switch SSL_get_error(ssl, 0) {
+        case SSL_ERROR_WANT_READ, SSL_ERROR_WANT_WRITE:
+            return .needsMoreInput
+        case SSL_ERROR_ZERO_RETURN:
+            return .closeNotify
+        default:
+            return .failed(OpenSSLError.drained("TLS read"))
+        }
+    }
+
+    /// Encrypts all of `bytes`; the ciphertext waits in the write BIO.
+    public func writePlaintext(_ bytes: UnsafeRawBufferPointer) throws {
+        guard let base = bytes.baseAddress, bytes.count > 0 else { return }
+        OpenSSLErrorQueue.clear()
+        var written = 0
+        // Without partial-write mode and with an unbounded memory BIO, SSL_write_ex
+        // either takes everything or fails.
+        guard SSL_write_ex(ssl, base, bytes.count, &written) == 1, written == bytes.count else {
+            throw OpenSSLError.drained("TLS write")
+        }
+    }
+
+    /// Queues a close_notify alert for the peer. Further writes fail.
+    public func sendCloseNotify() {
+        OpenSSLErrorQueue.clear()
+        _ = SSL_shutdown(ssl)
+        OpenSSLErrorQueue.clear()
+    }
+}
+
+/// Per-connection state that OpenSSL's C callbacks reach through the SSL's app data.
+final class TLSConnectionHooks {
+    var preferredALPN: String?
+    var pauseWhenPreferredALPNMissing = false
+    var offeredALPN: [String]?
+
+    private static func hooks(_ ssl: OpaquePointer?) -> TLSConnectionHooks? {
+        guard let ssl, let raw = pg_SSL_get_app_data(ssl) else { return nil }
+        return Unmanaged<TLSConnectionHooks>.fromOpaque(raw).takeUnretainedValue()
+    }
+
+    /// Records the client's ALPN offer and pauses the handshake when the caller asked to.
+    static let clientHelloCallback: @convention(c) (OpaquePointer?, UnsafeMutablePointer<Int32>?, UnsafeMutableRawPointer?) -> Int32 = { ssl, _, _ in
+        guard let hooks = TLSConnectionHooks.hooks(ssl) else { return pg_SSL_CLIENT_HELLO_ERROR() }
+        var data: UnsafePointer<UInt8>?
+        var length = 0
+        // 16 = application_layer_protocol_negotiation (RFC 7301).
+        if SSL_client_hello_get0_ext(ssl, 16, &data, &length) == 1, let data, length >= 2 {
+            let body = UnsafeBufferPointer(start: data + 2, count: length - 2)
+            hooks.offeredALPN = ALPNWire.decode(body)
+        } else {
+            hooks.offeredALPN = nil
+        }
+        if hooks.pauseWhenPreferredALPNMissing, let preferred = hooks.preferredALPN,
+           !(hooks.offeredALPN ?? []).contains(preferred) {
+            return pg_SSL_CLIENT_HELLO_RETRY()
+        }
+        return pg_SSL_CLIENT_HELLO_SUCCESS()
+    }
+
+    /// Selects the preferred protocol when the client offered it, and no protocol otherwise.
+    static let alpnSelectCallback: @convention(c) (
+        OpaquePointer?, UnsafeMutablePointer<UnsafePointer<UInt8>?>?, UnsafeMutablePointer<UInt8>?,
+        UnsafePointer<UInt8>?, UInt32, UnsafeMutableRawPointer?
+    ) -> Int32 = { ssl, out, outLength, input, inputLength, _ in
+        guard let hooks = TLSConnectionHooks.hooks(ssl), let preferred = hooks.preferredALPN,
+              let input, let out, let outLength
+        else { return pg_SSL_TLSEXT_ERR_NOACK() }
+        let wanted = Array(preferred.utf8)
+        var index = 0
+        let count = Int(inputLength)
+        while index < count {
+            let length = Int(input[index])
+            let start = index + 1
+            guard start + length <= count else { break }
+            if length == wanted.count, Array(UnsafeBufferPointer(start: input + start, count: length)) == wanted {
+                // `out` must point into OpenSSL's own buffer, which outlives this call.
+                out.pointee = input + start
+                outLength.pointee = UInt8(length)
+                return pg_SSL_TLSEXT_ERR_OK()
+            }
+            index = start + length
+        }
+        return pg_SSL_TLSEXT_ERR_NOACK()
+    }
+}
+
+/// The ALPN protocol-list wire format: each name prefixed by its one-byte length.
+enum ALPNWire {
+    static func encode(_ protocols: [String]) -> [UInt8] {
+        var wire: [UInt8] = []
+        for name in protocols {
+            let bytes = Array(name.utf8)
+            guard !bytes.isEmpty, bytes.count <= 255 else { continue }
+            wire.append(UInt8(bytes.count))
+            wire.append(contentsOf: bytes)
+        }
+        return wire
+    }
+
+    static func decode(_ wire: UnsafeBufferPointer<UInt8>) -> [String] {
+        var names: [String] = []
+        var index = 0
+        while index < wire.count {
+            let length = Int(wire[index])
+            let start = index + 1
+            guard length > 0, start + length <= wire.count else { break }
+            names.append(String(decoding: wire[start..<(start + length)], as: UTF8.self))
+            index = start + length
+        }
+        return names
+    }
+}
+
+/// Recognizes IP literals so they are verified as IP SANs and never sent as SNI.
+public enum IPAddressText {
+    /// True for a textual IPv4 or IPv6 address (no brackets).
+    public static func isIPLiteral(_ text: String) -> Bool {
+        var v4 = in_addr()
+        var v6 = in6_addr()
+        return inet_pton(AF_INET, text, &v4) == 1 || inet_pton(AF_INET6, text, &v6) == 1
+    }
+}

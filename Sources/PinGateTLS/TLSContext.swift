@@ -1,0 +1,85 @@
+import COpenSSL
+
+/// Where a TLS client finds the roots it validates server chains against.
+public enum TrustRoots: Sendable, Equatable {
+    /// The system store (OpenSSL's default paths, e.g. /etc/ssl/certs).
+    case system
+    /// Only the certificates in these PEM files (bundles allowed).
+    case pemFiles([String])
+}
+
+/// A configured OpenSSL `SSL_CTX`: shared, read-only settings for many connections.
+///
+/// `@unchecked Sendable`: it is fully configured before the first connection is made
+/// from it and never changed afterwards, which is how OpenSSL allows an `SSL_CTX` to
+/// be shared between threads.
+public final class TLSContext: @unchecked Sendable {
+    let pointer: OpaquePointer
+
+    private init(owning pointer: OpaquePointer) {
+        self.pointer = pointer
+    }
+
+    deinit { SSL_CTX_free(pointer) }
+
+    /// A client context: TLS 1.2 minimum, chains checked against `trustRoots`.
+    ///
+    /// The handshake itself never aborts on a bad chain (`SSL_VERIFY_NONE`): OpenSSL
+    /// still validates and records the result, and the pin policy reads it, because a
+    /// pins-only host may legitimately present a chain no root vouches for.
+    public static func client(trustRoots: TrustRoots) throws -> TLSContext {
+        let context = try make(method: TLS_client_method(), operation: "create client TLS context")
+        SSL_CTX_set_verify(context.pointer, SSL_VERIFY_NONE, nil)
+        OpenSSLErrorQueue.clear()
+        switch trustRoots {
+        case .system:
+            guard SSL_CTX_set_default_verify_paths(context.pointer) == 1 else {
+                throw OpenSSLError.drained("load system trust store")
+            }
+        case .pemFiles(let paths):
+            for path in paths {
+                guard SSL_CTX_load_verify_locations(context.pointer, path, nil) == 1 else {
+                    throw OpenSSLError.drained("load trust roots from \(path)")
+                }
+            }
+        }
+        return context
+    }
+
+    /// A server context presenting `certificate` (then `chain`) with `key`.
+    ///
+    /// ALPN selection and the ClientHello pause are decided per connection (see
+    /// `TLSConnection.ServerOptions`), so one context serves every connection for a host.
+    public static func server(certificate: Certificate, chain: [Certificate] = [], key: PrivateKey) throws -> TLSContext {
+        let context = try make(method: TLS_server_method(), operation: "create server TLS context")
+        OpenSSLErrorQueue.clear()
+        guard SSL_CTX_use_certificate(context.pointer, certificate.pointer) == 1 else {
+            throw OpenSSLError.drained("use server certificate")
+        }
+        for extra in chain {
+            // add1 takes its own reference, so the Certificate keeps ownership of ours.
+            guard pg_SSL_CTX_add1_chain_cert(context.pointer, extra.pointer) == 1 else {
+                throw OpenSSLError.drained("add chain certificate")
+            }
+        }
+        guard SSL_CTX_use_PrivateKey(context.pointer, key.pointer) == 1,
+              SSL_CTX_check_private_key(context.pointer) == 1
+        else { throw OpenSSLError.drained("use server private key") }
+        SSL_CTX_set_alpn_select_cb(context.pointer, TLSConnectionHooks.alpnSelectCallback, nil)
+        SSL_CTX_set_client_hello_cb(context.pointer, TLSConnectionHooks.clientHelloCallback, nil)
+        return context
+    }
+
+    private static func make(method: OpaquePointer?, operation: String) throws -> TLSContext {
+        OpenSSLErrorQueue.clear()
+        guard let method, let raw = SSL_CTX_new(method) else { throw OpenSSLError.drained(operation) }
+        let context = TLSContext(owning: raw)
+        guard pg_SSL_CTX_set_min_proto_version(raw, TLS1_2_VERSION) == 1 else {
+            throw OpenSSLError.drained("\(operation): set TLS 1.2 minimum")
+        }
+        _ = SSL_CTX_set_options(raw, pg_SSL_OP_NO_COMPRESSION() | pg_SSL_OP_NO_RENEGOTIATION())
+        // The write side is a growable memory BIO: buffers may move between calls.
+        _ = pg_SSL_CTX_set_mode(raw, pg_SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER() | pg_SSL_MODE_RELEASE_BUFFERS())
+        return context
+    }
+}

@@ -1,0 +1,27 @@
+/// Why a fingerprint list was refused. A refused list is never used, in whole or in part.
+public enum PinListError: Error, Equatable, Sendable, CustomStringConvertible {
+    /// The bytes are not a list in the expected format.
+    case malformed(String)
+    /// Entry `index` (named `name`) does not carry a valid signature from any configured key.
+    case badSignature(index: Int, name: String)
+    /// No public key was configured to verify the list with.
+    case noVerificationKey
+
+    /// A short machine-readable token for logs and counters.
+    public var token: String {
+        switch self {
+        case .malformed: return "invalid-data"
+        case .badSignature: return "invalid-signature"
+        case .noVerificationKey: return "no-key"
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .malformed(let detail): return "the list is malformed: \(detail)"
+        case .badSignature(let index, let name):
+            return "entry \(index) (\(name)) has no valid signature from the configured key(s); the whole list is rejected"
+        case .noVerificationKey: return "no list-signing public key is configured"
+        }
+    }
+}

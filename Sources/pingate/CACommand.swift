@@ -1,0 +1,55 @@
+import ArgumentParser
+import Foundation
+import PinGateCA
+
+/// `pingate ca init|export`: the local CA that signs the leaves clients see.
+struct CACommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "ca",
+        abstract: "Create or export the gate's local certificate authority.",
+        subcommands: [Init.self, Export.self]
+    )
+
+    struct StateDirectoryOption: ParsableArguments {
+        @Option(name: .long, help: "State directory (default ~/.local/state/pingate).")
+        var stateDir: String?
+
+        var path: String { PathText.resolve(stateDir ?? PathText.defaultStateDirectory) }
+    }
+
+    /// `pingate ca init`.
+    struct Init: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Create ca.pem and ca.key (mode 0600) in the state directory; refuses to overwrite.")
+
+        @OptionGroup var state: StateDirectoryOption
+
+        func run() throws {
+            let ca = try LocalCA.create(stateDirectory: state.path)
+            let paths = LocalCA.Paths(stateDirectory: state.path)
+            print("created \(paths.certificate) and \(paths.key)")
+            print("subject: \(ca.certificate.subjectDescription)")
+            print("sha256:  \(ca.certificate.sha256Fingerprint)")
+        }
+    }
+
+    /// `pingate ca export`.
+    struct Export: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Print the CA certificate (PEM) for curl --cacert, SSL_CERT_FILE or update-ca-certificates.")
+
+        @OptionGroup var state: StateDirectoryOption
+
+        @Flag(name: .long, help: "Print the path of ca.pem instead of its contents.")
+        var path = false
+
+        func run() throws {
+            let ca = try LocalCA.load(stateDirectory: state.path)
+            if path {
+                print(LocalCA.Paths(stateDirectory: state.path).certificate)
+            } else {
+                print(try ca.certificate.pemString(), terminator: "")
+            }
+        }
+    }
+}

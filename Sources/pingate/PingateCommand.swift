@@ -1,0 +1,26 @@
+import ArgumentParser
+import PinGate
+import PinGateTLS
+
+/// The `pingate` command: a certificate-pinning gate for apps that use `HTTPS_PROXY`.
+@main
+struct PingateCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "pingate",
+        abstract: "A local HTTPS proxy that lets traffic through only to servers whose certificates match a signed fingerprint list.",
+        discussion: """
+        Point an app at the gate with HTTPS_PROXY=http://127.0.0.1:8080. For every CONNECT the gate
+        connects upstream itself, checks the server's leaf certificate against the signed list, and
+        either relays the traffic (presenting a leaf minted by its local CA, which the app must
+        trust: see `pingate ca export`) or refuses with a reason in the Pingate-Refusal header.
+
+        First steps:
+          pingate keygen --out signer                      # a list-signing key pair
+          pingate sign --key signer.key --cert server.pem --name api.example.com > pins.json
+          pingate run --pins pins.json --pins-key signer.pub.pem
+          curl --proxy http://127.0.0.1:8080 --cacert "$(pingate ca export --path)" https://api.example.com/
+        """,
+        version: "pingate 0.1.0 (\(OpenSSLVersion.text), nghttp2 \(PinGateServer.nghttp2Version))",
+        subcommands: [RunCommand.self, CACommand.self, KeygenCommand.self, SignCommand.self, FingerprintCommand.self]
+    )
+}

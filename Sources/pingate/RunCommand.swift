@@ -1,0 +1,143 @@
+import ArgumentParser
+import Foundation
+import Logging
+import NIOCore
+import PinGate
+import PinGateCA
+import PinGateTLS
+import PinList
+
+/// `pingate run`: start the gate.
+struct RunCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "run",
+        abstract: "Run the gate: listen for CONNECT and relay only to pinned servers.",
+        discussion: """
+        With no list (or a list with no unexpired entry for a host) every CONNECT is refused with
+        403 and Pingate-Refusal: empty: the gate fails closed. A list that does not verify stops
+        start-up with a non-zero exit. The local CA is created in the state directory on first run.
+        """
+    )
+
+    @Option(name: .long, help: "YAML config file (flags override it).")
+    var config: String?
+
+    @Option(name: .long, help: "Listen address HOST:PORT (default 127.0.0.1:8080).")
+    var listen: String?
+
+    @Option(name: .long, help: "State directory holding ca.pem and ca.key (default ~/.local/state/pingate).")
+    var stateDir: String?
+
+    @Option(name: .long, help: "Signed fingerprint list (Wultra static JSON).")
+    var pins: String?
+
+    @Option(name: .long, help: "Public key verifying the list: PEM SubjectPublicKeyInfo or base64 X9.63. Repeatable.")
+    var pinsKey: [String] = []
+
+    @Option(name: .long, help: "PEM file of roots that upstream chains must reach (default: the system store). Repeatable.")
+    var upstreamCa: [String] = []
+
+    @Option(name: .long, help: "Connect to ADDR for HOST:PORT, like curl's --resolve. Repeatable.")
+    var resolve: [String] = []
+
+    @Option(name: .long, help: "Host whose pin alone decides (chain and hostname errors ignored). Repeatable.")
+    var pinsOnly: [String] = []
+
+    @Option(name: .long, help: "Log level: trace, debug, info, notice, warning, error.")
+    var logLevel: String?
+
+    func run() async throws {
+        let file = try config.map(ConfigFile.load)
+        var configuration = GateConfiguration()
+
+        let listenText = listen ?? file?.listen ?? "127.0.0.1:8080"
+        (configuration.listenHost, configuration.listenPort) = try Self.parseHostPort(listenText)
+
+        let roots = upstreamCa.isEmpty ? (file?.upstreamCA ?? []) : upstreamCa.map { PathText.resolve($0) }
+        configuration.upstreamTrust = roots.isEmpty ? .system : .pemFiles(roots)
+        configuration.resolveOverrides = try (resolve.isEmpty ? (file?.resolve ?? []) : resolve).map(ResolveOverride.init(parsing:))
+        configuration.pinsOnlyHosts = Set(pinsOnly.isEmpty ? (file?.pinsOnly ?? []) : pinsOnly)
+        if let idle = file?.idleTimeoutSeconds { configuration.idleTimeout = .seconds(Int64(idle)) }
+        if let upstream = file?.upstreamTimeoutSeconds {
+            configuration.upstreamConnectTimeout = .seconds(Int64(upstream))
+            configuration.upstreamHandshakeTimeout = .seconds(Int64(upstream))
+        }
+
+        let levelText = logLevel ?? file?.logLevel ?? "info"
+        guard let level = Logger.Level(rawValue: levelText) else {
+            throw ConfigurationError("unknown log level \(levelText)")
+        }
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
+        let logger = Logger(label: "pingate")
+
+        let listPath = pins.map { PathText.resolve($0) } ?? file?.pins?.source
+        let keyPaths = pinsKey.isEmpty ? (file?.pins?.keys ?? []) : pinsKey.map { PathText.resolve($0) }
+        var list: PinList?
+        if let listPath {
+            do {
+                list = try PinListFile.loadStatic(listPath: listPath, keyPaths: keyPaths)
+            } catch {
+                throw ConfigurationError("refusing to start: the fingerprint list \(listPath) was rejected: \(error)")
+            }
+            logger.info("fingerprint list verified", metadata: [
+                "source": "\(listPath)", "entries": "\(list?.entries.count ?? 0)",
+                "unexpired": "\(list?.entries.filter { $0.isUnexpired(at: Date()) }.count ?? 0)",
+            ])
+        } else {
+            logger.warning("no fingerprint list configured (--pins): every CONNECT will be refused")
+        }
+
+        let stateDirectory = PathText.resolve(stateDir ?? file?.stateDir ?? PathText.defaultStateDirectory)
+        let (ca, created) = try LocalCA.loadOrCreate(stateDirectory: stateDirectory)
+        logger.info(created ? "created local CA" : "loaded local CA", metadata: [
+            "certificate": "\(LocalCA.Paths(stateDirectory: stateDirectory).certificate)",
+            "subject": "\(ca.certificate.subjectDescription)",
+        ])
+
+        let server = try await PinGateServer.start(configuration: configuration, store: PinListStore(list), ca: ca, logger: logger)
+        let signals = SignalWatcher(signals: [SIGINT, SIGTERM]) { signal in
+            logger.info("stopping", metadata: ["signal": "\(signal)"])
+            Task { try? await server.shutdown() }
+        }
+        try await server.waitUntilClosed()
+        try await server.shutdown()
+        signals.cancel()
+    }
+
+    /// Parses `HOST:PORT` or `[IPv6]:PORT`.
+    static func parseHostPort(_ text: String) throws -> (String, Int) {
+        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (0...65535).contains(port) else {
+            throw ConfigurationError("expected HOST:PORT, got \"\(text)\"")
+        }
+        var host = String(text[..<colon])
+        if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        guard !host.isEmpty else { throw ConfigurationError("expected HOST:PORT, got \"\(text)\"") }
+        return (host, port)
+    }
+}
+
+/// Turns SIGINT/SIGTERM into a graceful stop.
+///
+/// `@unchecked Sendable`: the sources are set once in `init` and only cancelled after;
+/// dispatch sources are thread-safe.
+final class SignalWatcher: @unchecked Sendable {
+    private let sources: [DispatchSourceSignal]
+
+    init(signals: [Int32], handler: @escaping @Sendable (Int32) -> Void) {
+        sources = signals.map { number in
+            signal(number, SIG_IGN) // let the dispatch source see it instead of the default action
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler { handler(number) }
+            source.resume()
+            return source
+        }
+    }
+
+    func cancel() {
+        sources.forEach { $0.cancel() }
+    }
+}
