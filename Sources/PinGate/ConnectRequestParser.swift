@@ -97,11 +97,14 @@ public struct ConnectRequestParser: Sendable {
     }
 
     private static func parseHead(_ head: ArraySlice<UInt8>) -> Result<ConnectRequest, HeadRejection> {
-        guard let text = String(validating: head, as: UTF8.self) else {
-            return .failure(bad("the request head is not valid UTF-8"))
-        }
-        var lines = text.split(separator: "\n", omittingEmptySubsequences: false).map { line -> Substring in
-            line.hasSuffix("\r") ? line.dropLast() : line
+        // Split on bytes, not Characters: Swift treats "\r\n" as one Character.
+        var lines: [Substring] = []
+        for rawLine in head.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false) {
+            let line = rawLine.last == UInt8(ascii: "\r") ? rawLine.dropLast() : rawLine
+            guard let text = String(validating: line, as: UTF8.self) else {
+                return .failure(bad("the request head is not valid UTF-8"))
+            }
+            lines.append(Substring(text))
         }
         guard !lines.isEmpty else { return .failure(bad("empty request")) }
         let requestLine = lines.removeFirst()

@@ -1,0 +1,213 @@
+import Foundation
+import Testing
+import PinGateTLS
+@testable import PinGate
+
+/// The gate end to end: real curl, real TLS origins (nginx and the gate's own engine),
+/// real certificates minted now, all on loopback.
+@Suite("End to end through curl")
+struct EndToEndTests {
+    static let host = "origin.pingate.test"
+
+    @Test("pinned nginx origin: 10 MiB intact over HTTP/1.1 and HTTP/2, h2 end to end, and an http/1.1-only client")
+    func pinnedOriginLargeBodies() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
+        var payload = Data(count: 10 * 1024 * 1024)
+        payload.withUnsafeMutableBytes { raw in
+            var generator = SystemRandomNumberGenerator()
+            for index in stride(from: 0, to: raw.count, by: 8) {
+                withUnsafeBytes(of: generator.next() as UInt64) { word in
+                    for offset in 0..<min(8, raw.count - index) { raw[index + offset] = word[offset] }
+                }
+            }
+        }
+        let nginx = try await NginxOrigin.start(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: ["big.bin": payload])
+        let gate = try await GateFixture.start(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
+                                               resolve: ["\(Self.host):\(nginx.port)"])
+        do {
+            let url = "https://\(Self.host):\(nginx.port)/big.bin"
+            let expected = SHA256Digest.base64(payload)
+
+            let h2 = try await curlThroughGate(gate, url, ["--http2"])
+            #expect(h2.exitStatus == 0, "\(h2.stderr)")
+            #expect(h2.httpCode == "200")
+            #expect(h2.httpVersion == "2")
+            #expect(h2.body.count == payload.count)
+            #expect(SHA256Digest.base64(h2.body) == expected)
+
+            let h1 = try await curlThroughGate(gate, url, ["--http1.1"])
+            #expect(h1.exitStatus == 0, "\(h1.stderr)")
+            #expect(h1.httpCode == "200")
+            #expect(h1.httpVersion == "1.1")
+            #expect(SHA256Digest.base64(h1.body) == expected)
+
+            // nginx saw HTTP/2 for the h2 request (so ALPN h2 held on the upstream leg too)
+            // and HTTP/1.1 for the client that offered only http/1.1: the gate reconnected
+            // upstream with the client's exact offer.
+            #expect(nginx.accessLogProtocols() == ["HTTP/2.0", "HTTP/1.1"])
+            let stats = gate.statistics
+            #expect(stats.count("trusted") == 2)
+            #expect(stats.upstreamConnections == 3) // h2: one; http/1.1 client: first (h2) + reconnect
+            #expect(stats.bytesDown >= 2 * payload.count)
+        } catch {
+            await gate.stop()
+            await nginx.stop()
+            throw error
+        }
+        await gate.stop()
+        await nginx.stop()
+    }
+
+    @Test("attacker origin with a certificate the upstream trust accepts: 502 pin-mismatch, zero bytes forwarded")
+    func attackerIsRefused() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let genuine = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
+        let forged = try pki.leaf([.dns(Self.host)], issuer: pki.attackerCA, file: "forged")
+        let attacker = try await TestOrigin.start(identity: forged, behaviour: .http(body: "intercepted"))
+        let gate = try await GateFixture.start(pki: pki, listPath: try pki.signedList([(Self.host, genuine.fingerprint)]),
+                                               resolve: ["\(Self.host):\(attacker.port)"])
+        let result = try await curlThroughGate(gate, "https://\(Self.host):\(attacker.port)/secret", ["-d", "password=hunter2"])
+        await gate.stop()
+        await attacker.stop()
+
+        #expect(result.exitStatus != 0)
+        #expect(result.stderr.contains("CONNECT tunnel failed, response 502"))
+        #expect(result.proxyHeaders["pingate-refusal"] == "pin-mismatch")
+        #expect(result.proxyHeaders["pingate-observed-fingerprint"] == forged.fingerprint)
+        let seen = attacker.observed
+        #expect(seen.handshakes == 1, "the gate did reach the attacker and finish a handshake")
+        #expect(seen.applicationBytes == 0, "not one application byte may reach the attacker")
+        #expect(gate.statistics.count("pin-mismatch") == 1)
+    }
+
+    @Test("unknown host: 403 empty, and no upstream connection at all")
+    func unknownHostIsRefusedWithoutConnecting() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
+        let origin = try await TestOrigin.start(identity: leaf, behaviour: .http(body: "hello"))
+        let gate = try await GateFixture.start(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
+                                               resolve: ["unknown.pingate.test:\(origin.port)"])
+        let result = try await curlThroughGate(gate, "https://unknown.pingate.test:\(origin.port)/")
+        let stats = gate.statistics
+        await gate.stop()
+        await origin.stop()
+
+        #expect(result.stderr.contains("CONNECT tunnel failed, response 403"))
+        #expect(result.proxyHeaders["pingate-refusal"] == "empty")
+        #expect(result.proxyHeaders["pingate-observed-fingerprint"] == nil)
+        #expect(stats.upstreamConnections == 0)
+        #expect(origin.observed.tcpConnections == 0)
+    }
+
+    @Test("no list at all: everything is refused as empty")
+    func noListFailsClosed() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let gate = try await GateFixture.start(pki: pki, listPath: nil)
+        let result = try await curlThroughGate(gate, "https://\(Self.host):443/")
+        await gate.stop()
+        #expect(result.stderr.contains("CONNECT tunnel failed, response 403"))
+        #expect(result.proxyHeaders["pingate-refusal"] == "empty")
+    }
+
+    @Test("pinned leaf from a CA the gate does not trust: 502 chain-invalid; pins-only host: allowed")
+    func chainFailure() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let rogue = try pki.leaf([.dns(Self.host)], issuer: pki.rogueCA, file: "rogue")
+        let origin = try await TestOrigin.start(identity: rogue, behaviour: .http(body: "pins-only ok"))
+        let list = try pki.signedList([(Self.host, rogue.fingerprint)])
+        let resolve = ["\(Self.host):\(origin.port)"]
+
+        let strict = try await GateFixture.start(pki: pki, listPath: list, resolve: resolve)
+        let refused = try await curlThroughGate(strict, "https://\(Self.host):\(origin.port)/")
+        await strict.stop()
+        #expect(refused.stderr.contains("CONNECT tunnel failed, response 502"))
+        #expect(refused.proxyHeaders["pingate-refusal"] == "chain-invalid")
+        #expect(refused.proxyHeaders["pingate-observed-fingerprint"] == rogue.fingerprint)
+        #expect(origin.observed.applicationBytes == 0)
+
+        let pinsOnly = try await GateFixture.start(pki: pki, listPath: list, resolve: resolve) { $0.pinsOnlyHosts = [Self.host] }
+        let allowed = try await curlThroughGate(pinsOnly, "https://\(Self.host):\(origin.port)/")
+        await pinsOnly.stop()
+        await origin.stop()
+        #expect(allowed.exitStatus == 0, "\(allowed.stderr)")
+        #expect(String(decoding: allowed.body, as: UTF8.self) == "pins-only ok")
+    }
+
+    @Test("closed upstream port: 502 upstream-unreachable; silent upstream: 504 upstream-timeout")
+    func upstreamFailures() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
+        let closedPort = try closedLoopbackPort()
+        let silent = try await SilentServer.start()
+        let gate = try await GateFixture.start(
+            pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
+            resolve: ["\(Self.host):\(closedPort)", "\(Self.host):\(silent.port)"]
+        ) { $0.upstreamHandshakeTimeout = .milliseconds(500) }
+
+        let unreachable = try await curlThroughGate(gate, "https://\(Self.host):\(closedPort)/")
+        #expect(unreachable.stderr.contains("CONNECT tunnel failed, response 502"))
+        #expect(unreachable.proxyHeaders["pingate-refusal"] == "upstream-unreachable")
+
+        let timedOut = try await curlThroughGate(gate, "https://\(Self.host):\(silent.port)/")
+        #expect(timedOut.stderr.contains("CONNECT tunnel failed, response 504"))
+        #expect(timedOut.proxyHeaders["pingate-refusal"] == "upstream-timeout")
+        await gate.stop()
+        await silent.stop()
+    }
+
+    @Test("Python ssl client: 1 MiB echoed byte for byte through the tunnel, then a clean close")
+    func pythonEchoThroughTunnel() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
+        let origin = try await TestOrigin.start(identity: leaf, behaviour: .echo, alpn: nil)
+        let gate = try await GateFixture.start(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
+                                               resolve: ["\(Self.host):\(origin.port)"])
+        let script = """
+        import hashlib, os, socket, ssl, sys
+        gate_port, host, port, ca = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+        raw = socket.create_connection(("127.0.0.1", gate_port), timeout=30)
+        raw.sendall(f"CONNECT {host}:{port} HTTP/1.1\\r\\nHost: {host}:{port}\\r\\n\\r\\n".encode())
+        head = b""
+        while b"\\r\\n\\r\\n" not in head:
+            chunk = raw.recv(1)
+            if not chunk: sys.exit("proxy closed: " + head.decode())
+            head += chunk
+        assert head.startswith(b"HTTP/1.1 200"), head
+        tls = ssl.create_default_context(cafile=ca).wrap_socket(raw, server_hostname=host)
+        payload = os.urandom(1 << 20)
+        tls.sendall(payload)
+        received = b""
+        while len(received) < len(payload):
+            chunk = tls.recv(65536)
+            if not chunk: break
+            received += chunk
+        print(len(received), hashlib.sha256(received).hexdigest() == hashlib.sha256(payload).hexdigest())
+        tls.unwrap()
+        """
+        let scriptPath = try directory.write("echo.py", script)
+        let result = try await TestProcess.run("python3", [scriptPath, "\(gate.port)", Self.host, "\(origin.port)", gate.caPath])
+        let stats = gate.statistics
+        await gate.stop()
+        await origin.stop()
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "\(1 << 20) True")
+        #expect(origin.observed.applicationBytes == 1 << 20)
+        #expect(stats.bytesUp == 1 << 20)
+    }
+}
+

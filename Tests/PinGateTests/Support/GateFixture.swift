@@ -1,0 +1,81 @@
+import Foundation
+import Logging
+import NIOCore
+import PinGateCA
+import PinList
+@testable import PinGate
+
+/// A gate running in this process on 127.0.0.1, port 0, with its own state directory.
+struct GateFixture {
+    let server: PinGateServer
+    let caPath: String
+    let directory: TemporaryDirectory
+
+    var port: Int { server.port }
+    var statistics: GateStatistics.Snapshot { server.statistics.snapshot }
+
+    static let quietLogger = Logger(label: "pingate-test") { _ in SwiftLogNoOpLogHandler() }
+
+    static func start(
+        pki: TestPKI,
+        listPath: String?,
+        resolve: [String] = [],
+        configure: (inout GateConfiguration) -> Void = { _ in }
+    ) async throws -> GateFixture {
+        let directory = try TemporaryDirectory()
+        let ca = try LocalCA.create(stateDirectory: directory.file("state"))
+        var configuration = GateConfiguration()
+        configuration.listenPort = 0
+        configuration.eventLoopThreads = 2
+        configuration.upstreamTrust = .pemFiles([pki.upstreamTrustPath])
+        configuration.resolveOverrides = try resolve.map { try ResolveOverride(parsing: "\($0):127.0.0.1") }
+        configure(&configuration)
+        let list = try listPath.map { try PinListFile.loadStatic(listPath: $0, keyPaths: [pki.signerPublicKeyPath]) }
+        let server = try await PinGateServer.start(
+            configuration: configuration, store: PinListStore(list), ca: ca, logger: quietLogger)
+        return GateFixture(server: server, caPath: LocalCA.Paths(stateDirectory: directory.file("state")).certificate, directory: directory)
+    }
+
+    func stop() async {
+        try? await server.shutdown()
+        directory.remove()
+    }
+}
+
+/// What curl reported for one request through the gate.
+struct CurlResult {
+    let exitStatus: Int32
+    let httpCode: String
+    let httpVersion: String
+    let body: Data
+    let stderr: String
+
+    /// Headers of the proxy's CONNECT answer, from curl's verbose output.
+    var proxyHeaders: [String: String] {
+        var headers: [String: String] = [:]
+        for line in stderr.split(whereSeparator: \.isNewline) where line.hasPrefix("< ") {
+            let text = line.dropFirst(2).trimmingCharacters(in: .whitespacesAndNewlines)
+            guard let colon = text.firstIndex(of: ":") else { continue }
+            headers[text[..<colon].lowercased()] = text[text.index(after: colon)...].trimmingCharacters(in: .whitespaces)
+        }
+        return headers
+    }
+}
+
+/// Runs curl through the gate as an app would: `--proxy` plus `--cacert` of the gate's CA.
+func curlThroughGate(_ gate: GateFixture, _ url: String, _ extra: [String] = []) async throws -> CurlResult {
+    let output = try TemporaryDirectory()
+    defer { output.remove() }
+    let bodyPath = output.file("body")
+    let result = try await TestProcess.run("curl", [
+        "-sS", "-v", "--max-time", "60",
+        "--proxy", "http://127.0.0.1:\(gate.port)",
+        "--cacert", gate.caPath,
+        "-o", bodyPath,
+        "-w", "%{http_code} %{http_version}",
+    ] + extra + [url])
+    let fields = result.stdout.split(separator: " ").map(String.init)
+    let body = (try? Data(contentsOf: URL(fileURLWithPath: bodyPath))) ?? Data()
+    return CurlResult(exitStatus: result.status, httpCode: fields.first ?? "", httpVersion: fields.dropFirst().first ?? "",
+                      body: body, stderr: result.stderr)
+}

@@ -1,0 +1,101 @@
+import Foundation
+
+/// Debian's nginx as a real HTTP/1.1 + HTTP/2 TLS origin, started per test in its own
+/// directory. nginx cannot report a port-0 bind, so it gets a port that was free a
+/// moment ago, with retries if another process took it meanwhile.
+final class NginxOrigin {
+    let directory: TemporaryDirectory
+    let port: Int
+    private let process: Process
+
+    private init(directory: TemporaryDirectory, port: Int, process: Process) {
+        self.directory = directory
+        self.port = port
+        self.process = process
+    }
+
+    /// Starts nginx serving `files` (name → bytes) over TLS with `certificatePath`/`keyPath`.
+    static func start(certificatePath: String, keyPath: String, files: [String: Data]) async throws -> NginxOrigin {
+        let directory = try TemporaryDirectory()
+        let root = directory.file("www")
+        try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
+        for (name, data) in files { try data.write(to: URL(fileURLWithPath: (root as NSString).appendingPathComponent(name))) }
+        let nginx = try TestProcess.resolve("nginx")
+        var lastError = ""
+        for _ in 0..<5 {
+            let port = try closedLoopbackPort()
+            let config = """
+            \(getuid() == 0 ? "user root;" : "")
+            daemon off;
+            master_process on;
+            worker_processes 1;
+            pid \(directory.file("nginx.pid"));
+            error_log \(directory.file("error.log")) warn;
+            events { worker_connections 128; }
+            http {
+                log_format proto '$server_protocol $status $body_bytes_sent $request_uri';
+                access_log \(directory.file("access.log")) proto;
+                client_body_temp_path \(directory.file("tmp-body"));
+                proxy_temp_path \(directory.file("tmp-proxy"));
+                fastcgi_temp_path \(directory.file("tmp-fastcgi"));
+                uwsgi_temp_path \(directory.file("tmp-uwsgi"));
+                scgi_temp_path \(directory.file("tmp-scgi"));
+                types { application/octet-stream bin; text/plain txt; }
+                server {
+                    listen 127.0.0.1:\(port) ssl http2;
+                    ssl_certificate \(certificatePath);
+                    ssl_certificate_key \(keyPath);
+                    root \(root);
+                }
+            }
+            """
+            let configPath = try directory.write("nginx.conf", config)
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: nginx)
+            process.arguments = ["-p", directory.path, "-c", configPath, "-e", directory.file("error.log")]
+            process.standardOutput = FileHandle.nullDevice
+            process.standardError = FileHandle.nullDevice
+            try process.run()
+            let origin = NginxOrigin(directory: directory, port: port, process: process)
+            if await origin.waitUntilListening() { return origin }
+            lastError = (try? String(contentsOfFile: directory.file("error.log"), encoding: .utf8)) ?? ""
+            await origin.stop(removeFiles: false)
+        }
+        directory.remove()
+        throw TestFailure("nginx did not start: \(lastError)")
+    }
+
+    /// The protocol column of each access-log line, e.g. ["HTTP/2.0"].
+    func accessLogProtocols() -> [String] {
+        let log = (try? String(contentsOfFile: directory.file("access.log"), encoding: .utf8)) ?? ""
+        return log.split(separator: "\n").compactMap { $0.split(separator: " ").first.map(String.init) }
+    }
+
+    private func waitUntilListening() async -> Bool {
+        for _ in 0..<100 {
+            if !process.isRunning { return false }
+            let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_port = UInt16(port).bigEndian
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            let connected = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            close(descriptor)
+            if connected == 0 { return true }
+            try? await Task.sleep(nanoseconds: 50_000_000)
+        }
+        return false
+    }
+
+    /// Stops nginx (the master we started, by its PID) and removes its files.
+    func stop(removeFiles: Bool = true) async {
+        if process.isRunning {
+            kill(process.processIdentifier, SIGTERM)
+            for _ in 0..<100 where process.isRunning { try? await Task.sleep(nanoseconds: 20_000_000) }
+            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        }
+        if removeFiles { directory.remove() }
+    }
+}
