@@ -63,13 +63,16 @@ let package = Package(
                 .product(name: "Yams", package: "Yams"),
             ]
         ),
-        .testTarget(name: "PinGateTLSTests", dependencies: ["PinGateTLS"]),
-        .testTarget(name: "PinListTests", dependencies: ["PinList", "PinGateTLS"]),
-        .testTarget(name: "PinGateCATests", dependencies: ["PinGateCA", "PinGateTLS"]),
+        // Helpers shared by the test targets: running real programs, temporary
+        // directories, the signed-list vectors. Never linked into the product.
+        .target(name: "PinGateTestSupport", path: "Tests/PinGateTestSupport"),
+        .testTarget(name: "PinGateTLSTests", dependencies: ["PinGateTLS", "PinGateTestSupport"]),
+        .testTarget(name: "PinListTests", dependencies: ["PinList", "PinGateTLS", "PinGateTestSupport"]),
+        .testTarget(name: "PinGateCATests", dependencies: ["PinGateCA", "PinGateTLS", "PinGateTestSupport"]),
         .testTarget(
             name: "PinGateTests",
             dependencies: [
-                "PinGate", "PinGateTLS", "PinList", "PinGateCA", "pingate",
+                "PinGate", "PinGateTLS", "PinList", "PinGateCA", "pingate", "PinGateTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),

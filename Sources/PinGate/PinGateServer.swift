@@ -68,7 +68,7 @@ public final class PinGateServer: Sendable {
                 .bind(host: configuration.listenHost, port: configuration.listenPort)
                 .get()
             logger.info("pingate listening", metadata: [
-                "address": "\(listener.localAddress.map { "\($0)" } ?? "?")",
+                "address": "\(configuration.listenHost):\(listener.localAddress?.port ?? 0)",
                 "openssl": "\(OpenSSLVersion.text)",
                 "nghttp2": "\(Self.nghttp2Version)",
             ])

@@ -77,10 +77,13 @@ enum PathText {
     /// Expands a leading `~` and makes `path` absolute against `base` (or the working directory).
     static func resolve(_ path: String, against base: String = "") -> String {
         let expanded = (path as NSString).expandingTildeInPath
-        if expanded.hasPrefix("/") { return expanded }
+        if expanded.hasPrefix("/") { return (expanded as NSString).standardizingPath }
         let directory = base.isEmpty ? FileManager.default.currentDirectoryPath : base
-        let joined = (directory as NSString).appendingPathComponent(expanded)
-        return joined.hasPrefix("/") ? joined : (FileManager.default.currentDirectoryPath as NSString).appendingPathComponent(joined)
+        var joined = (directory as NSString).appendingPathComponent(expanded)
+        if !joined.hasPrefix("/") {
+            joined = (FileManager.default.currentDirectoryPath as NSString).appendingPathComponent(joined)
+        }
+        return (joined as NSString).standardizingPath
     }
 
     /// `$XDG_STATE_HOME/pingate`, or `~/.local/state/pingate`.

@@ -1,4 +1,5 @@
 import Foundation
+import PinGateTestSupport
 import Testing
 import PinGateTLS
 @testable import PinGate

@@ -1,4 +1,5 @@
 import Foundation
+import PinGateTestSupport
 import Logging
 import NIOCore
 import PinGateCA

@@ -1,4 +1,5 @@
 import Foundation
+import PinGateTestSupport
 
 /// Debian's nginx as a real HTTP/1.1 + HTTP/2 TLS origin, started per test in its own
 /// directory. nginx cannot report a port-0 bind, so it gets a port that was free a

@@ -1,4 +1,5 @@
 import Foundation
+import PinGateTestSupport
 import NIOCore
 import NIOPosix
 import Synchronization

@@ -2,16 +2,17 @@ import Foundation
 
 /// Runs real third-party programs (curl, openssl, nginx, python3) from tests, without
 /// blocking Swift's cooperative threads while they run.
-enum TestProcess {
-    struct Result {
-        var status: Int32
-        var stdout: String
-        var stderr: String
-        var stdoutData: Data
+public enum TestProcess {
+    /// A finished process: exit status and everything it printed.
+    public struct Result: Sendable {
+        public var status: Int32
+        public var stdout: String
+        public var stderr: String
+        public var stdoutData: Data
     }
 
     /// Runs `executable` (looked up on PATH) to completion, killing it after `timeout` seconds.
-    static func run(_ executable: String, _ arguments: [String], environment: [String: String]? = nil,
+    public static func run(_ executable: String, _ arguments: [String], environment: [String: String]? = nil,
                     stdin: Data? = nil, timeout: TimeInterval = 60) async throws -> Result {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: try resolve(executable))
@@ -58,7 +59,7 @@ enum TestProcess {
     }
 
     /// The full path of `name`, searching PATH (and the build directory for `pingate`).
-    static func resolve(_ name: String) throws -> String {
+    public static func resolve(_ name: String) throws -> String {
         if name.hasPrefix("/") { return name }
         let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"
         for directory in path.split(separator: ":").map(String.init) + ["/usr/sbin", "/sbin"] {
@@ -69,7 +70,7 @@ enum TestProcess {
     }
 
     /// The `pingate` executable built next to this test bundle.
-    static var pingateExecutable: String {
+    public static var pingateExecutable: String {
         let me = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
         var directory = URL(fileURLWithPath: me).deletingLastPathComponent()
         // On Linux the tests run from <build>/debug/pingatePackageTests.xctest.
@@ -90,28 +91,58 @@ final class OutputCollector: @unchecked Sendable {
 }
 
 /// A test precondition that did not hold, with a message.
-struct TestFailure: Error, CustomStringConvertible {
-    let description: String
-    init(_ message: String) { description = message }
+public struct TestFailure: Error, CustomStringConvertible {
+    public let description: String
+    public init(_ message: String) { description = message }
 }
 
 /// A fresh temporary directory, removed by `remove()`.
-struct TemporaryDirectory {
-    let path: String
+public struct TemporaryDirectory: Sendable {
+    public let path: String
 
-    init() throws {
+    public init() throws {
         let base = FileManager.default.temporaryDirectory.appendingPathComponent("pingate-test-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: base, withIntermediateDirectories: true)
         path = base.path
     }
 
-    func file(_ name: String) -> String { (path as NSString).appendingPathComponent(name) }
+    public func file(_ name: String) -> String { (path as NSString).appendingPathComponent(name) }
 
-    func write(_ name: String, _ text: String) throws -> String {
+    @discardableResult
+    public func write(_ name: String, _ text: String) throws -> String {
         let target = file(name)
         try text.write(toFile: target, atomically: true, encoding: .utf8)
         return target
     }
 
-    func remove() { try? FileManager.default.removeItem(atPath: path) }
+    public func remove() { try? FileManager.default.removeItem(atPath: path) }
+}
+
+/// The Wultra signed-list vectors (a copy of shared/vectors/wultra, kept in Tests/Vectors).
+public enum WultraVectors {
+    /// The folder holding the committed copy.
+    public static let directory: String = {
+        let here = URL(fileURLWithPath: #filePath)
+        return here.deletingLastPathComponent().deletingLastPathComponent().appendingPathComponent("Vectors/wultra").path
+    }()
+
+    /// The shared original beside the project root, when it is there.
+    public static let sharedDirectory: String = {
+        let here = URL(fileURLWithPath: #filePath)
+        return here.deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().appendingPathComponent("shared/vectors/wultra").path
+    }()
+
+    /// The path of vector file `name`.
+    public static func path(_ name: String) -> String { (directory as NSString).appendingPathComponent(name) }
+
+    /// The bytes of vector file `name`.
+    public static func data(_ name: String) throws -> Data { try Data(contentsOf: URL(fileURLWithPath: path(name))) }
+
+    /// The text of vector file `name`, without a trailing newline.
+    public static func text(_ name: String) throws -> String {
+        var text = try String(contentsOfFile: path(name), encoding: .utf8)
+        while text.hasSuffix("\n") { text.removeLast() }
+        return text
+    }
 }

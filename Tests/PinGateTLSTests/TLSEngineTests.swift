@@ -1,0 +1,195 @@
+import Foundation
+import PinGateTestSupport
+import Testing
+@testable import PinGateTLS
+
+/// The sans-IO engine on its own: digests, keys, certificates, and whole handshakes
+/// pumped between two in-memory connections.
+@Suite("TLS engine")
+struct TLSEngineTests {
+    @Test("SHA-256 matches the FIPS 180-2 \"abc\" vector")
+    func sha256() {
+        #expect(SHA256Digest.base64(Array("abc".utf8)) == "ungWv48Bz+pBQUDeXa4iI7ADYaOWF3qctBD/YfIAFa0=")
+    }
+
+    @Test("the vector signer's PEM and X9.63 forms are the same key, and verify its signature")
+    func publicKeyForms() throws {
+        let pem = try PublicKey(text: WultraVectors.text("test-signer.pub.pem"))
+        let x963 = try PublicKey(text: WultraVectors.text("test-signer.pub.x963.b64"))
+        #expect(pem.spkiDER == x963.spkiDER)
+        let challenge = try WultraVectors.text("dynamic-challenge.txt")
+        let body = try WultraVectors.data("dynamic-body.json")
+        let signature = try #require(Data(base64Encoded: WultraVectors.text("dynamic-signature.txt")))
+        let message = Array(challenge.utf8) + Array("&".utf8) + Array(body)
+        #expect(x963.verifySHA256(signature: Array(signature), message: message))
+        #expect(!x963.verifySHA256(signature: Array(signature), message: message + [0x20]))
+    }
+
+    @Test("sign then verify; a changed byte or garbage signature does not verify")
+    func signVerify() throws {
+        let key = try PrivateKey.generateP256()
+        let publicKey = try key.publicKey()
+        let message = Array("name&fingerprint&123".utf8)
+        let signature = try key.signSHA256(message)
+        #expect(publicKey.verifySHA256(signature: signature, message: message))
+        #expect(!publicKey.verifySHA256(signature: signature, message: Array("name&fingerprint&124".utf8)))
+        #expect(!publicKey.verifySHA256(signature: [0x30, 0x02, 0x01], message: message))
+        #expect(!publicKey.verifySHA256(signature: [], message: message))
+    }
+
+    @Test("keys that are not P-256 points are refused with a reason")
+    func rejectsBadKeys() {
+        #expect(throws: OpenSSLError.self) { try PublicKey(text: "AAAA") }
+        #expect(throws: OpenSSLError.self) { try PublicKey(text: "-----BEGIN PUBLIC KEY-----\nnope\n-----END PUBLIC KEY-----\n") }
+    }
+
+    @Test("garbage PEM fails with OpenSSL's reason text drained into the error")
+    func typedErrors() {
+        do {
+            _ = try Certificate(pem: "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+            Issue.record("garbage parsed")
+        } catch let error as OpenSSLError {
+            #expect(error.operation == "parse certificate PEM")
+            #expect(!error.reasons.isEmpty)
+        } catch {
+            Issue.record("unexpected \(error)")
+        }
+    }
+
+    @Test("certificate fingerprint matches the vector list's entry 0")
+    func certificateFingerprint() throws {
+        let certificate = try Certificate(pem: WultraVectors.text("api.vector.test.pem"))
+        #expect(certificate.sha256Fingerprint == "NqWBi99vB1leaGi8Jr5RixqVZ+O/SlPckBhva3bVV7c=")
+        #expect(certificate.commonName == "api.vector.test")
+        #expect(try Certificate(der: certificate.derBytes).sha256Fingerprint == certificate.sha256Fingerprint)
+    }
+
+    // MARK: in-memory handshakes
+
+    struct Peers {
+        let ca: Certificate
+        let caPath: String
+        let serverContext: TLSContext
+        let clientContext: TLSContext
+    }
+
+    static func makePeers(names: [SubjectAltName], directory: TemporaryDirectory) throws -> Peers {
+        let caKey = try PrivateKey.generateP256()
+        let ca = try CertificateBuilder.selfSignedCA(commonName: "Engine Test CA", key: caKey, validity: 86400)
+        let leafKey = try PrivateKey.generateP256()
+        let leaf = try CertificateBuilder.serverLeaf(names: names, subjectKey: leafKey, issuer: ca, issuerKey: caKey,
+                                                     notBefore: Date().addingTimeInterval(-60), notAfter: Date().addingTimeInterval(3600))
+        let caPath = try directory.write("ca.pem", try ca.pemString())
+        return Peers(ca: ca, caPath: caPath,
+                     serverContext: try TLSContext.server(certificate: leaf, key: leafKey),
+                     clientContext: try TLSContext.client(trustRoots: .pemFiles([caPath])))
+    }
+
+    /// Moves ciphertext between the two until neither makes progress.
+    static func pump(_ client: TLSConnection, _ server: TLSConnection) -> (TLSHandshakeProgress, TLSHandshakeProgress) {
+        var clientState = client.handshake()
+        var serverState = TLSHandshakeProgress.needsMoreInput
+        for _ in 0..<20 {
+            let moved = move(client, server) + move(server, client)
+            if case .pausedAtClientHello = serverState { return (clientState, serverState) }
+            if clientState != .complete { clientState = client.handshake() }
+            if serverState != .complete { serverState = server.handshake() }
+            if moved == 0 && clientState == .complete && serverState == .complete { break }
+        }
+        return (clientState, serverState)
+    }
+
+    @discardableResult
+    static func move(_ from: TLSConnection, _ to: TLSConnection) -> Int {
+        let count = from.pendingCiphertextCount
+        guard count > 0 else { return 0 }
+        var bytes = [UInt8](repeating: 0, count: count)
+        let taken = bytes.withUnsafeMutableBytes { from.takeCiphertext(into: $0) }
+        bytes.withUnsafeBytes { to.feedCiphertext(UnsafeRawBufferPointer(rebasing: $0.prefix(taken))) }
+        return taken
+    }
+
+    @Test("handshake in memory: chain and hostname valid, ALPN chosen by the server's preference, data both ways, close_notify")
+    func handshakeAndData() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let peers = try Self.makePeers(names: [.dns("engine.test")], directory: directory)
+        let client = try TLSConnection(clientOf: peers.clientContext, options: .init(expectedHost: "engine.test", alpnOffer: ["h2", "http/1.1"]))
+        let server = try TLSConnection(serverOf: peers.serverContext, options: .init(preferredALPN: "http/1.1", pauseWhenPreferredALPNMissing: false))
+        let (clientState, serverState) = Self.pump(client, server)
+        #expect(clientState == .complete)
+        #expect(serverState == .complete)
+        let summary = client.peerSummary()
+        #expect(summary.chainAndHostnameValid)
+        #expect(summary.alpn == "http/1.1")
+        #expect(server.negotiatedALPN == "http/1.1")
+
+        let message = Array("ping through memory".utf8)
+        try message.withUnsafeBytes { try client.writePlaintext($0) }
+        Self.move(client, server)
+        var buffer = [UInt8](repeating: 0, count: 100)
+        let outcome = buffer.withUnsafeMutableBytes { server.readPlaintext(into: $0) }
+        #expect(outcome == .bytes(message.count))
+        #expect(Array(buffer.prefix(message.count)) == message)
+
+        client.sendCloseNotify()
+        Self.move(client, server)
+        #expect(buffer.withUnsafeMutableBytes { server.readPlaintext(into: $0) } == .closeNotify)
+    }
+
+    @Test("a name the certificate does not carry: the handshake completes but the verify code says hostname mismatch")
+    func hostnameMismatch() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let peers = try Self.makePeers(names: [.dns("engine.test")], directory: directory)
+        let client = try TLSConnection(clientOf: peers.clientContext, options: .init(expectedHost: "other.test", alpnOffer: nil))
+        let server = try TLSConnection(serverOf: peers.serverContext, options: .init(preferredALPN: nil, pauseWhenPreferredALPNMissing: false))
+        let (clientState, _) = Self.pump(client, server)
+        #expect(clientState == .complete)
+        let summary = client.peerSummary()
+        #expect(!summary.chainAndHostnameValid)
+        #expect(summary.verifyCode == 62) // X509_V_ERR_HOSTNAME_MISMATCH
+        #expect(summary.leaf != nil)
+    }
+
+    @Test("an IP literal is verified against the IP SAN")
+    func ipLiteral() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let peers = try Self.makePeers(names: [.ip("127.0.0.1")], directory: directory)
+        let client = try TLSConnection(clientOf: peers.clientContext, options: .init(expectedHost: "127.0.0.1", alpnOffer: nil))
+        let server = try TLSConnection(serverOf: peers.serverContext, options: .init(preferredALPN: nil, pauseWhenPreferredALPNMissing: false))
+        _ = Self.pump(client, server)
+        #expect(client.peerSummary().chainAndHostnameValid)
+    }
+
+    @Test("the server pauses at a ClientHello lacking its preferred protocol, then resumes with the client's choice")
+    func clientHelloPause() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let peers = try Self.makePeers(names: [.dns("engine.test")], directory: directory)
+        let client = try TLSConnection(clientOf: peers.clientContext, options: .init(expectedHost: "engine.test", alpnOffer: ["http/1.1"]))
+        let server = try TLSConnection(serverOf: peers.serverContext, options: .init(preferredALPN: "h2", pauseWhenPreferredALPNMissing: true))
+        let (_, paused) = Self.pump(client, server)
+        #expect(paused == .pausedAtClientHello(offeredALPN: ["http/1.1"]))
+        server.resumeAfterClientHello(preferredALPN: "http/1.1")
+        let (clientState, serverState) = Self.pump(client, server)
+        #expect(clientState == .complete)
+        #expect(serverState == .complete)
+        #expect(client.negotiatedALPN == "http/1.1")
+    }
+
+    @Test("garbage instead of a ClientHello fails the handshake with a reason")
+    func garbageHandshake() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let peers = try Self.makePeers(names: [.dns("engine.test")], directory: directory)
+        let server = try TLSConnection(serverOf: peers.serverContext, options: .init(preferredALPN: nil, pauseWhenPreferredALPNMissing: false))
+        Array("GET / HTTP/1.1\r\nHost: x\r\n\r\n".utf8).withUnsafeBytes { server.feedCiphertext($0) }
+        guard case .failed(let error) = server.handshake() else {
+            Issue.record("garbage was accepted")
+            return
+        }
+        #expect(!error.reasons.isEmpty)
+    }
+}
