@@ -220,15 +220,18 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                 context.close(promise: nil)
             }
         }
+        // Hand any bytes the client sent early (a ClientHello that did not wait for the
+        // 200) to the TLS handler, then step out of the pipeline: from here on the
+        // channel is TLS and glue only.
         let early = earlyBytes
         earlyBytes = []
-        context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
         if !early.isEmpty {
             var buffer = context.channel.allocator.buffer(capacity: early.count)
             buffer.writeBytes(early)
             context.fireChannelRead(wrapInboundOut(buffer))
             context.fireChannelReadComplete()
         }
+        context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
     }
 
     /// Until the tunnel is joined, an upstream that goes away takes the client with it.

@@ -61,7 +61,8 @@ public struct ConnectRequestParser: Sendable {
             if buffer.count > maximumHeadBytes { return finish(.rejected(Self.tooLarge)) }
             return .needMoreBytes
         }
-        if headEnd > maximumHeadBytes { return finish(.rejected(Self.tooLarge)) }
+        // The limit covers the whole head, blank line included.
+        if bodyStart > maximumHeadBytes { return finish(.rejected(Self.tooLarge)) }
         let leftover = Array(buffer[bodyStart...])
         switch Self.parseHead(buffer[..<headEnd]) {
         case .success(let request): return finish(.request(request, leftover: leftover))

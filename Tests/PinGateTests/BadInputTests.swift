@@ -1,0 +1,128 @@
+import Foundation
+import NIOCore
+import PinGateTestSupport
+import Testing
+@testable import PinGate
+
+/// Bad input on real sockets: each gets its status and reason, and the gate keeps serving.
+@Suite("Bad input on the wire")
+struct BadInputTests {
+    /// Sends `bytes` to the gate (optionally closing our side after) and returns everything it answered.
+    static func exchange(_ port: Int, _ bytes: [UInt8], halfClose: Bool = false, wait: Double = 0) async throws -> String {
+        let script = """
+        import socket, sys, time
+        s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=15)
+        data = sys.stdin.buffer.read()
+        if data: s.sendall(data)
+        time.sleep(float(sys.argv[3]))
+        if sys.argv[2] == "1": s.shutdown(socket.SHUT_WR)
+        out = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk: break
+            out += chunk
+        sys.stdout.buffer.write(out)
+        """
+        let result = try await TestProcess.run("python3", ["-c", script, "\(port)", halfClose ? "1" : "0", "\(wait)"], stdin: Data(bytes))
+        guard result.status == 0 else { throw TestFailure("client failed: \(result.stderr)") }
+        return result.stdout
+    }
+
+    @Test("plain HTTP through the proxy (curl http://) gets 405 and the explanation")
+    func plainHTTP() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let gate = try await GateFixture.start(pki: try TestPKI(directory: directory), listPath: nil)
+        let result = try await TestProcess.run("curl", ["-sS", "-i", "--max-time", "10", "--proxy", "http://127.0.0.1:\(gate.port)", "http://plain.example.test/"])
+        await gate.stop()
+        #expect(result.stdout.hasPrefix("HTTP/1.1 405 Method Not Allowed"))
+        #expect(result.stdout.contains("Pingate-Refusal: method-not-allowed"))
+        #expect(result.stdout.contains("plain HTTP (GET) cannot be pinned"))
+    }
+
+    @Test("garbage, an oversized head and a silent client get 400, 431 and 408; the gate keeps serving")
+    func malformedOversizedSlow() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let gate = try await GateFixture.start(pki: try TestPKI(directory: directory), listPath: nil) {
+            $0.headTimeout = .milliseconds(300)
+        }
+        let garbage = try await Self.exchange(gate.port, [0x16, 0x03, 0x01, 0x00, 0x05, 0x0d, 0x0a, 0x0d, 0x0a])
+        #expect(garbage.hasPrefix("HTTP/1.1 400 Bad Request\r\n"))
+        #expect(garbage.contains("Pingate-Refusal: bad-request"))
+
+        let oversized = try await Self.exchange(gate.port, Array(("CONNECT a.test:443 HTTP/1.1\r\nX: " + String(repeating: "z", count: 20_000)).utf8))
+        #expect(oversized.hasPrefix("HTTP/1.1 431 "))
+        #expect(oversized.contains("Pingate-Refusal: header-too-large"))
+
+        let slow = try await Self.exchange(gate.port, Array("CONNECT a.test:443 HTTP/1.1\r\n".utf8))
+        #expect(slow.hasPrefix("HTTP/1.1 408 Request Timeout\r\n"))
+        #expect(slow.contains("Pingate-Refusal: request-timeout"))
+
+        // Still serving, and the verdicts were counted.
+        let after = try await Self.exchange(gate.port, Array("CONNECT a.test:443 HTTP/1.1\r\n\r\n".utf8))
+        #expect(after.hasPrefix("HTTP/1.1 403 Forbidden\r\n"))
+        let stats = gate.statistics
+        await gate.stop()
+        #expect(stats.count("bad-request") == 1)
+        #expect(stats.count("header-too-large") == 1)
+        #expect(stats.count("request-timeout") == 1)
+        #expect(stats.count("empty") == 1)
+    }
+
+    @Test("garbage instead of a ClientHello after the 200: the tunnel is dropped, counted, nothing reaches the origin")
+    func garbageTLSAfterAdmission() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let host = "origin.pingate.test"
+        let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
+        let origin = try await TestOrigin.start(identity: leaf, behaviour: .echo)
+        let gate = try await GateFixture.start(pki: pki, listPath: try pki.signedList([(host, leaf.fingerprint)]),
+                                               resolve: ["\(host):\(origin.port)"])
+        let answer = try await Self.exchange(gate.port, Array("CONNECT \(host):\(origin.port) HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n".utf8))
+        #expect(answer.hasPrefix("HTTP/1.1 200 Connection established\r\n\r\n"))
+        try await Task.sleep(nanoseconds: 200_000_000)
+        let stats = gate.statistics
+        await gate.stop()
+        await origin.stop()
+        #expect(stats.clientHandshakeFailures == 1)
+        #expect(origin.observed.applicationBytes == 0)
+    }
+
+    @Test("an idle tunnel is closed after the idle timeout")
+    func idleTimeout() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let host = "origin.pingate.test"
+        let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
+        let origin = try await TestOrigin.start(identity: leaf, behaviour: .echo, alpn: nil)
+        let gate = try await GateFixture.start(pki: pki, listPath: try pki.signedList([(host, leaf.fingerprint)]),
+                                               resolve: ["\(host):\(origin.port)"]) { $0.idleTimeout = .milliseconds(400) }
+        let script = """
+        import socket, ssl, sys, time
+        raw = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+        raw.sendall(f"CONNECT {sys.argv[2]} HTTP/1.1\\r\\n\\r\\n".encode())
+        head = b""
+        while b"\\r\\n\\r\\n" not in head: head += raw.recv(1)
+        tls = ssl.create_default_context(cafile=sys.argv[3]).wrap_socket(raw, server_hostname=sys.argv[2].split(":")[0])
+        tls.sendall(b"hello"); assert tls.recv(5) == b"hello"
+        started = time.monotonic()
+        try:
+            data = tls.recv(1)
+        except (ssl.SSLError, OSError):
+            data = b""
+        print("closed" if data == b"" else "data", round(time.monotonic() - started, 1))
+        """
+        let result = try await TestProcess.run("python3", ["-c", script, "\(gate.port)", "\(host):\(origin.port)", gate.caPath])
+        let stats = gate.statistics
+        await gate.stop()
+        await origin.stop()
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(result.stdout.hasPrefix("closed"))
+        let seconds = Double(result.stdout.split(separator: " ").last?.trimmingCharacters(in: .whitespacesAndNewlines) ?? "") ?? -1
+        #expect(seconds >= 0.2 && seconds < 5)
+        #expect(stats.openTunnels == 0)
+    }
+}

@@ -1,0 +1,127 @@
+import Testing
+@testable import PinGate
+
+/// The request-head state machine, with no sockets.
+@Suite("CONNECT request parser")
+struct ConnectRequestParserTests {
+    static func parse(_ text: String, limit: Int = 16 * 1024) -> ConnectRequestParser.Outcome {
+        var parser = ConnectRequestParser(maximumHeadBytes: limit)
+        return parser.feed(Array(text.utf8))
+    }
+
+    static func request(_ text: String) -> ConnectRequest? {
+        if case .request(let request, _) = parse(text) { return request }
+        return nil
+    }
+
+    static func rejection(_ text: String, limit: Int = 16 * 1024) -> HeadRejection? {
+        if case .rejected(let rejection) = parse(text, limit: limit) { return rejection }
+        return nil
+    }
+
+    @Test("names are normalized: lower case, trailing dot removed")
+    func names() {
+        #expect(Self.request("CONNECT API.Example.TEST.:443 HTTP/1.1\r\nHost: x\r\n\r\n") == ConnectRequest(host: "api.example.test", port: 443, isIPLiteral: false))
+    }
+
+    @Test("IPv4 and bracketed IPv6 literals")
+    func literals() {
+        #expect(Self.request("CONNECT 127.0.0.1:8443 HTTP/1.1\r\n\r\n") == ConnectRequest(host: "127.0.0.1", port: 8443, isIPLiteral: true))
+        #expect(Self.request("CONNECT [::1]:443 HTTP/1.1\r\n\r\n") == ConnectRequest(host: "::1", port: 443, isIPLiteral: true))
+        #expect(Self.request("CONNECT [2001:DB8::1]:443 HTTP/1.1\r\n\r\n")?.host == "2001:db8::1")
+        #expect(Self.request("CONNECT [::1]:443 HTTP/1.1\r\n\r\n")?.authority == "[::1]:443")
+    }
+
+    @Test("bytes split anywhere, bare LF endings, and bytes after the head are kept")
+    func incremental() {
+        var parser = ConnectRequestParser()
+        let text = Array("CONNECT a.test:443 HTTP/1.1\r\nHost: a.test:443\r\n\r\n\u{16}\u{03}\u{01}".utf8)
+        var outcome = ConnectRequestParser.Outcome.needMoreBytes
+        for byte in text {
+            outcome = parser.feed([byte])
+            if outcome != .needMoreBytes { break }
+        }
+        // The head completes on its last byte; the TLS bytes arrive later and are not lost
+        // because the real handler feeds whole reads. Here: feed the rest in one read.
+        #expect(outcome == .request(ConnectRequest(host: "a.test", port: 443, isIPLiteral: false), leftover: []))
+        #expect(Self.parse("CONNECT a.test:443 HTTP/1.1\nHost: a\n\nXYZ") == .request(ConnectRequest(host: "a.test", port: 443, isIPLiteral: false), leftover: Array("XYZ".utf8)))
+        #expect(Self.parse("CONNECT a.test:443 HTTP/1.1\r\n") == .needMoreBytes)
+    }
+
+    @Test("malformed requests get 400", arguments: [
+        "CONNECT a.test HTTP/1.1\r\n\r\n",                 // no port
+        "CONNECT a.test:0 HTTP/1.1\r\n\r\n",               // port 0
+        "CONNECT a.test:65536 HTTP/1.1\r\n\r\n",           // port too large
+        "CONNECT a.test:44x HTTP/1.1\r\n\r\n",             // port not numeric
+        "CONNECT ::1:443 HTTP/1.1\r\n\r\n",                // IPv6 without brackets
+        "CONNECT [::1:443 HTTP/1.1\r\n\r\n",               // unterminated bracket
+        "CONNECT [nothex]:443 HTTP/1.1\r\n\r\n",           // not an IPv6 literal
+        "CONNECT bad_host!.test:443 HTTP/1.1\r\n\r\n",     // invalid character
+        "CONNECT a..test:443 HTTP/1.1\r\n\r\n",            // empty label
+        "CONNECT -a.test:443 HTTP/1.1\r\n\r\n",            // label starts with '-'
+        "CONNECT a.test:443 HTTP/2.0\r\n\r\n",             // unsupported version
+        "CONNECT  a.test:443 HTTP/1.1\r\n\r\n",            // double space
+        "CONNECT a.test:443\r\n\r\n",                      // missing version
+        "CONNECT a.test:443 HTTP/1.1\r\nNo colon here\r\n\r\n",
+        "CONNECT a.test:443 HTTP/1.1\r\n folded: header\r\n\r\n",
+        "\u{16}\u{03}\u{01}\u{02}\u{00}\r\n\r\n",         // a TLS record sent to the proxy port
+    ])
+    func malformed(text: String) {
+        let rejection = Self.rejection(text)
+        #expect(rejection?.status == 400, "\(text.debugDescription) → \(String(describing: rejection))")
+        #expect(rejection?.reason == "bad-request")
+    }
+
+    @Test("invalid UTF-8 is malformed")
+    func invalidUTF8() {
+        var parser = ConnectRequestParser()
+        let outcome = parser.feed(Array("CONNECT a.test:443 HTTP/1.1\r\nX: ".utf8) + [0xFF, 0xFE] + Array("\r\n\r\n".utf8))
+        guard case .rejected(let rejection) = outcome else {
+            Issue.record("accepted invalid UTF-8")
+            return
+        }
+        #expect(rejection.status == 400)
+    }
+
+    @Test("any other method gets 405 saying plain HTTP cannot be pinned", arguments: ["GET", "POST", "PUT", "OPTIONS"])
+    func otherMethods(method: String) {
+        let rejection = Self.rejection("\(method) http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        #expect(rejection?.status == 405)
+        #expect(rejection?.reason == "method-not-allowed")
+        #expect(rejection?.detail.contains("only HTTPS via CONNECT") == true)
+    }
+
+    @Test("a head over the limit gets 431, with or without its blank line")
+    func oversized() {
+        let big = "CONNECT a.test:443 HTTP/1.1\r\nX-Big: \(String(repeating: "a", count: 17 * 1024))\r\n\r\n"
+        #expect(Self.rejection(big)?.status == 431)
+        var parser = ConnectRequestParser()
+        var outcome = parser.feed(Array("CONNECT a.test:443 HTTP/1.1\r\n".utf8))
+        while outcome == .needMoreBytes {
+            outcome = parser.feed(Array("X-Filler: \(String(repeating: "b", count: 1000))\r\n".utf8))
+        }
+        #expect(outcome == .rejected(HeadRejection(status: 431, reason: "header-too-large", detail: "the request head exceeds 16 KiB")))
+    }
+
+    @Test("a head of exactly the limit is accepted")
+    func atLimit() {
+        let prefix = "CONNECT a.test:443 HTTP/1.1\r\nX: "
+        let filler = String(repeating: "c", count: 100 - prefix.utf8.count - 4)
+        #expect(Self.rejection(prefix + filler + "\r\n\r\n", limit: 100) == nil)
+        #expect(Self.rejection(prefix + filler + "c\r\n\r\n", limit: 100)?.status == 431)
+    }
+
+    @Test("refusal responses carry the status, the reason header, the fingerprint and a body")
+    func refusalResponse() {
+        let response = String(decoding: Refusal.verdict(.untrusted(observed: "OBS=", expected: ["EXP="])).httpResponse(host: "a.test", port: 443), as: UTF8.self)
+        #expect(response.hasPrefix("HTTP/1.1 502 Bad Gateway\r\n"))
+        #expect(response.contains("\r\nPingate-Refusal: pin-mismatch\r\n"))
+        #expect(response.contains("\r\nPingate-Observed-Fingerprint: OBS=\r\n"))
+        #expect(response.contains("matches none of its pins (EXP=)"))
+        let empty = String(decoding: Refusal.verdict(.empty).httpResponse(host: "a.test", port: 443), as: UTF8.self)
+        #expect(empty.hasPrefix("HTTP/1.1 403 Forbidden\r\n"))
+        #expect(!empty.contains("Pingate-Observed-Fingerprint"))
+        #expect(Refusal.upstreamTimeout("x").status == 504)
+        #expect(Refusal.upstreamUnreachable("x").status == 502)
+    }
+}
