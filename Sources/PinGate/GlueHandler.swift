@@ -16,7 +16,7 @@ final class GlueHandler: ChannelDuplexHandler, RemovableChannelHandler {
     typealias OutboundOut = ByteBuffer
 
     /// Counts relayed bytes: called with the size of each buffer this side hands over.
-    typealias ByteCounter = (Int) -> Void
+    typealias ByteCounter = @Sendable (Int) -> Void
 
     private static let unpairedBufferLimit = 1 << 20
 

@@ -6,6 +6,7 @@ import NIOPosix
 import PinGateCA
 import PinGateTLS
 import PinList
+import Synchronization
 
 /// A running gate: the CONNECT listener and everything its connections share.
 public final class PinGateServer: Sendable {
@@ -19,6 +20,7 @@ public final class PinGateServer: Sendable {
     public let minter: LeafMinter
     private let group: MultiThreadedEventLoopGroup
     private let listener: Channel
+    private let shutdownStarted = Mutex(false)
 
     private init(configuration: GateConfiguration, store: PinListStore, statistics: GateStatistics,
                  minter: LeafMinter, group: MultiThreadedEventLoopGroup, listener: Channel) {
@@ -91,8 +93,20 @@ public final class PinGateServer: Sendable {
         try await listener.closeFuture.get()
     }
 
-    /// Stops listening, closes every connection and stops the event loops.
+    /// Stops accepting connections; `waitUntilClosed()` returns after this. Safe from any
+    /// thread and more than once (e.g. from a signal handler).
+    public func stopListening() {
+        listener.close(promise: nil)
+    }
+
+    /// Stops listening, closes every connection and stops the event loops. Only the first
+    /// call does the work; later calls return at once.
     public func shutdown() async throws {
+        let first = shutdownStarted.withLock { started in
+            defer { started = true }
+            return !started
+        }
+        guard first else { return }
         try? await listener.close()
         try await group.shutdownGracefully()
     }

@@ -38,6 +38,12 @@ struct UpstreamConnector {
     let statistics: GateStatistics
 
     func connect(host: String, port: Int, alpnOffer: [String]?, on eventLoop: EventLoop, countRelayed: @escaping GlueHandler.ByteCounter) -> EventLoopFuture<UpstreamConnection> {
+        // Handlers and TLS state belong to one loop: do all of it there.
+        guard eventLoop.inEventLoop else {
+            return eventLoop.flatSubmit {
+                self.connect(host: host, port: port, alpnOffer: alpnOffer, on: eventLoop, countRelayed: countRelayed)
+            }
+        }
         let started = NIODeadline.now()
         let handshakePromise = eventLoop.makePromise(of: TLSPeerSummary.self)
         let connection: TLSConnection

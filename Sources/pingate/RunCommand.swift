@@ -6,6 +6,7 @@ import PinGate
 import PinGateCA
 import PinGateTLS
 import PinList
+import Synchronization
 
 /// `pingate run`: start the gate.
 struct RunCommand: AsyncParsableCommand {
@@ -98,10 +99,13 @@ struct RunCommand: AsyncParsableCommand {
             "subject": "\(ca.certificate.subjectDescription)",
         ])
 
+        // Watch for SIGINT/SIGTERM before starting, so a stop request that arrives
+        // during start-up is honoured as soon as the server is up.
+        let signals = SignalWatcher(signals: [SIGINT, SIGTERM])
         let server = try await PinGateServer.start(configuration: configuration, store: PinListStore(list), ca: ca, logger: logger)
-        let signals = SignalWatcher(signals: [SIGINT, SIGTERM]) { signal in
+        signals.onSignal { signal in
             logger.info("stopping", metadata: ["signal": "\(signal)"])
-            Task { try? await server.shutdown() }
+            server.stopListening()
         }
         try await server.waitUntilClosed()
         try await server.shutdown()
@@ -120,21 +124,44 @@ struct RunCommand: AsyncParsableCommand {
     }
 }
 
-/// Turns SIGINT/SIGTERM into a graceful stop.
-///
-/// `@unchecked Sendable`: the sources are set once in `init` and only cancelled after;
-/// dispatch sources are thread-safe.
-final class SignalWatcher: @unchecked Sendable {
-    private let sources: [DispatchSourceSignal]
+/// Turns SIGINT/SIGTERM into a graceful stop. A signal that arrives before a handler
+/// is set is remembered and delivered when it is.
+final class SignalWatcher: Sendable {
+    private struct State {
+        var handler: (@Sendable (Int32) -> Void)?
+        var pending: Int32?
+    }
 
-    init(signals: [Int32], handler: @escaping @Sendable (Int32) -> Void) {
+    private let state = Mutex(State())
+    // Dispatch sources are thread-safe; they are set once here and only cancelled later.
+    nonisolated(unsafe) private var sources: [DispatchSourceSignal] = []
+
+    init(signals: [Int32]) {
         sources = signals.map { number in
-            signal(number, SIG_IGN) // let the dispatch source see it instead of the default action
+            signal(number, SIG_IGN) // the dispatch source sees it instead of the default action
             let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-            source.setEventHandler { handler(number) }
+            source.setEventHandler { [weak self] in self?.deliver(number) }
             source.resume()
             return source
         }
+    }
+
+    /// Sets the handler; runs it at once if a signal already arrived.
+    func onSignal(_ handler: @escaping @Sendable (Int32) -> Void) {
+        let pending: Int32? = state.withLock { state in
+            state.handler = handler
+            defer { state.pending = nil }
+            return state.pending
+        }
+        if let pending { handler(pending) }
+    }
+
+    private func deliver(_ number: Int32) {
+        let handler: (@Sendable (Int32) -> Void)? = state.withLock { state in
+            if state.handler == nil { state.pending = number }
+            return state.handler
+        }
+        handler?(number)
     }
 
     func cancel() {

@@ -80,14 +80,33 @@ public enum TestProcess {
 }
 
 /// Collects a child's output from pipe callbacks on other threads.
-final class OutputCollector: @unchecked Sendable {
+public final class OutputCollector: @unchecked Sendable {
     private let lock = NSLock()
     private var out = Data()
     private var err = Data()
 
-    func appendOut(_ data: Data) { lock.lock(); out.append(data); lock.unlock() }
-    func appendErr(_ data: Data) { lock.lock(); err.append(data); lock.unlock() }
-    var contents: (Data, Data) { lock.lock(); defer { lock.unlock() }; return (out, err) }
+    public init() {}
+
+    public func appendOut(_ data: Data) { lock.lock(); out.append(data); lock.unlock() }
+    public func appendErr(_ data: Data) { lock.lock(); err.append(data); lock.unlock() }
+    public var contents: (Data, Data) { lock.lock(); defer { lock.unlock() }; return (out, err) }
+    /// Standard error so far, as text.
+    public var errText: String { String(decoding: contents.1, as: UTF8.self) }
+}
+
+extension Process {
+    /// Sends SIGTERM to this child (by its PID), waits up to `seconds` for it to exit,
+    /// then SIGKILLs it; never blocks a thread while waiting.
+    public func terminateAndWait(seconds: Double = 5) async {
+        guard isRunning else { return }
+        kill(processIdentifier, SIGTERM)
+        let deadline = Date().addingTimeInterval(seconds)
+        while isRunning && Date() < deadline { try? await Task.sleep(nanoseconds: 20_000_000) }
+        if isRunning {
+            kill(processIdentifier, SIGKILL)
+            while isRunning { try? await Task.sleep(nanoseconds: 20_000_000) }
+        }
+    }
 }
 
 /// A test precondition that did not hold, with a message.

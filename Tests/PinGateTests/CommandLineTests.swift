@@ -1,0 +1,182 @@
+import Foundation
+import PinGateTestSupport
+import Testing
+
+/// The `pingate` executable as a user runs it: keygen, sign, fingerprint, ca, and run
+/// from a YAML config, with curl and openssl s_client as the clients.
+@Suite("pingate command line")
+struct CommandLineTests {
+    static var pingate: String { TestProcess.pingateExecutable }
+
+    @Test("startup with a tampered list exits non-zero with a clear message")
+    func tamperedListStops() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let result = try await TestProcess.run(Self.pingate, [
+            "run", "--listen", "127.0.0.1:0", "--state-dir", directory.file("state"),
+            "--pins", WultraVectors.path("static-list.tampered.json"),
+            "--pins-key", WultraVectors.path("test-signer.pub.pem"),
+        ], timeout: 30)
+        #expect(result.status != 0)
+        #expect(result.stderr.contains("refusing to start"))
+        #expect(result.stderr.contains("entry 0 (api.vector.test) has no valid signature"))
+        #expect(!result.stderr.contains("Fatal error"))
+    }
+
+    @Test("the good vector starts with either key form, and a wrong key is refused", arguments: [
+        ("static-list.json", "test-signer.pub.x963.b64", true),
+        ("static-list.wrong-key.json", "test-signer.pub.pem", false),
+    ])
+    func vectorsAtStartup(list: String, key: String, starts: Bool) async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let gate = try await RunningGate.start([
+            "--listen", "127.0.0.1:0", "--state-dir", directory.file("state"),
+            "--pins", WultraVectors.path(list), "--pins-key", WultraVectors.path(key),
+        ])
+        #expect((gate != nil) == starts)
+        await gate?.stop()
+    }
+
+    @Test("keygen, sign, fingerprint, ca export and run --config: curl and openssl s_client get through, an unpinned host does not")
+    func fullWorkflow() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let host = "workflow.pingate.test"
+        let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
+        let origin = try await TestOrigin.start(identity: leaf, behaviour: .http(body: "through the gate"))
+        var gateToStop: RunningGate?
+        defer {
+            // Backstop for an early exit; the normal path stops both below.
+            if let process = gateToStop?.process, process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        }
+
+        let keygen = try await TestProcess.run(Self.pingate, ["keygen", "--out", directory.file("signer")])
+        #expect(keygen.status == 0, "\(keygen.stderr)")
+        let keyMode = try FileManager.default.attributesOfItem(atPath: directory.file("signer.key"))[.posixPermissions] as? Int
+        #expect(keyMode == 0o600)
+
+        let fromFile = try await TestProcess.run(Self.pingate, ["fingerprint", "--cert", leaf.certificatePath])
+        #expect(fromFile.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == leaf.fingerprint)
+        let live = try await TestProcess.run(Self.pingate, ["fingerprint", "--connect", "\(host):\(origin.port)", "--resolve", "\(host):\(origin.port):127.0.0.1"])
+        #expect(live.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == leaf.fingerprint, "\(live.stderr)")
+        #expect(origin.observed.applicationBytes == 0)
+
+        let sign = try await TestProcess.run(Self.pingate, ["sign", "--key", directory.file("signer.key"), "--cert", leaf.certificatePath, "--name", host])
+        #expect(sign.status == 0, "\(sign.stderr)")
+        try directory.write("pins.json", sign.stdout)
+
+        let config = """
+        listen: 127.0.0.1:0
+        state-dir: state
+        pins:
+          source: pins.json
+          keys: [signer.pub.pem]
+        upstream-ca: [\(pki.upstreamTrustPath)]
+        resolve: ["\(host):\(origin.port):127.0.0.1"]
+        log-level: info
+        """
+        let configPath = try directory.write("pingate.yml", config)
+        guard let gate = try await RunningGate.start(["--config", configPath]) else {
+            Issue.record("pingate run --config did not start")
+            await origin.stop()
+            return
+        }
+        gateToStop = gate
+
+        let export = try await TestProcess.run(Self.pingate, ["ca", "export", "--state-dir", directory.file("state")])
+        #expect(export.stdout.hasPrefix("-----BEGIN CERTIFICATE-----"))
+        let caPath = try directory.write("exported-ca.pem", export.stdout)
+
+        let curl = try await TestProcess.run("curl", ["-sS", "--max-time", "20", "--cacert", caPath, "https://\(host):\(origin.port)/"],
+                                             environment: ["HTTPS_PROXY": "http://127.0.0.1:\(gate.port)"])
+        #expect(curl.status == 0, "\(curl.stderr)")
+        #expect(curl.stdout == "through the gate")
+
+        let sClient = try await TestProcess.run("openssl", [
+            "s_client", "-proxy", "127.0.0.1:\(gate.port)", "-connect", "\(host):\(origin.port)", "-servername", host,
+            "-CAfile", caPath, "-verify_return_error", "-verify_hostname", host, "-alpn", "http/1.1", "-quiet",
+        ], stdin: Data("GET / HTTP/1.1\r\nHost: \(host)\r\n\r\n".utf8), timeout: 20)
+        #expect(sClient.stdout.contains("through the gate"), "\(sClient.stderr)")
+
+        let refused = try await TestProcess.run("curl", ["-sS", "--max-time", "20", "--cacert", caPath, "https://elsewhere.pingate.test/"],
+                                                environment: ["HTTPS_PROXY": "http://127.0.0.1:\(gate.port)"])
+        #expect(refused.status != 0)
+        #expect(refused.stderr.contains("CONNECT tunnel failed, response 403"))
+
+        let log = await gate.stop()
+        await origin.stop()
+        #expect(log.contains("verdict=trusted"))
+        #expect(log.contains("reason=empty"))
+        #expect(log.contains("host=elsewhere.pingate.test"))
+    }
+
+    @Test("--help explains the subcommands; errors are messages, not stack traces")
+    func helpAndErrors() async throws {
+        let help = try await TestProcess.run(Self.pingate, ["--help"])
+        for word in ["run", "ca", "keygen", "sign", "fingerprint", "HTTPS_PROXY"] {
+            #expect(help.stdout.contains(word))
+        }
+        let runHelp = try await TestProcess.run(Self.pingate, ["run", "--help"])
+        for flag in ["--config", "--listen", "--state-dir", "--pins", "--pins-key", "--upstream-ca", "--resolve"] {
+            #expect(runHelp.stdout.contains(flag))
+        }
+        let missing = try await TestProcess.run(Self.pingate, ["ca", "export", "--state-dir", "/nonexistent/pingate-state"])
+        #expect(missing.status != 0)
+        #expect(missing.stderr.contains("pingate ca init"))
+        let badResolve = try await TestProcess.run(Self.pingate, ["run", "--listen", "127.0.0.1:0", "--resolve", "nonsense"])
+        #expect(badResolve.status != 0)
+        #expect(badResolve.stderr.contains("--resolve expects HOST:PORT:ADDRESS"))
+    }
+}
+
+/// `pingate run` as a child process; its port is read from its start-up log line.
+final class RunningGate: Sendable {
+    let process: Process
+    let port: Int
+    private let log: OutputCollector
+
+    private init(process: Process, port: Int, log: OutputCollector) {
+        self.process = process
+        self.port = port
+        self.log = log
+    }
+
+    /// Starts `pingate run ARGS`; nil if it exits before listening.
+    static func start(_ arguments: [String]) async throws -> RunningGate? {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: TestProcess.pingateExecutable)
+        process.arguments = ["run"] + arguments
+        let pipe = Pipe()
+        process.standardError = pipe
+        process.standardOutput = FileHandle.nullDevice
+        let log = OutputCollector()
+        pipe.fileHandleForReading.readabilityHandler = { log.appendErr($0.availableData) }
+        try process.run()
+        for _ in 0..<400 {
+            if let port = Self.listeningPort(in: log.errText) { return RunningGate(process: process, port: port, log: log) }
+            if !process.isRunning { return nil }
+            try await Task.sleep(nanoseconds: 25_000_000)
+        }
+        await process.terminateAndWait()
+        throw TestFailure("pingate did not start: \(log.errText)")
+    }
+
+    /// Stops the gate and returns everything it logged.
+    @discardableResult
+    func stop() async -> String {
+        await process.terminateAndWait()
+        return log.errText
+    }
+
+    /// The port from "address=HOST:PORT … pingate listening".
+    static func listeningPort(in text: String) -> Int? {
+        for line in text.split(whereSeparator: \.isNewline) where line.contains("pingate listening") {
+            guard let range = line.range(of: "address=") else { continue }
+            let address = line[range.upperBound...].prefix { $0 != " " }
+            return address.split(separator: ":").last.flatMap { Int($0) }
+        }
+        return nil
+    }
+}
