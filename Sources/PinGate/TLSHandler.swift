@@ -43,6 +43,7 @@ final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private var sentCloseNotify = false
     private var firedInputClosed = false
     private var producedPlaintext = false
+    private var spareBuffer: ByteBuffer?
 
     /// Wraps `connection`; `handshakePromise` completes with the peer summary or the failure.
     init(connection: TLSConnection, handshakePromise: EventLoopPromise<TLSPeerSummary>?, clientHelloResponder: ClientHelloResponder? = nil) {
@@ -201,7 +202,10 @@ final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private func readPlaintext(context: ChannelHandlerContext) {
         while state == .active && !receivedCloseNotify {
             var outcome = TLSReadOutcome.needsMoreInput
-            var buffer = context.channel.allocator.buffer(capacity: Self.readChunk)
+            // Reuse the last buffer when it came back empty: most calls end with one
+            // read that finds no whole record, and that should not cost an allocation.
+            var buffer = spareBuffer ?? context.channel.allocator.buffer(capacity: Self.readChunk)
+            spareBuffer = nil
             _ = buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: Self.readChunk) { space in
                 outcome = connection.readPlaintext(into: space)
                 if case .bytes(let count) = outcome { return count }
@@ -212,6 +216,8 @@ final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
                 producedPlaintext = true
                 context.fireChannelRead(wrapInboundOut(buffer))
             case .bytes, .needsMoreInput:
+                buffer.clear()
+                spareBuffer = buffer
                 return
             case .closeNotify:
                 receivedCloseNotify = true

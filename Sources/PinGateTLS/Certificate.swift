@@ -111,12 +111,6 @@ public final class Certificate: @unchecked Sendable {
     /// The start of the validity period.
     public var notBefore: Date? { Certificate.date(X509_get0_notBefore(pointer)) }
 
-    /// A new reference to the same OpenSSL object, for APIs that take ownership.
-    func retainedPointer() -> OpaquePointer {
-        X509_up_ref(pointer)
-        return pointer
-    }
-
     private static func oneLine(_ name: OpaquePointer?) -> String {
         guard let name, let text = X509_NAME_oneline(name, nil, 0) else { return "" }
         defer { pg_OPENSSL_free(text) }

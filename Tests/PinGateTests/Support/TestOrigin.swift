@@ -15,6 +15,9 @@ final class TestOrigin: Sendable {
         case http(body: String)
         /// Echoes every plaintext byte back; closes its output when the client closes its.
         case echo
+        /// On the first bytes from the client, sends `bytes` bytes (as fast as TCP takes
+        /// them), then closes its output.
+        case stream(bytes: Int)
     }
 
     struct Counters: Sendable, Equatable {
@@ -78,6 +81,7 @@ private final class OriginHandler: ChannelInboundHandler {
     private let behaviour: TestOrigin.Behaviour
     private let box: TestOrigin.CounterBox
     private var head: [UInt8] = []
+    private var streaming = false
 
     init(behaviour: TestOrigin.Behaviour, box: TestOrigin.CounterBox) {
         self.behaviour = behaviour
@@ -90,6 +94,18 @@ private final class OriginHandler: ChannelInboundHandler {
         switch behaviour {
         case .echo:
             context.writeAndFlush(wrapOutboundOut(buffer), promise: nil)
+        case .stream(let total):
+            guard !streaming else { return }
+            streaming = true
+            let chunk = ByteBuffer(repeating: 0x5A, count: 1 << 20)
+            var sent = 0
+            while sent < total {
+                let size = min(chunk.readableBytes, total - sent)
+                context.write(wrapOutboundOut(chunk.getSlice(at: 0, length: size) ?? chunk), promise: nil)
+                sent += size
+            }
+            context.flush()
+            context.close(mode: .output, promise: nil)
         case .http(let body):
             head.append(contentsOf: buffer.readableBytesView)
             guard head.count >= 4, head.suffix(4) == Array("\r\n\r\n".utf8) else { return }
@@ -103,10 +119,10 @@ private final class OriginHandler: ChannelInboundHandler {
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if let event = event as? ChannelEvent, event == .inputClosed {
-            if case .echo = behaviour {
-                context.close(mode: .output, promise: nil)
-            } else {
-                context.close(promise: nil)
+            switch behaviour {
+            case .echo: context.close(mode: .output, promise: nil)
+            case .http: context.close(promise: nil)
+            case .stream: break // keeps writing until done, then closes its output
             }
         }
     }
