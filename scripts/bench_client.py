@@ -6,10 +6,10 @@ tunnel (tinyproxy) and through pingate. Prints one JSON line.
 """
 import hashlib, json, socket, ssl, statistics, sys, time
 
-def open_tls(proxy, host, port, ca):
+def open_tls(proxy, host, port, ca, connect_host):
     if proxy:
         raw = socket.create_connection(proxy, timeout=30)
-        raw.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+        raw.sendall(f"CONNECT {connect_host}:{port} HTTP/1.1\r\nHost: {connect_host}:{port}\r\n\r\n".encode())
         head = b""
         while b"\r\n\r\n" not in head:
             chunk = raw.recv(4096)
@@ -36,6 +36,8 @@ def get(tls, host, path):
 
 def main():
     label, proxy_text, host, port, ca, connections, big_path = sys.argv[1:8]
+    # A plain tunnel resolves names itself: give it the address; TLS still uses `host`.
+    connect_host = sys.argv[8] if len(sys.argv) > 8 else host
     port, connections = int(port), int(connections)
     proxy = None
     if proxy_text != "-":
@@ -44,12 +46,12 @@ def main():
     latencies = []
     for _ in range(connections):
         started = time.perf_counter()
-        tls = open_tls(proxy, host, port, ca)
+        tls = open_tls(proxy, host, port, ca, connect_host)
         get(tls, host, "/small.txt")
         tls.close()
         latencies.append((time.perf_counter() - started) * 1000)
     started = time.perf_counter()
-    tls = open_tls(proxy, host, port, ca)
+    tls = open_tls(proxy, host, port, ca, connect_host)
     size = get(tls, host, big_path)
     elapsed = time.perf_counter() - started
     tls.close()

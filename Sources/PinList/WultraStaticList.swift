@@ -10,9 +10,13 @@ import PinGateTLS
 public enum WultraStaticList {
     /// One entry as it stands in the JSON.
     public struct SignedEntry: Codable, Sendable, Equatable {
+        /// The host name (common name) the pin is for.
         public var name: String
+        /// base64(SHA-256(leaf DER)), exactly as written (it is signed as text).
         public var fingerprint: String
+        /// Expiry, Unix seconds.
         public var expires: Int64
+        /// base64 DER ECDSA-P256-SHA256 over `name&fingerprint&expires`.
         public var signature: String
 
         /// Creates an entry from its JSON fields.
