@@ -9,15 +9,9 @@ import Testing
 struct BackpressureTests {
     @Test("a stalled client holds the upstream back; every byte still arrives once it reads again")
     func stalledClient() async throws {
-        let directory = try TemporaryDirectory()
-        defer { directory.remove() }
-        let pki = try TestPKI(directory: directory)
-        let host = "stream.pingate.test"
         let total = 64 << 20
-        let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
-        let origin = try await TestOrigin.start(identity: leaf, behaviour: .stream(bytes: total), alpn: nil)
-        let gate = try await GateFixture.start(pki: pki, listPath: try pki.signedList([(host, leaf.fingerprint)]),
-                                               resolve: ["\(host):\(origin.port)"])
+        let scenario = try await PinnedOriginScenario.start(host: "stream.pingate.test", behaviour: .stream(bytes: total), alpn: nil)
+        let (gate, directory) = (scenario.gate, scenario.directory)
         let paused = directory.file("paused")
         let resume = directory.file("resume")
         let script = """
@@ -43,7 +37,7 @@ struct BackpressureTests {
         print(received)
         """
         let client = Task {
-            try await TestProcess.run("python3", ["-c", script, "\(gate.port)", "\(host):\(origin.port)", gate.caPath, paused, resume], timeout: 60)
+            try await TestProcess.run("python3", ["-c", script, "\(gate.port)", scenario.target, gate.caPath, paused, resume], timeout: 60)
         }
         var waited = 0
         while !FileManager.default.fileExists(atPath: paused) && waited < 600 {
@@ -56,8 +50,7 @@ struct BackpressureTests {
         _ = FileManager.default.createFile(atPath: resume, contents: nil)
         let result = try await client.value
         let after = gate.statistics.bytesDown
-        await gate.stop()
-        await origin.stop()
+        await scenario.stop()
 
         #expect(result.status == 0, "\(result.stderr)")
         #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "\(total)")

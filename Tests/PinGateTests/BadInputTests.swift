@@ -72,34 +72,21 @@ struct BadInputTests {
 
     @Test("garbage instead of a ClientHello after the 200: the tunnel is dropped, counted, nothing reaches the origin")
     func garbageTLSAfterAdmission() async throws {
-        let directory = try TemporaryDirectory()
-        defer { directory.remove() }
-        let pki = try TestPKI(directory: directory)
-        let host = "origin.pingate.test"
-        let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
-        let origin = try await TestOrigin.start(identity: leaf, behaviour: .echo)
-        let gate = try await GateFixture.start(pki: pki, listPath: try pki.signedList([(host, leaf.fingerprint)]),
-                                               resolve: ["\(host):\(origin.port)"])
-        let answer = try await Self.exchange(gate.port, Array("CONNECT \(host):\(origin.port) HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n".utf8))
+        let scenario = try await PinnedOriginScenario.start(behaviour: .echo)
+        let (gate, origin) = (scenario.gate, scenario.origin)
+        let answer = try await Self.exchange(gate.port, Array("CONNECT \(scenario.target) HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n".utf8))
         #expect(answer.hasPrefix("HTTP/1.1 200 Connection established\r\n\r\n"))
         try await Task.sleep(nanoseconds: 200_000_000)
         let stats = gate.statistics
-        await gate.stop()
-        await origin.stop()
+        await scenario.stop()
         #expect(stats.clientHandshakeFailures == 1)
         #expect(origin.observed.applicationBytes == 0)
     }
 
     @Test("an idle tunnel is closed after the idle timeout")
     func idleTimeout() async throws {
-        let directory = try TemporaryDirectory()
-        defer { directory.remove() }
-        let pki = try TestPKI(directory: directory)
-        let host = "origin.pingate.test"
-        let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
-        let origin = try await TestOrigin.start(identity: leaf, behaviour: .echo, alpn: nil)
-        let gate = try await GateFixture.start(pki: pki, listPath: try pki.signedList([(host, leaf.fingerprint)]),
-                                               resolve: ["\(host):\(origin.port)"]) { $0.idleTimeout = .milliseconds(400) }
+        let scenario = try await PinnedOriginScenario.start(behaviour: .echo, alpn: nil) { $0.idleTimeout = .milliseconds(400) }
+        let gate = scenario.gate
         let script = """
         import socket, ssl, sys, time
         raw = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
@@ -115,10 +102,9 @@ struct BadInputTests {
             data = b""
         print("closed" if data == b"" else "data", round(time.monotonic() - started, 1))
         """
-        let result = try await TestProcess.run("python3", ["-c", script, "\(gate.port)", "\(host):\(origin.port)", gate.caPath])
+        let result = try await TestProcess.run("python3", ["-c", script, "\(gate.port)", scenario.target, gate.caPath])
         let stats = gate.statistics
-        await gate.stop()
-        await origin.stop()
+        await scenario.stop()
         #expect(result.status == 0, "\(result.stderr)")
         #expect(result.stdout.hasPrefix("closed"))
         let seconds = Double(result.stdout.split(separator: " ").last?.trimmingCharacters(in: .whitespacesAndNewlines) ?? "") ?? -1

@@ -171,13 +171,8 @@ struct EndToEndTests {
 
     @Test("Python ssl client: 1 MiB echoed byte for byte through the tunnel, then a clean close")
     func pythonEchoThroughTunnel() async throws {
-        let directory = try TemporaryDirectory()
-        defer { directory.remove() }
-        let pki = try TestPKI(directory: directory)
-        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
-        let origin = try await TestOrigin.start(identity: leaf, behaviour: .echo, alpn: nil)
-        let gate = try await GateFixture.start(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
-                                               resolve: ["\(Self.host):\(origin.port)"])
+        let scenario = try await PinnedOriginScenario.start(host: Self.host, behaviour: .echo, alpn: nil)
+        let (gate, origin) = (scenario.gate, scenario.origin)
         let script = """
         import hashlib, os, socket, ssl, sys
         gate_port, host, port, ca = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
@@ -200,11 +195,9 @@ struct EndToEndTests {
         print(len(received), hashlib.sha256(received).hexdigest() == hashlib.sha256(payload).hexdigest())
         tls.unwrap()
         """
-        let scriptPath = try directory.write("echo.py", script)
-        let result = try await TestProcess.run("python3", [scriptPath, "\(gate.port)", Self.host, "\(origin.port)", gate.caPath])
+        let result = try await TestProcess.run("python3", ["-c", script, "\(gate.port)", Self.host, "\(origin.port)", gate.caPath])
         let stats = gate.statistics
-        await gate.stop()
-        await origin.stop()
+        await scenario.stop()
         #expect(result.status == 0, "\(result.stderr)")
         #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "\(1 << 20) True")
         #expect(origin.observed.applicationBytes == 1 << 20)

@@ -1,0 +1,39 @@
+import Foundation
+import PinGateTestSupport
+@testable import PinGate
+
+/// The most common setup: a fresh test PKI, a leaf for `host` from the origin CA, a TLS
+/// origin serving it on port 0, and an in-process gate whose signed list pins that leaf
+/// and whose `--resolve` points the host at the origin.
+struct PinnedOriginScenario {
+    let directory: TemporaryDirectory
+    let pki: TestPKI
+    let host: String
+    let leaf: TestPKI.Identity
+    let origin: TestOrigin
+    let gate: GateFixture
+
+    /// `host:port` as a client CONNECTs to it.
+    var target: String { "\(host):\(origin.port)" }
+
+    static func start(
+        host: String = "origin.pingate.test",
+        behaviour: TestOrigin.Behaviour,
+        alpn: String? = "http/1.1",
+        configure: (inout GateConfiguration) -> Void = { _ in }
+    ) async throws -> PinnedOriginScenario {
+        let directory = try TemporaryDirectory()
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
+        let origin = try await TestOrigin.start(identity: leaf, behaviour: behaviour, alpn: alpn)
+        let gate = try await GateFixture.start(pki: pki, listPath: try pki.signedList([(host, leaf.fingerprint)]),
+                                               resolve: ["\(host):\(origin.port)"], configure: configure)
+        return PinnedOriginScenario(directory: directory, pki: pki, host: host, leaf: leaf, origin: origin, gate: gate)
+    }
+
+    func stop() async {
+        await gate.stop()
+        await origin.stop()
+        directory.remove()
+    }
+}
