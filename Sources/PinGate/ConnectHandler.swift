@@ -138,7 +138,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     private func evaluate(_ connection: UpstreamConnection) -> Verdict {
         environment.policy.evaluate(
             host: request?.host ?? "",
-            leafFingerprint: connection.peer.leaf?.sha256Fingerprint,
+            leaf: connection.peer.leaf.map { LeafIdentity(certificateSHA256: $0.sha256Fingerprint, spkiSHA256: $0.spkiSHA256) },
             chain: .init(valid: connection.peer.chainAndHostnameValid, reason: connection.peer.verifyReason),
             list: environment.store.list,
             now: environment.now())

@@ -12,6 +12,8 @@ public enum Refusal: Sendable, Equatable {
     case upstreamUnreachable(String)
     /// The upstream TLS handshake failed (502).
     case upstreamHandshakeFailed(String)
+    /// No usable fingerprint list is in force and none arrived in time (503).
+    case listUnavailable(String)
     /// The gate itself failed, e.g. could not mint a leaf (500).
     case internalError(String)
 
@@ -23,6 +25,7 @@ public enum Refusal: Sendable, Equatable {
         case .verdict: return 502
         case .upstreamTimeout: return 504
         case .upstreamUnreachable, .upstreamHandshakeFailed: return 502
+        case .listUnavailable: return 503
         case .internalError: return 500
         }
     }
@@ -35,6 +38,7 @@ public enum Refusal: Sendable, Equatable {
         case .upstreamTimeout: return "upstream-timeout"
         case .upstreamUnreachable: return "upstream-unreachable"
         case .upstreamHandshakeFailed: return "upstream-tls-failed"
+        case .listUnavailable: return "list-unavailable"
         case .internalError: return "internal-error"
         }
     }
@@ -56,14 +60,18 @@ public enum Refusal: Sendable, Equatable {
             return "\(host):\(port) presented a certificate with SHA-256 \(observed), which matches none of its pins (\(expected.joined(separator: ", "))). Someone may be intercepting the connection, or the certificate rotated without a list update. Nothing was forwarded."
         case .verdict(.chainInvalid(let reason, _)):
             return "\(host):\(port) presented a pinned certificate, but its chain or host name failed validation: \(reason). Nothing was forwarded."
-        case .verdict(.trusted):
-            return "trusted"
+        case .verdict(.revoked(let observed)):
+            return "\(host):\(port) presented a certificate (SHA-256 \(observed)) whose certificate or key the fingerprint list has revoked. Nothing was forwarded."
+        case .verdict(.trusted), .verdict(.reportOnlyViolation):
+            return "allowed"
         case .upstreamTimeout(let detail):
             return "\(host):\(port) did not answer in time (\(detail)). Nothing was forwarded."
         case .upstreamUnreachable(let detail):
             return "\(host):\(port) could not be reached: \(detail)."
         case .upstreamHandshakeFailed(let detail):
             return "the TLS handshake with \(host):\(port) failed: \(detail). Nothing was forwarded."
+        case .listUnavailable(let detail):
+            return "pingate has no usable fingerprint list (\(detail)), so it refuses everything until one is fetched and verified. Nothing was forwarded."
         case .internalError(let detail):
             return "pingate failed internally: \(detail)."
         }

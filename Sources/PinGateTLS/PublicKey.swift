@@ -65,6 +65,12 @@ public final class PublicKey: @unchecked Sendable {
     /// The DER SubjectPublicKeyInfo.
     public var spkiDER: [UInt8] { PublicKey.spkiDER(of: pointer) }
 
+    /// A short, stable name for the key: the first 8 bytes of SHA-256(SPKI) in hex.
+    /// Signed v2 lists carry it so a verifier with several keys knows which one to use.
+    public var keyID: String {
+        SHA256Digest.hash(spkiDER).prefix(8).map { String(format: "%02x", $0) }.joined()
+    }
+
     /// The PEM SubjectPublicKeyInfo.
     public func pemString() throws -> String {
         let bio = try MemoryBIO()

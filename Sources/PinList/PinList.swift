@@ -1,27 +1,90 @@
 import Foundation
 
-/// A verified fingerprint list, ready for the policy: entries indexed by host name.
+/// The formats a fingerprint list can arrive in.
+public enum PinListFormat: String, Sendable, Equatable, Codable {
+    /// Wultra static: per-entry signatures.
+    case wultraStatic = "wultra-static"
+    /// Wultra dynamic: the Mobile Utility Server response, signed with the request's challenge.
+    case wultraDynamic = "wultra-dynamic"
+    /// pingate signed list v2: one signature over the whole payload, with sequence and expiry.
+    case pingateV2 = "pingate-v2"
+}
+
+/// A verified fingerprint list, ready for the policy.
 public struct PinList: Sendable {
+    /// Facts about the list as a whole.
+    public struct Metadata: Sendable, Equatable {
+        /// The format it was verified in.
+        public var format: PinListFormat
+        /// v2: the monotonic sequence number (a lower one is a rollback).
+        public var sequence: Int64?
+        /// v2: when it was issued; Wultra dynamic: its `timestamp`.
+        public var issuedAt: Date?
+        /// v2: after this the list is no longer fresh and is not used.
+        public var expiresAt: Date?
+        /// v2: the id of the key that signed it.
+        public var keyID: String?
+
+        /// Creates metadata.
+        public init(format: PinListFormat, sequence: Int64? = nil, issuedAt: Date? = nil, expiresAt: Date? = nil, keyID: String? = nil) {
+            self.format = format
+            self.sequence = sequence
+            self.issuedAt = issuedAt
+            self.expiresAt = expiresAt
+            self.keyID = keyID
+        }
+    }
+
     /// Where the list came from (a file path or URL), for status and logs.
     public let source: String
-    /// Every entry, expired ones included (the policy skips those itself, at its own `now`).
+    /// Every pin, expired ones included (the policy skips those at its own `now`).
     public let entries: [PinEntry]
-    private let entriesByHost: [String: [PinEntry]]
+    /// Fingerprints (certificate or SPKI hashes) refused whatever the pins say.
+    public let revoked: Set<String>
+    /// Format, sequence and validity.
+    public let metadata: Metadata
+    private let exactEntries: [String: [PinEntry]]
+    private let wildcardEntries: [PinEntry]
 
-    /// Creates a list from entries that have already been verified.
-    public init(source: String, entries: [PinEntry]) {
+    /// Creates a list from verified entries.
+    public init(source: String, entries: [PinEntry], revoked: Set<String> = [], metadata: Metadata = Metadata(format: .wultraStatic)) {
         self.source = source
         self.entries = entries
-        self.entriesByHost = Dictionary(grouping: entries, by: \.name)
+        self.revoked = revoked
+        self.metadata = metadata
+        var exact: [String: [PinEntry]] = [:]
+        var wildcards: [PinEntry] = []
+        for entry in entries {
+            if case .exact(let name) = entry.host {
+                exact[name, default: []].append(entry)
+            } else {
+                wildcards.append(entry)
+            }
+        }
+        exactEntries = exact
+        wildcardEntries = wildcards
     }
 
-    /// The entries for `host` (normalized by the caller) that are unexpired at `now`.
+    /// False once a v2 list is past its `expiresAt`: a stale list is not used.
+    public func isFresh(at now: Date) -> Bool {
+        guard let expiresAt = metadata.expiresAt else { return true }
+        return now < expiresAt
+    }
+
+    /// The pins for `host` (normalized) that are unexpired at `now`.
     public func unexpiredEntries(for host: String, at now: Date) -> [PinEntry] {
-        (entriesByHost[host] ?? []).filter { $0.isUnexpired(at: now) }
+        let exact = exactEntries[host] ?? []
+        let wild = wildcardEntries.isEmpty ? [] : wildcardEntries.filter { $0.host.matches(host) }
+        return (exact + wild).filter { $0.isUnexpired(at: now) }
     }
 
-    /// The earliest expiry among unexpired entries, for status reports.
+    /// The earliest expiry among unexpired pins.
     public func earliestExpiry(after now: Date) -> Date? {
         entries.filter { $0.isUnexpired(at: now) }.map(\.expires).min()
+    }
+
+    /// True when some pin is unexpired at `now` and the list itself is fresh.
+    public func hasUnexpiredEntries(at now: Date) -> Bool {
+        isFresh(at: now) && entries.contains { $0.isUnexpired(at: now) }
     }
 }

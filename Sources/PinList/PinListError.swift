@@ -6,12 +6,14 @@ public enum PinListError: Error, Equatable, Sendable, CustomStringConvertible {
     case badSignature(index: Int, name: String)
     /// No public key was configured to verify the list with.
     case noVerificationKey
+    /// A v2 list names a signing key that is not configured.
+    case unknownKey(String)
 
     /// A short machine-readable token for logs and counters.
     public var token: String {
         switch self {
         case .malformed: return "invalid-data"
-        case .badSignature: return "invalid-signature"
+        case .badSignature, .unknownKey: return "invalid-signature"
         case .noVerificationKey: return "no-key"
         }
     }
@@ -19,8 +21,12 @@ public enum PinListError: Error, Equatable, Sendable, CustomStringConvertible {
     public var description: String {
         switch self {
         case .malformed(let detail): return "the list is malformed: \(detail)"
+        case .badSignature(let index, let name) where index < 0:
+            return "the \(name) has no valid signature from the configured key(s); the list is rejected"
         case .badSignature(let index, let name):
             return "entry \(index) (\(name)) has no valid signature from the configured key(s); the whole list is rejected"
+        case .unknownKey(let id):
+            return "the list is signed with key \(id), which is not configured; the list is rejected"
         case .noVerificationKey: return "no list-signing public key is configured"
         }
     }

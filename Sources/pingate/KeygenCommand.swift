@@ -1,5 +1,4 @@
 import ArgumentParser
-import PinGateCA
 import PinGateTLS
 
 /// `pingate keygen`: a P-256 key pair for signing fingerprint lists.

@@ -2,7 +2,8 @@ import Foundation
 
 /// Writes files the way secrets and state need: the directory private, the write atomic
 /// (temporary file, fsync, rename, fsync of the directory), and the mode set at creation
-/// so a key is never readable by others, not even for an instant.
+/// so a key is never readable by others, not even for an instant. It lives in the base
+/// layer because both the CA and the pin store write state with it.
 public enum StateFiles {
     /// Why a state file could not be written.
     public struct WriteError: Error, CustomStringConvertible, Sendable {
