@@ -49,6 +49,7 @@ let package = Package(
                 "PinGateTLS", "PinList", "PinGateCA", "CNghttp2",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -75,6 +76,7 @@ let package = Package(
                 "PinGate", "PinGateTLS", "PinList", "PinGateCA", "pingate", "PinGateTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

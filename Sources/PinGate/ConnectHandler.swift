@@ -97,6 +97,26 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     // MARK: upstream and verdict
 
     private func startUpstream(context: ChannelHandlerContext, request: ConnectRequest) {
+        // Direct mode: with a list source configured and nothing usable in force, wait
+        // (bounded) for the update that is fetching one, then decide.
+        if let updater = environment.updater, !environment.store.isUsable(at: environment.now()) {
+            state = .connectingUpstream
+            _ = updater.updateNow()
+            environment.store.waitForUsableList(on: context.eventLoop, timeout: updater.directWait, now: environment.now)
+                .assumeIsolated().whenSuccess { _ in
+                    guard self.state == .connectingUpstream else { return }
+                    guard self.environment.store.isUsable(at: self.environment.now()) else {
+                        self.refuse(context: context, .listUnavailable(self.environment.store.status.lastResult ?? "no list fetched yet"))
+                        return
+                    }
+                    self.decide(context: context, request: request)
+                }
+            return
+        }
+        decide(context: context, request: request)
+    }
+
+    private func decide(context: ChannelHandlerContext, request: ConnectRequest) {
         let list = environment.store.list
         guard environment.policy.isPinned(host: request.host, list: list, now: environment.now()) else {
             // Deny by default, and without touching the network.
@@ -118,6 +138,11 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                         self.refuse(context: context, .verdict(verdict), upstream: connection)
                         return
                     }
+                    if case .reportOnlyViolation = verdict {
+                        self.environment.statistics.reportOnlyViolation()
+                        self.logDecision(verdict: "allowed", reason: verdict.reasonToken, observed: verdict.observedFingerprint,
+                                         upstream: connection, level: .warning)
+                    }
                     self.admit(context: context, upstream: connection)
                 case .failure(let error):
                     guard self.state == .connectingUpstream else { return }
@@ -138,10 +163,18 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     private func evaluate(_ connection: UpstreamConnection) -> Verdict {
         environment.policy.evaluate(
             host: request?.host ?? "",
-            leaf: connection.peer.leaf.map { LeafIdentity(certificateSHA256: $0.sha256Fingerprint, spkiSHA256: $0.spkiSHA256) },
-            chain: .init(valid: connection.peer.chainAndHostnameValid, reason: connection.peer.verifyReason),
+            leaf: Self.leafIdentity(connection),
+            chain: Self.chainCheck(connection),
             list: environment.store.list,
             now: environment.now())
+    }
+
+    private static func leafIdentity(_ connection: UpstreamConnection) -> LeafIdentity? {
+        connection.peer.leaf.map { LeafIdentity(certificateSHA256: $0.sha256Fingerprint, spkiSHA256: $0.spkiSHA256) }
+    }
+
+    private static func chainCheck(_ connection: UpstreamConnection) -> PinPolicy.ChainCheck {
+        .init(valid: connection.peer.chainAndHostnameValid, reason: connection.peer.verifyReason)
     }
 
     // MARK: refusal
@@ -209,6 +242,10 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                 guard let upstream = self.upstream else { return }
                 self.state = .relaying
                 GlueHandler.join(clientGlue, upstream.glue.value)
+                if let leaf = Self.leafIdentity(upstream) {
+                    self.environment.tunnels.add(.init(host: request.host, port: request.port, leaf: leaf,
+                                                       chain: Self.chainCheck(upstream), channel: context.channel))
+                }
                 self.logDecision(verdict: "trusted", reason: "trusted", observed: upstream.peer.leaf?.sha256Fingerprint,
                                  upstream: upstream, level: .info, clientALPN: client.alpn)
             case .failure(let error):

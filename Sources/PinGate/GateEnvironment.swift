@@ -12,6 +12,9 @@ struct GateEnvironment: Sendable {
     let minter: LeafMinter
     let connector: UpstreamConnector
     let statistics: GateStatistics
+    let tunnels: TunnelRegistry
+    /// Present when the list is refreshed from a source; CONNECTs then wait for it.
+    let updater: PinListUpdater?
     let logger: Logger
     /// The clock: injectable so expiry behaviour is testable at fixed times.
     let now: @Sendable () -> Date

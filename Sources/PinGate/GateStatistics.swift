@@ -17,6 +17,10 @@ public final class GateStatistics: Sendable {
         public var upstreamConnections: Int = 0
         /// Client-side TLS handshakes that failed after a 200.
         public var clientHandshakeFailures: Int = 0
+        /// Live tunnels closed because a list update no longer trusts them, by reason.
+        public var tunnelsClosedByUpdate: [String: Int] = [:]
+        /// Connections allowed under report-only pins although no pin matched.
+        public var reportOnlyViolations: Int = 0
 
         /// The count for one reason token.
         public func count(_ reason: String) -> Int { connectsByReason[reason, default: 0] }
@@ -35,6 +39,8 @@ public final class GateStatistics: Sendable {
     func tunnelClosed() { state.withLock { $0.openTunnels -= 1 } }
     func upstreamConnectionOpened() { state.withLock { $0.upstreamConnections += 1 } }
     func clientHandshakeFailed() { state.withLock { $0.clientHandshakeFailures += 1 } }
+    func tunnelClosedByUpdate(_ reason: String) { state.withLock { $0.tunnelsClosedByUpdate[reason, default: 0] += 1 } }
+    func reportOnlyViolation() { state.withLock { $0.reportOnlyViolations += 1 } }
     func relayed(up: Int, down: Int) {
         state.withLock {
             $0.bytesUp += up

@@ -18,27 +18,36 @@ public final class PinGateServer: Sendable {
     public let statistics: GateStatistics
     /// The leaf minter (its counters show cache behaviour).
     public let minter: LeafMinter
+    /// The list updater, when the list has a source to refresh from.
+    public let updater: PinListUpdater?
     private let group: MultiThreadedEventLoopGroup
     private let listener: Channel
     private let shutdownStarted = Mutex(false)
 
     private init(configuration: GateConfiguration, store: PinListStore, statistics: GateStatistics,
-                 minter: LeafMinter, group: MultiThreadedEventLoopGroup, listener: Channel) {
+                 minter: LeafMinter, updater: PinListUpdater?, group: MultiThreadedEventLoopGroup, listener: Channel) {
         self.configuration = configuration
         self.store = store
         self.statistics = statistics
         self.minter = minter
+        self.updater = updater
         self.group = group
         self.listener = listener
     }
 
     /// Starts listening. The upstream trust roots are loaded now, so a bad `--upstream-ca`
     /// fails here rather than on the first CONNECT.
+    ///
+    /// With a `listSource`, an updater keeps the list fresh (persisting it in
+    /// `stateDirectory` when given); a list update also re-checks the live tunnels and
+    /// closes those the new list no longer trusts.
     public static func start(
         configuration: GateConfiguration,
         store: PinListStore,
         ca: LocalCA,
         logger: Logger,
+        listSource: PinListSource? = nil,
+        stateDirectory: String? = nil,
         now: @escaping @Sendable () -> Date = { Date() }
     ) async throws -> PinGateServer {
         // A write to a peer that has gone away must be an error, not the end of the process.
@@ -46,17 +55,28 @@ public final class PinGateServer: Sendable {
         let upstreamContext = try TLSContext.client(trustRoots: configuration.upstreamTrust)
         let statistics = GateStatistics()
         let minter = try LeafMinter(ca: ca)
-        let environment = GateEnvironment(
-            configuration: configuration,
-            store: store,
-            policy: PinPolicy(pinsOnlyHosts: configuration.pinsOnlyHosts),
-            minter: minter,
-            connector: UpstreamConnector(configuration: configuration, tlsContext: upstreamContext, statistics: statistics),
-            statistics: statistics,
-            logger: logger,
-            now: now)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: max(1, configuration.eventLoopThreads))
+        let connector = UpstreamConnector(configuration: configuration, tlsContext: upstreamContext, statistics: statistics)
+        let policy = PinPolicy(pinsOnlyHosts: configuration.pinsOnlyHosts)
+        let tunnels = TunnelRegistry()
+        var updater: PinListUpdater?
         do {
+            if let listSource {
+                let listConnector = UpstreamConnector(
+                    configuration: configuration, tlsContext: try TLSContext.client(trustRoots: listSource.serverTrust), statistics: GateStatistics())
+                updater = PinListUpdater(
+                    source: listSource, store: store, persistence: stateDirectory.map { PinListPersistence(stateDirectory: $0) },
+                    connector: listConnector, eventLoop: group.next(), logger: logger, now: now)
+            }
+            store.onInstall { list in
+                for verdict in tunnels.enforce(list, policy: policy, now: now(), logger: logger) {
+                    statistics.tunnelClosedByUpdate(verdict.reasonToken)
+                }
+            }
+            let environment = GateEnvironment(
+                configuration: configuration, store: store, policy: policy, minter: minter, connector: connector,
+                statistics: statistics, tunnels: tunnels, updater: updater, logger: logger, now: now)
+            try await updater?.start().get()
             let listener = try await ServerBootstrap(group: group)
                 .serverChannelOption(.backlog, value: 256)
                 .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
@@ -75,8 +95,9 @@ public final class PinGateServer: Sendable {
                 "nghttp2": "\(Self.nghttp2Version)",
             ])
             return PinGateServer(configuration: configuration, store: store, statistics: statistics,
-                                 minter: minter, group: group, listener: listener)
+                                 minter: minter, updater: updater, group: group, listener: listener)
         } catch {
+            updater?.stop()
             try? await group.shutdownGracefully()
             throw error
         }
@@ -107,6 +128,7 @@ public final class PinGateServer: Sendable {
             return !started
         }
         guard first else { return }
+        updater?.stop()
         try? await listener.close()
         try await group.shutdownGracefully()
     }

@@ -1,21 +1,142 @@
-import Synchronization
+import Foundation
+import NIOCore
+import PinGateTLS
 import PinList
+import Synchronization
 
 /// The fingerprint list in force, shared by every connection. Readers take a snapshot;
-/// a later update replaces the whole list at once, so no connection ever sees half of one.
+/// an update replaces the whole list at once, so no connection ever sees half of one.
+/// A rejected update never touches the list in force.
 public final class PinListStore: Sendable {
-    private let current: Mutex<PinList?>
+    /// What the store reports about its lifecycle.
+    public struct Status: Sendable, Equatable {
+        /// When the last update attempt finished.
+        public var lastUpdate: Date?
+        /// Its result token ("ok", "unchanged", "rollback", …).
+        public var lastResult: String?
+        /// Update attempts by result token.
+        public var updatesByResult: [String: Int] = [:]
+    }
 
-    /// A store holding `list` (nil: no usable list, everything is refused as `empty`).
+    private struct State {
+        var list: PinList?
+        var document: SignedListDocument?
+        var status = Status()
+        var waiters: [(EventLoopPromise<Bool>, Scheduled<Void>?)] = []
+        var observers: [@Sendable (PinList) -> Void] = []
+    }
+
+    private let state: Mutex<State>
+
+    /// A store holding `list` (nil: no usable list yet).
     public init(_ list: PinList?) {
-        current = Mutex(list)
+        state = Mutex(State(list: list))
     }
 
     /// The list in force now.
-    public var list: PinList? { current.withLock { $0 } }
+    public var list: PinList? { state.withLock { $0.list } }
 
-    /// Puts `list` in force.
+    /// The signed document behind the list in force, when it came through `install`.
+    public var document: SignedListDocument? { state.withLock { $0.document } }
+
+    /// Update counters and the last result.
+    public var status: Status { state.withLock { $0.status } }
+
+    /// True when a fresh list with at least one unexpired pin is in force.
+    public func isUsable(at now: Date) -> Bool {
+        state.withLock { $0.list?.hasUnexpiredEntries(at: now) ?? false }
+    }
+
+    /// Puts `list` in force unconditionally (start-up from a local file, tests).
     public func replace(with list: PinList?) {
-        current.withLock { $0 = list }
+        let observers = state.withLock { state -> [@Sendable (PinList) -> Void] in
+            state.list = list
+            return state.observers
+        }
+        if let list { observers.forEach { $0(list) } }
+        resolveWaiters()
+    }
+
+    /// Verifies `document`, checks it may replace the list in force (no rollback, not
+    /// expired), persists it, then puts it in force. On any failure the list in force
+    /// stays as it was, and the failure is counted.
+    @discardableResult
+    public func install(_ document: SignedListDocument, keys: [PublicKey], persistence: PinListPersistence?, now: Date) -> Result<PinList, PinListRejection> {
+        let candidate: PinList
+        do {
+            candidate = try document.verify(keys: keys)
+            try PinListAcceptance.check(candidate, replacing: list, now: now)
+        } catch let rejection as PinListRejection {
+            record(rejection.token, at: now)
+            return .failure(rejection)
+        } catch let error as PinListError {
+            record(error.token, at: now)
+            return .failure(.invalid(error))
+        } catch {
+            record("invalid-data", at: now)
+            return .failure(.invalid(.malformed("\(error)")))
+        }
+        let unchanged = state.withLock { $0.document?.body == document.body && $0.document?.format == document.format }
+        if unchanged {
+            record("unchanged", at: now)
+            return .success(candidate)
+        }
+        do {
+            try persistence?.save(document)
+        } catch {
+            // Not persisted means not safe across a restart, but the list itself is
+            // good: put it in force and say so.
+            record("persist-failed", at: now)
+        }
+        let observers = state.withLock { state -> [@Sendable (PinList) -> Void] in
+            state.list = candidate
+            state.document = document
+            return state.observers
+        }
+        record("ok", at: now)
+        observers.forEach { $0(candidate) }
+        resolveWaiters()
+        return .success(candidate)
+    }
+
+    /// Counts a failed attempt that never produced a document (network, server, timeout).
+    public func recordFailure(_ rejection: PinListRejection, at now: Date) {
+        record(rejection.token, at: now)
+    }
+
+    /// Calls `observer` with every list put in force from now on (e.g. to close tunnels
+    /// whose pin was revoked).
+    public func onInstall(_ observer: @escaping @Sendable (PinList) -> Void) {
+        state.withLock { $0.observers.append(observer) }
+    }
+
+    /// Succeeds with true as soon as a usable list is in force, or false after `timeout`.
+    public func waitForUsableList(on eventLoop: EventLoop, timeout: TimeAmount, now: @escaping @Sendable () -> Date) -> EventLoopFuture<Bool> {
+        if isUsable(at: now()) { return eventLoop.makeSucceededFuture(true) }
+        let promise = eventLoop.makePromise(of: Bool.self)
+        let timer = eventLoop.scheduleTask(in: timeout) { promise.succeed(false) }
+        state.withLock { $0.waiters.append((promise, timer)) }
+        // A list may have arrived between the check and the registration.
+        if isUsable(at: now()) { resolveWaiters() }
+        return promise.futureResult
+    }
+
+    private func resolveWaiters() {
+        let waiters = state.withLock { state -> [(EventLoopPromise<Bool>, Scheduled<Void>?)] in
+            defer { state.waiters = [] }
+            return state.waiters
+        }
+        for (promise, timer) in waiters {
+            timer?.cancel()
+            promise.succeed(true)
+        }
+    }
+
+    private func record(_ result: String, at now: Date) {
+        state.withLock {
+            $0.status.lastUpdate = now
+            $0.status.lastResult = result
+            $0.status.updatesByResult[result, default: 0] += 1
+        }
     }
 }

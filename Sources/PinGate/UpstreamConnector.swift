@@ -13,6 +13,14 @@ struct UpstreamConnection: Sendable {
     let handshakeDuration: TimeAmount
 }
 
+/// A TLS client connection after its handshake, with whatever handlers the caller put
+/// behind the TLS handler.
+struct TLSClientChannel: Sendable {
+    let channel: Channel
+    let peer: TLSPeerSummary
+    let handshakeDuration: TimeAmount
+}
+
 /// Why an upstream connection did not come up; each maps to one refusal.
 enum UpstreamFailure: Error {
     case timedOut(String)
@@ -28,20 +36,34 @@ enum UpstreamFailure: Error {
     }
 }
 
-/// Opens TCP to an upstream (honouring `--resolve` overrides) on the client's event
-/// loop, then runs the TLS client handshake: SNI = host (none for IP literals), the
-/// given ALPN offer, TLS 1.2 minimum, chain and hostname verified against the
-/// configured roots. Nothing but the handshake is ever sent here.
+/// Opens TCP to a server (honouring `--resolve` overrides) on a given event loop, then
+/// runs the TLS client handshake: SNI = host (none for IP literals), the given ALPN
+/// offer, TLS 1.2 minimum, chain and hostname checked against `tlsContext`'s roots.
+/// For tunnels nothing but the handshake is sent here; the list fetcher puts its HTTP
+/// handlers behind the TLS handler.
 struct UpstreamConnector {
     let configuration: GateConfiguration
     let tlsContext: TLSContext
     let statistics: GateStatistics
 
+    /// A tunnel upstream: TLS, then an unpaired glue that buffers what the server sends first.
     func connect(host: String, port: Int, alpnOffer: [String]?, on eventLoop: EventLoop, countRelayed: @escaping GlueHandler.ByteCounter) -> EventLoopFuture<UpstreamConnection> {
+        connectTLS(host: host, port: port, alpnOffer: alpnOffer, on: eventLoop) {
+            [GlueHandler(countRelayed: countRelayed)]
+        }.flatMapThrowing { client in
+            let glue = try client.channel.pipeline.syncOperations.handler(type: GlueHandler.self)
+            return UpstreamConnection(channel: client.channel, glue: NIOLoopBound(glue, eventLoop: eventLoop),
+                                      peer: client.peer, handshakeDuration: client.handshakeDuration)
+        }
+    }
+
+    /// TLS to `host:port`, with `makeHandlers()` (called on the loop) behind the TLS handler.
+    func connectTLS(host: String, port: Int, alpnOffer: [String]?, on eventLoop: EventLoop,
+                    makeHandlers: @escaping @Sendable () -> [ChannelHandler]) -> EventLoopFuture<TLSClientChannel> {
         // Handlers and TLS state belong to one loop: do all of it there.
         guard eventLoop.inEventLoop else {
             return eventLoop.flatSubmit {
-                self.connect(host: host, port: port, alpnOffer: alpnOffer, on: eventLoop, countRelayed: countRelayed)
+                self.connectTLS(host: host, port: port, alpnOffer: alpnOffer, on: eventLoop, makeHandlers: makeHandlers)
             }
         }
         let started = NIODeadline.now()
@@ -53,17 +75,17 @@ struct UpstreamConnector {
             handshakePromise.fail(error)
             return eventLoop.makeFailedFuture(UpstreamFailure.handshakeFailed("\(error)"))
         }
-        // The TLS connection and glue are made here, on the loop, and handed to the
-        // initializer that runs on the same loop.
-        let handlers = NIOLoopBound((TLSHandler(connection: connection, handshakePromise: handshakePromise), GlueHandler(countRelayed: countRelayed)), eventLoop: eventLoop)
+        // The TLS connection is made here, on the loop, and handed to the initializer
+        // that runs on the same loop.
+        let tls = NIOLoopBound(TLSHandler(connection: connection, handshakePromise: handshakePromise), eventLoop: eventLoop)
         let bootstrap = ClientBootstrap(group: eventLoop)
             .connectTimeout(configuration.upstreamConnectTimeout)
             .channelOption(.allowRemoteHalfClosure, value: true)
             .channelOption(.tcpOption(.tcp_nodelay), value: 1)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    let (tls, glue) = handlers.value
-                    try channel.pipeline.syncOperations.addHandlers([tls, glue])
+                    try channel.pipeline.syncOperations.addHandler(tls.value)
+                    try channel.pipeline.syncOperations.addHandlers(makeHandlers())
                 }
             }
 
@@ -80,6 +102,7 @@ struct UpstreamConnector {
         }
 
         let handshakeTimeout = configuration.upstreamHandshakeTimeout
+        let statistics = self.statistics
         return connected.flatMapError { error in
             handshakePromise.fail(error)
             return eventLoop.makeFailedFuture(Self.classifyConnectError(error))
@@ -96,9 +119,7 @@ struct UpstreamConnector {
                     }
                     return eventLoop.makeFailedFuture(UpstreamFailure.handshakeFailed("\(error)"))
                 }
-                .map { peer in
-                    UpstreamConnection(channel: channel, glue: NIOLoopBound(handlers.value.1, eventLoop: eventLoop), peer: peer, handshakeDuration: .now() - started)
-                }
+                .map { peer in TLSClientChannel(channel: channel, peer: peer, handshakeDuration: .now() - started) }
         }
     }
 

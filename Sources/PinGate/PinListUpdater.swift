@@ -1,0 +1,275 @@
+import Foundation
+import Logging
+import NIOCore
+import PinGateTLS
+import PinList
+
+/// Where the list comes from and how it is checked and refreshed.
+public struct PinListSource: Sendable {
+    /// A local file or an `https://` URL.
+    public enum Location: Sendable, Equatable {
+        case file(String)
+        case url(URL)
+    }
+
+    /// Where to read the list.
+    public var location: Location
+    /// The format; nil detects Wultra static or pingate v2 (dynamic needs saying).
+    public var format: PinListFormat?
+    /// Keys that may have signed it.
+    public var keys: [PublicKey]
+    /// Wultra dynamic: the `appName` query parameter.
+    public var appName: String = "pingate"
+    /// Roots the list server's chain must reach.
+    public var serverTrust: TrustRoots = .system
+    /// Optional pins (base64 SHA-256 of certificate or SPKI) on the list server itself.
+    public var serverPins: Set<String> = []
+    /// The refresh rule.
+    public var schedule = UpdateSchedule()
+    /// First retry delay after a failure (doubles per failure, with jitter).
+    public var retryBase: TimeInterval = 5
+    /// Longest retry delay.
+    public var retryMaximum: TimeInterval = 3600
+    /// How long one fetch may take.
+    public var fetchTimeout: TimeAmount = .seconds(15)
+    /// How long a CONNECT waits for a list when none is usable (then 503 list-unavailable).
+    public var directWait: TimeAmount = .seconds(10)
+    /// The largest list accepted.
+    public var maximumBytes = 4 << 20
+    /// A bundled list used only when nothing better (persisted or fetched) is available.
+    public var fallbackFile: String?
+
+    /// Creates a source.
+    public init(location: Location, format: PinListFormat? = nil, keys: [PublicKey]) {
+        self.location = location
+        self.format = format
+        self.keys = keys
+    }
+
+    /// Parses a `--pins` value: an `https://` URL or a file path.
+    public static func location(parsing text: String) -> Location {
+        if text.lowercased().hasPrefix("https://"), let url = URL(string: text) { return .url(url) }
+        return .file(text)
+    }
+
+    var description: String {
+        switch location {
+        case .file(let path): return path
+        case .url(let url): return url.absoluteString
+        }
+    }
+}
+
+/// Keeps the list in force fresh: loads the persisted list at start (verified again),
+/// fetches at once when nothing usable is in force (direct mode), then on the Wultra
+/// schedule (silent mode); retries failures with backoff. All its state lives on one
+/// event loop.
+public final class PinListUpdater: Sendable {
+    /// The outcome of one update attempt.
+    public enum Outcome: Sendable, Equatable {
+        case installed(sequence: Int64?)
+        case rejected(PinListRejection)
+    }
+
+    private struct State {
+        var inFlight: EventLoopFuture<Outcome>?
+        var timer: Scheduled<Void>?
+        var failuresInRow = 0
+        var nextUpdate: Date?
+        var stopped = false
+    }
+
+    private let source: PinListSource
+    private let store: PinListStore
+    private let persistence: PinListPersistence?
+    private let client: ListServerClient
+    private let eventLoop: EventLoop
+    private let logger: Logger
+    private let now: @Sendable () -> Date
+    private let state: NIOLoopBoundBox<State>
+
+    init(source: PinListSource, store: PinListStore, persistence: PinListPersistence?, connector: UpstreamConnector,
+         eventLoop: EventLoop, logger: Logger, now: @escaping @Sendable () -> Date) {
+        self.source = source
+        self.store = store
+        self.persistence = persistence
+        self.client = ListServerClient(connector: connector, serverPins: source.serverPins,
+                                       timeout: source.fetchTimeout, maximumBodyBytes: source.maximumBytes)
+        self.eventLoop = eventLoop
+        self.logger = logger
+        self.now = now
+        self.state = NIOLoopBoundBox.makeBoxSendingValue(State(), eventLoop: eventLoop)
+    }
+
+    /// How long a CONNECT should wait for a list when none is usable.
+    public var directWait: TimeAmount { source.directWait }
+
+    /// When the next scheduled update is due.
+    public var nextUpdate: EventLoopFuture<Date?> {
+        eventLoop.submit { self.state.value.nextUpdate }
+    }
+
+    /// Loads what is persisted (or the fallback), then updates at once if that is not
+    /// usable, else schedules the next silent update. Returns once the start-up list
+    /// decision is made; a direct update may still be running.
+    public func start() -> EventLoopFuture<Void> {
+        eventLoop.submit {
+            self.loadPersistedOrFallback()
+            if self.store.isUsable(at: self.now()) {
+                self.scheduleNext(after: nil)
+            } else {
+                _ = self.updateNow()
+            }
+        }
+    }
+
+    /// Stops scheduling further updates.
+    public func stop() {
+        eventLoop.execute {
+            self.state.value.stopped = true
+            self.state.value.timer?.cancel()
+        }
+    }
+
+    /// Fetches and installs now, joining an update already under way.
+    public func updateNow() -> EventLoopFuture<Outcome> {
+        eventLoop.flatSubmit {
+            if let running = self.state.value.inFlight { return running }
+            let attempt = self.fetchAndInstall()
+            self.state.value.inFlight = attempt
+            attempt.whenComplete { result in
+                self.state.value.inFlight = nil
+                if case .success(let outcome) = result { self.scheduleNext(after: outcome) }
+            }
+            return attempt
+        }
+    }
+
+    // MARK: steps
+
+    private func loadPersistedOrFallback() {
+        if let persistence {
+            do {
+                if let (document, _) = try persistence.load(keys: source.keys) {
+                    let result = store.install(document, keys: source.keys, persistence: nil, now: now())
+                    logger.info("loaded persisted fingerprint list", metadata: [
+                        "path": "\(persistence.path)", "result": "\(Self.describe(result))",
+                    ])
+                }
+            } catch {
+                store.recordFailure(.invalid(error as? PinListError ?? .malformed("\(error)")), at: now())
+                logger.error("persisted fingerprint list rejected", metadata: ["path": "\(persistence.path)", "error": "\(error)"])
+            }
+        }
+        if !store.isUsable(at: now()), let fallback = source.fallbackFile {
+            do {
+                let body = try Data(contentsOf: URL(fileURLWithPath: fallback))
+                let document = SignedListDocument(format: source.format ?? SignedListDocument.detectFormat(body), source: fallback, body: body, receivedAt: now())
+                let result = store.install(document, keys: source.keys, persistence: nil, now: now())
+                logger.notice("using the bundled fallback fingerprint list", metadata: ["path": "\(fallback)", "result": "\(Self.describe(result))"])
+            } catch {
+                logger.error("fallback fingerprint list unreadable", metadata: ["path": "\(fallback)", "error": "\(error)"])
+            }
+        }
+    }
+
+    private func fetchAndInstall() -> EventLoopFuture<Outcome> {
+        fetchDocument().map { document in
+            let result = self.store.install(document, keys: self.source.keys, persistence: self.persistence, now: self.now())
+            self.log(result)
+            switch result {
+            case .success(let list): return .installed(sequence: list.metadata.sequence)
+            case .failure(let rejection): return .rejected(rejection)
+            }
+        }.flatMapErrorThrowing { error in
+            let rejection = error as? PinListRejection ?? .networkError("\(error)")
+            self.store.recordFailure(rejection, at: self.now())
+            self.logger.warning("fingerprint list update failed; the list in force stays", metadata: [
+                "source": "\(self.source.description)", "result": "\(rejection.token)", "error": "\(rejection)",
+            ])
+            return .rejected(rejection)
+        }
+    }
+
+    private func fetchDocument() -> EventLoopFuture<SignedListDocument> {
+        switch source.location {
+        case .file(let path):
+            return eventLoop.submit {
+                let body: Data
+                do {
+                    body = try Data(contentsOf: URL(fileURLWithPath: path))
+                } catch {
+                    throw PinListRejection.networkError("cannot read \(path): \(error.localizedDescription)")
+                }
+                return SignedListDocument(format: self.source.format ?? SignedListDocument.detectFormat(body), source: path, body: body, receivedAt: self.now())
+            }
+        case .url(let url):
+            if source.format == .wultraDynamic {
+                return fetchDynamic(url)
+            }
+            return client.get(url, headers: [], on: eventLoop).flatMapThrowing { response in
+                guard (200..<300).contains(response.status) else { throw PinListRejection.serverError(status: response.status) }
+                return SignedListDocument(format: self.source.format ?? SignedListDocument.detectFormat(response.body),
+                                          source: url.absoluteString, body: response.body, receivedAt: self.now())
+            }
+        }
+    }
+
+    /// Wultra dynamic: `GET <service>/app/init?appName=…` with a fresh challenge; the
+    /// signature header is read case-insensitively.
+    private func fetchDynamic(_ serviceURL: URL) -> EventLoopFuture<SignedListDocument> {
+        let challenge = WultraDynamicList.makeChallenge()
+        var components = URLComponents(url: serviceURL.appendingPathComponent("app/init"), resolvingAgainstBaseURL: false)
+        components?.queryItems = [URLQueryItem(name: "appName", value: source.appName)]
+        guard let url = components?.url else {
+            return eventLoop.makeFailedFuture(PinListRejection.networkError("bad service URL \(serviceURL)"))
+        }
+        return client.get(url, headers: [(WultraDynamicList.challengeHeader, challenge)], on: eventLoop).flatMapThrowing { response in
+            guard (200..<300).contains(response.status) else { throw PinListRejection.serverError(status: response.status) }
+            guard let signature = response.headers.first(name: WultraDynamicList.signatureHeader) else {
+                throw PinListRejection.invalid(.badSignature(index: -1, name: "dynamic response (no \(WultraDynamicList.signatureHeader) header)"))
+            }
+            return SignedListDocument(format: .wultraDynamic, source: url.absoluteString, body: response.body,
+                                      challenge: challenge, signature: signature, receivedAt: self.now())
+        }
+    }
+
+    private func scheduleNext(after outcome: Outcome?) {
+        guard !state.value.stopped else { return }
+        let delay: TimeInterval
+        switch outcome {
+        case .rejected?:
+            state.value.failuresInRow += 1
+            delay = UpdateSchedule.retryDelay(failures: state.value.failuresInRow, base: source.retryBase, maximum: source.retryMaximum)
+        case .installed?, nil:
+            state.value.failuresInRow = 0
+            delay = source.schedule.delay(after: store.list, now: now())
+        }
+        state.value.timer?.cancel()
+        state.value.nextUpdate = now().addingTimeInterval(delay)
+        state.value.timer = eventLoop.scheduleTask(in: .nanoseconds(Int64(delay * 1e9))) {
+            _ = self.updateNow()
+        }
+    }
+
+    private func log(_ result: Result<PinList, PinListRejection>) {
+        switch result {
+        case .success(let list):
+            logger.info("fingerprint list in force", metadata: [
+                "source": "\(source.description)", "format": "\(list.metadata.format.rawValue)",
+                "sequence": "\(list.metadata.sequence.map(String.init) ?? "-")", "entries": "\(list.entries.count)",
+            ])
+        case .failure(let rejection):
+            logger.warning("fingerprint list rejected; the list in force stays", metadata: [
+                "source": "\(source.description)", "result": "\(rejection.token)", "error": "\(rejection)",
+            ])
+        }
+    }
+
+    private static func describe(_ result: Result<PinList, PinListRejection>) -> String {
+        switch result {
+        case .success(let list): return "ok (\(list.entries.count) entries)"
+        case .failure(let rejection): return rejection.token
+        }
+    }
+}
