@@ -110,16 +110,22 @@ public final class PinListUpdater: Sendable {
     }
 
     /// Loads what is persisted (or the fallback), then updates at once if that is not
-    /// usable, else schedules the next silent update. Returns once the start-up list
-    /// decision is made; a direct update may still be running.
+    /// usable (direct mode), else schedules the next silent update. Completes when the
+    /// direct update has finished, or after `directWait` if it is still running.
     public func start() -> EventLoopFuture<Void> {
-        eventLoop.submit {
+        eventLoop.flatSubmit {
             self.loadPersistedOrFallback()
-            if self.store.isUsable(at: self.now()) {
+            guard !self.store.isUsable(at: self.now()) else {
                 self.scheduleNext(after: nil)
-            } else {
-                _ = self.updateNow()
+                return self.eventLoop.makeSucceededVoidFuture()
             }
+            let started = self.eventLoop.makePromise(of: Void.self)
+            let deadline = self.eventLoop.scheduleTask(in: self.source.directWait) { started.succeed(()) }
+            self.updateNow().whenComplete { _ in
+                deadline.cancel()
+                started.succeed(())
+            }
+            return started.futureResult
         }
     }
 

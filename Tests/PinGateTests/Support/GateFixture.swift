@@ -21,10 +21,13 @@ struct GateFixture {
         pki: TestPKI,
         listPath: String?,
         resolve: [String] = [],
+        listSource: PinListSource? = nil,
+        stateDirectory: String? = nil,
         configure: (inout GateConfiguration) -> Void = { _ in }
     ) async throws -> GateFixture {
         let directory = try TemporaryDirectory()
-        let ca = try LocalCA.create(stateDirectory: directory.file("state"))
+        let state = stateDirectory ?? directory.file("state")
+        let (ca, _) = try LocalCA.loadOrCreate(stateDirectory: state)
         var configuration = GateConfiguration()
         configuration.listenPort = 0
         configuration.eventLoopThreads = 2
@@ -33,8 +36,9 @@ struct GateFixture {
         configure(&configuration)
         let list = try listPath.map { try PinListFile.loadStatic(listPath: $0, keyPaths: [pki.signerPublicKeyPath]) }
         let server = try await PinGateServer.start(
-            configuration: configuration, store: PinListStore(list), ca: ca, logger: quietLogger)
-        return GateFixture(server: server, caPath: LocalCA.Paths(stateDirectory: directory.file("state")).certificate, directory: directory)
+            configuration: configuration, store: PinListStore(list), ca: ca, logger: quietLogger,
+            listSource: listSource, stateDirectory: listSource == nil ? nil : state)
+        return GateFixture(server: server, caPath: LocalCA.Paths(stateDirectory: state).certificate, directory: directory)
     }
 
     func stop() async {

@@ -40,20 +40,28 @@ final class TestOrigin: Sendable {
         self.box = box
     }
 
-    /// Holds the shared counters so the per-connection handlers can reach them.
+    /// Holds the shared counters (and the certificate presented) for the per-connection handlers.
     final class CounterBox: Sendable {
         let counters = Mutex(Counters())
+        let context: Mutex<TLSContext?> = Mutex(nil)
+    }
+
+    /// From now on, new connections are served with `identity` (a certificate rotation).
+    func present(_ identity: TestPKI.Identity) throws {
+        let context = try TLSContext.server(certificate: identity.certificate, key: identity.key)
+        box.context.withLock { $0 = context }
     }
 
     static func start(identity: TestPKI.Identity, behaviour: Behaviour, alpn: String? = "http/1.1") async throws -> TestOrigin {
-        let context = try TLSContext.server(certificate: identity.certificate, key: identity.key)
         let box = CounterBox()
+        box.context.withLock { $0 = try? TLSContext.server(certificate: identity.certificate, key: identity.key) }
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let channel = try await ServerBootstrap(group: group)
             .childChannelOption(.allowRemoteHalfClosure, value: true)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     box.counters.withLock { $0.tcpConnections += 1 }
+                    guard let context = box.context.withLock({ $0 }) else { throw TestFailure("no certificate") }
                     let connection = try TLSConnection(serverOf: context, options: .init(preferredALPN: alpn, pauseWhenPreferredALPNMissing: false))
                     let handshake = channel.eventLoop.makePromise(of: TLSPeerSummary.self)
                     handshake.futureResult.whenSuccess { _ in box.counters.withLock { $0.handshakes += 1 } }

@@ -54,6 +54,19 @@ struct TestPKI {
         return try directory.write(file, try WultraStaticList.encode(entries))
     }
 
+    /// A signed v2 list (envelope bytes) from `pins`, signed by `key` (default: the signer).
+    func signedV2(sequence: Int64, pins: [PinGateSignedList.Pin], revoked: [String] = [], key: PrivateKey? = nil,
+                  expiresAt: Date = Date().addingTimeInterval(30 * 86400)) throws -> Data {
+        try PinGateSignedList.sign(.init(sequence: sequence, issuedAt: Int64(Date().timeIntervalSince1970) - 60,
+                                         expiresAt: Int64(expiresAt.timeIntervalSince1970), pins: pins, revoked: revoked),
+                                   key: key ?? signer)
+    }
+
+    /// One v2 certificate pin for `host` valid for a year.
+    static func pin(_ host: String, _ identity: Identity) -> PinGateSignedList.Pin {
+        .init(host: host, sha256: identity.fingerprint, expires: Int64(Date().timeIntervalSince1970) + 365 * 86400)
+    }
+
     private static func makeCA(_ commonName: String, name: String, in directory: TemporaryDirectory) throws -> Identity {
         let key = try PrivateKey.generateP256()
         let certificate = try CertificateBuilder.selfSignedCA(commonName: commonName, key: key, validity: 86400 * 30)

@@ -1,0 +1,268 @@
+import Foundation
+import NIOCore
+import PinGateTestSupport
+import PinGateTLS
+import PinList
+import Testing
+@testable import PinGate
+
+/// The list lifecycle against a real HTTPS list server on loopback: updates reach new
+/// and live connections, every bad update is refused and counted while the list in
+/// force stays, persistence survives restarts, and certificates rotate without refusals.
+@Suite("Fingerprint list lifecycle")
+struct ListLifecycleTests {
+    /// A gate fed by a list server, with two pinned origins ready.
+    struct Setup {
+        let directory: TemporaryDirectory
+        let pki: TestPKI
+        let listServer: TestListServer
+        let listIdentity: TestPKI.Identity
+        let originA: TestOrigin
+        let leafA: TestPKI.Identity
+        let originB: TestOrigin
+        let leafB: TestPKI.Identity
+        static let hostA = "a.pingate.test"
+        static let hostB = "b.pingate.test"
+
+        static func start(initialPins: (TestPKI, TestPKI.Identity, TestPKI.Identity) throws -> Data) async throws -> Setup {
+            let directory = try TemporaryDirectory()
+            let pki = try TestPKI(directory: directory)
+            let leafA = try pki.leaf([.dns(hostA)], issuer: pki.originCA, file: "a")
+            let leafB = try pki.leaf([.dns(hostB)], issuer: pki.originCA, file: "b")
+            let listIdentity = try pki.leaf([.dns("lists.pingate.test")], issuer: pki.originCA, file: "lists")
+            let listServer = try await TestListServer.start(identity: listIdentity, behaviour: .serve(try initialPins(pki, leafA, leafB)))
+            let originA = try await TestOrigin.start(identity: leafA, behaviour: .http(body: "A"), alpn: nil)
+            let originB = try await TestOrigin.start(identity: leafB, behaviour: .echo, alpn: nil)
+            return Setup(directory: directory, pki: pki, listServer: listServer, listIdentity: listIdentity,
+                         originA: originA, leafA: leafA, originB: originB, leafB: leafB)
+        }
+
+        func source(format: PinListFormat? = nil, path: String = "/pins.json") -> PinListSource {
+            var source = PinListSource(location: .url(URL(string: "https://lists.pingate.test:\(listServer.port)\(path)")!),
+                                       format: format, keys: [(try? pki.signer.publicKey())!])
+            source.serverTrust = .pemFiles([pki.originCA.certificatePath])
+            source.fetchTimeout = .milliseconds(700)
+            source.directWait = .milliseconds(600)
+            source.retryBase = 3600 // tests drive updates themselves
+            return source
+        }
+
+        var resolve: [String] {
+            ["\(Self.hostA):\(originA.port)", "\(Self.hostB):\(originB.port)", "lists.pingate.test:\(listServer.port)"]
+        }
+
+        func startGate(source: PinListSource? = nil, stateDirectory: String? = nil) async throws -> GateFixture {
+            try await GateFixture.start(pki: pki, listPath: nil, resolve: resolve, listSource: source ?? self.source(),
+                                        stateDirectory: stateDirectory)
+        }
+
+        func stop() async {
+            await listServer.stop()
+            await originA.stop()
+            await originB.stop()
+            directory.remove()
+        }
+    }
+
+    @Test("a newly published list is picked up: an empty host becomes allowed; a revoked pin closes an open tunnel and refuses new CONNECTs")
+    func publishAndRevoke() async throws {
+        let setup = try await Setup.start { pki, a, _ in try pki.signedV2(sequence: 1, pins: [TestPKI.pin(Setup.hostA, a)]) }
+        let gate = try await setup.startGate()
+        let urlB = "https://\(Setup.hostB):\(setup.originB.port)/"
+
+        let before = try await curlThroughGate(gate, urlB)
+        #expect(before.proxyHeaders["pingate-refusal"] == "empty")
+
+        setup.listServer.set(.serve(try setup.pki.signedV2(sequence: 2, pins: [TestPKI.pin(Setup.hostA, setup.leafA), TestPKI.pin(Setup.hostB, setup.leafB)])))
+        let update = try await #require(gate.server.updater).updateNow().get()
+        #expect(update == .installed(sequence: 2))
+
+        // An open tunnel to B (the echo origin), held by a Python client.
+        let flag = setup.directory.file("tunnel-up")
+        let script = """
+        import os, socket, ssl, sys, time
+        raw = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=20)
+        raw.sendall(f"CONNECT {sys.argv[2]} HTTP/1.1\\r\\n\\r\\n".encode())
+        head = b""
+        while b"\\r\\n\\r\\n" not in head: head += raw.recv(1)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        tls = ssl.create_default_context(cafile=sys.argv[3]).wrap_socket(raw, server_hostname=sys.argv[2].split(":")[0])
+        tls.sendall(b"ping"); assert tls.recv(4) == b"ping"
+        open(sys.argv[4], "w").close()
+        try:
+            data = tls.recv(1)
+        except (ssl.SSLError, OSError):
+            data = b""
+        print("closed" if data == b"" else "open")
+        """
+        let client = Task { try await TestProcess.run("python3", ["-c", script, "\(gate.port)", "\(Setup.hostB):\(setup.originB.port)", gate.caPath, flag], timeout: 30) }
+        for _ in 0..<200 where !FileManager.default.fileExists(atPath: flag) { try await Task.sleep(nanoseconds: 25_000_000) }
+        #expect(gate.server.statistics.snapshot.openTunnels == 1)
+
+        setup.listServer.set(.serve(try setup.pki.signedV2(sequence: 3, pins: [TestPKI.pin(Setup.hostA, setup.leafA), TestPKI.pin(Setup.hostB, setup.leafB)],
+                                                           revoked: [setup.leafB.fingerprint])))
+        #expect(try await gate.server.updater?.updateNow().get() == .installed(sequence: 3))
+        let held = try await client.value
+        #expect(held.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "closed", "\(held.stderr)")
+
+        let after = try await curlThroughGate(gate, urlB)
+        #expect(after.proxyHeaders["pingate-refusal"] == "revoked")
+        let stats = gate.statistics
+        #expect(stats.tunnelsClosedByUpdate["revoked"] == 1)
+        #expect(gate.server.store.status.updatesByResult["ok"] == 3)
+        await gate.stop()
+        await setup.stop()
+    }
+
+    @Test("every bad update is refused and counted, and the list in force stays")
+    func badUpdatesAreRefused() async throws {
+        let setup = try await Setup.start { pki, a, _ in try pki.signedV2(sequence: 5, pins: [TestPKI.pin(Setup.hostA, a)]) }
+        let gate = try await setup.startGate()
+        let updater = try #require(gate.server.updater)
+        let pki = setup.pki
+        let good = try pki.signedV2(sequence: 6, pins: [TestPKI.pin(Setup.hostA, setup.leafA)])
+        var tampered = try JSONDecoder().decode(PinGateSignedList.Envelope.self, from: good)
+        var payload = try #require(Data(base64Encoded: tampered.payload))
+        payload[payload.count - 5] ^= 0x01
+        tampered.payload = payload.base64EncodedString()
+
+        let cases: [(String, TestListServer.Behaviour)] = [
+            ("invalid-signature", .serve(try JSONEncoder().encode(tampered))),
+            ("invalid-signature", .serve(try pki.signedV2(sequence: 6, pins: [], key: try PrivateKey.generateP256()))),
+            ("rollback", .serve(try pki.signedV2(sequence: 4, pins: [TestPKI.pin(Setup.hostA, setup.leafA)]))),
+            ("network-error", .truncated(good)),
+            ("invalid-data", .serve(Data("<html>garbage</html>".utf8))),
+            ("server-error", .status(500)),
+            ("timeout", .hang),
+        ]
+        for (expected, behaviour) in cases {
+            setup.listServer.set(behaviour)
+            let outcome = try await updater.updateNow().get()
+            guard case .rejected(let rejection) = outcome else {
+                Issue.record("\(expected): was installed")
+                continue
+            }
+            #expect(rejection.token == expected, "\(rejection)")
+            #expect(gate.server.store.list?.metadata.sequence == 5, "after \(expected)")
+        }
+        let counts = gate.server.store.status.updatesByResult
+        #expect(counts["invalid-signature"] == 2)
+        for token in ["rollback", "network-error", "invalid-data", "server-error", "timeout"] {
+            #expect(counts[token] == 1, "\(token): \(counts)")
+        }
+        // Still enforcing the list in force.
+        let stillWorks = try await curlThroughGate(gate, "https://\(Setup.hostA):\(setup.originA.port)/")
+        #expect(String(decoding: stillWorks.body, as: UTF8.self) == "A")
+        await gate.stop()
+        await setup.stop()
+    }
+
+    @Test("Wultra dynamic: a fresh challenge per request; a wrong or missing signature is refused")
+    func dynamicMode() async throws {
+        let setup = try await Setup.start { _, _, _ in Data() }
+        let body = Data(#"{"timestamp":1763790000,"fingerprints":[{"name":"a.pingate.test","fingerprint":"FINGERPRINT","expires":2110000000}]}"#
+            .replacingOccurrences(of: "FINGERPRINT", with: setup.leafA.fingerprint).utf8)
+        setup.listServer.set(.dynamic(body, key: setup.pki.signer))
+        let gate = try await setup.startGate(source: setup.source(format: .wultraDynamic, path: "/service"))
+        let updater = try #require(gate.server.updater)
+        #expect(gate.server.store.list?.metadata.format == .wultraDynamic)
+        let ok = try await curlThroughGate(gate, "https://\(Setup.hostA):\(setup.originA.port)/")
+        #expect(String(decoding: ok.body, as: UTF8.self) == "A")
+
+        setup.listServer.set(.dynamic(body, key: try PrivateKey.generateP256()))
+        guard case .rejected(let wrong) = try await updater.updateNow().get() else { Issue.record("wrong key accepted"); return }
+        #expect(wrong.token == "invalid-signature")
+        setup.listServer.set(.dynamic(body, key: nil))
+        guard case .rejected(let missing) = try await updater.updateNow().get() else { Issue.record("unsigned accepted"); return }
+        #expect(missing.token == "invalid-signature")
+        setup.listServer.set(.dynamic(body, key: setup.pki.signer, signatureHeaderName: "x-cert-pinning-SIGNATURE"))
+        #expect(try await updater.updateNow().get() == .installed(sequence: nil))
+
+        let requests = setup.listServer.receivedRequests
+        #expect(requests.allSatisfy { $0.uri == "/service/app/init?appName=pingate" })
+        let challenges = requests.compactMap { $0.headers.first(name: "X-Cert-Pinning-Challenge") }
+        #expect(challenges.count == requests.count)
+        #expect(Set(challenges).count == challenges.count, "every request carries a fresh challenge")
+        #expect(challenges.allSatisfy { Data(base64Encoded: $0)?.count == 16 })
+        await gate.stop()
+        await setup.stop()
+    }
+
+    @Test("restart with the list server down enforces the persisted list; an edited persisted file is rejected at load (503 list-unavailable)")
+    func persistenceAcrossRestarts() async throws {
+        let setup = try await Setup.start { pki, a, _ in try pki.signedV2(sequence: 9, pins: [TestPKI.pin(Setup.hostA, a)]) }
+        let state = setup.directory.file("gate-state")
+        let urlA = "https://\(Setup.hostA):\(setup.originA.port)/"
+        let first = try await setup.startGate(stateDirectory: state)
+        #expect(first.server.store.list?.metadata.sequence == 9)
+        await first.stop()
+
+        setup.listServer.set(.status(503))
+        let second = try await setup.startGate(stateDirectory: state)
+        #expect(second.server.store.list?.metadata.sequence == 9)
+        let allowed = try await curlThroughGate(second, urlA)
+        #expect(String(decoding: allowed.body, as: UTF8.self) == "A", "\(allowed.stderr)")
+        await second.stop()
+
+        let persisted = PinListPersistence(stateDirectory: state).path
+        var text = try String(contentsOfFile: persisted, encoding: .utf8)
+        text = text.replacingOccurrences(of: "\"format\" : \"pingate-v2\"", with: "\"format\" : \"wultra-static\"")
+        try text.write(toFile: persisted, atomically: true, encoding: .utf8)
+        let third = try await setup.startGate(stateDirectory: state)
+        #expect(third.server.store.list == nil)
+        let refused = try await curlThroughGate(third, urlA)
+        #expect(refused.stderr.contains("CONNECT tunnel failed, response 503"))
+        #expect(refused.proxyHeaders["pingate-refusal"] == "list-unavailable")
+        await third.stop()
+        await setup.stop()
+    }
+
+    @Test("rotation drill: A and B pinned, the origin switches to B with zero refusals, then A is dropped and refused")
+    func rotationDrill() async throws {
+        let setup = try await Setup.start { _, _, _ in Data() }
+        let pki = setup.pki
+        let host = Setup.hostA
+        let certA = setup.leafA
+        let certB = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "a-next")
+        setup.listServer.set(.serve(try pki.signedV2(sequence: 1, pins: [TestPKI.pin(host, certA), TestPKI.pin(host, certB)])))
+        let gate = try await setup.startGate()
+        let url = "https://\(host):\(setup.originA.port)/"
+        var refusals = 0
+        for round in 0..<6 {
+            if round == 3 { try setup.originA.present(certB) }
+            let result = try await curlThroughGate(gate, url)
+            if result.exitStatus != 0 || String(decoding: result.body, as: UTF8.self) != "A" { refusals += 1 }
+        }
+        #expect(refusals == 0)
+
+        setup.listServer.set(.serve(try pki.signedV2(sequence: 2, pins: [TestPKI.pin(host, certB)])))
+        #expect(try await gate.server.updater?.updateNow().get() == .installed(sequence: 2))
+        try setup.originA.present(certA)
+        let old = try await curlThroughGate(gate, url)
+        #expect(old.proxyHeaders["pingate-refusal"] == "pin-mismatch")
+        #expect(old.proxyHeaders["pingate-observed-fingerprint"] == certA.fingerprint)
+        try setup.originA.present(certB)
+        let current = try await curlThroughGate(gate, url)
+        #expect(current.exitStatus == 0)
+        await gate.stop()
+        await setup.stop()
+    }
+
+    @Test("a crash between writing and renaming leaves the old list intact; the next save replaces it whole")
+    func crashDuringWrite() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns("x.pingate.test")], issuer: pki.originCA, file: "x")
+        let persistence = PinListPersistence(stateDirectory: directory.file("state"))
+        let keys = [try pki.signer.publicKey()]
+        try persistence.save(SignedListDocument(format: .pingateV2, source: "t", body: try pki.signedV2(sequence: 1, pins: [TestPKI.pin("x.pingate.test", leaf)])))
+        // What a process killed after write() and before rename() leaves behind: a
+        // half-written temporary file next to the real one.
+        let orphan = persistence.path + ".tmp-99999-1"
+        try Data(try pki.signedV2(sequence: 2, pins: []).prefix(40)).write(to: URL(fileURLWithPath: orphan))
+        #expect(try persistence.load(keys: keys)?.1.metadata.sequence == 1)
+        try persistence.save(SignedListDocument(format: .pingateV2, source: "t", body: try pki.signedV2(sequence: 2, pins: [TestPKI.pin("x.pingate.test", leaf)])))
+        #expect(try persistence.load(keys: keys)?.1.metadata.sequence == 2)
+    }
+}
