@@ -9,8 +9,17 @@ import Yams
 /// listen: 127.0.0.1:8080
 /// state-dir: ./state
 /// pins:
-///   source: pins.json
+///   source: pins.json            # or https://lists.example.com/pins.json
 ///   keys: [signer.pub.pem]
+///   format: auto                 # wultra-static | wultra-dynamic | pingate-v2
+///   app-name: myapp              # wultra-dynamic: ?appName=
+///   server-ca: [lists-ca.pem]    # roots for the list server (default: system)
+///   server-pins: []              # base64 SHA-256 of the list server's cert or SPKI
+///   update-interval-seconds: 604800
+///   expiration-threshold-seconds: 1209600
+///   minimum-interval-seconds: 60
+///   wait-seconds: 10             # how long CONNECTs wait for a first list
+///   fallback: bundled-pins.json  # used only when nothing better is available
 /// upstream-ca: [origin-ca.pem]
 /// resolve: ["api.example.test:8443:127.0.0.1"]
 /// pins-only: []
@@ -21,6 +30,26 @@ struct ConfigFile: Decodable {
     struct Pins: Decodable {
         var source: String?
         var keys: [String]?
+        var format: String?
+        var appName: String?
+        var serverCA: [String]?
+        var serverPins: [String]?
+        var updateIntervalSeconds: Int?
+        var expirationThresholdSeconds: Int?
+        var minimumIntervalSeconds: Int?
+        var waitSeconds: Int?
+        var fallback: String?
+
+        enum CodingKeys: String, CodingKey {
+            case source, keys, format, fallback
+            case appName = "app-name"
+            case serverCA = "server-ca"
+            case serverPins = "server-pins"
+            case updateIntervalSeconds = "update-interval-seconds"
+            case expirationThresholdSeconds = "expiration-threshold-seconds"
+            case minimumIntervalSeconds = "minimum-interval-seconds"
+            case waitSeconds = "wait-seconds"
+        }
     }
 
     var listen: String?
@@ -63,8 +92,10 @@ struct ConfigFile: Decodable {
         func resolve(_ relative: String) -> String { PathText.resolve(relative, against: base) }
         file.stateDir = file.stateDir.map(resolve)
         if var pins = file.pins {
-            pins.source = pins.source.map(resolve)
+            pins.source = pins.source.map { $0.lowercased().hasPrefix("https://") ? $0 : resolve($0) }
             pins.keys = pins.keys?.map(resolve)
+            pins.serverCA = pins.serverCA?.map(resolve)
+            pins.fallback = pins.fallback.map(resolve)
             file.pins = pins
         }
         file.upstreamCA = file.upstreamCA?.map(resolve)

@@ -29,8 +29,11 @@ struct RunCommand: AsyncParsableCommand {
     @Option(name: .long, help: "State directory holding ca.pem and ca.key (default ~/.local/state/pingate).")
     var stateDir: String?
 
-    @Option(name: .long, help: "Signed fingerprint list (Wultra static JSON).")
+    @Option(name: .long, help: "Signed fingerprint list: a file, or an https:// URL to fetch and refresh it from.")
     var pins: String?
+
+    @Option(name: .long, help: "List format: auto (Wultra static or pingate v2), wultra-static, wultra-dynamic, pingate-v2.")
+    var pinsFormat: String?
 
     @Option(name: .long, help: "Public key verifying the list: PEM SubjectPublicKeyInfo or base64 X9.63. Repeatable.")
     var pinsKey: [String] = []
@@ -75,24 +78,13 @@ struct RunCommand: AsyncParsableCommand {
         }
         let logger = Logger(label: "pingate")
 
-        let listPath = pins.map { PathText.resolve($0) } ?? file?.pins?.source
-        let keyPaths = pinsKey.isEmpty ? (file?.pins?.keys ?? []) : pinsKey.map { PathText.resolve($0) }
-        var list: PinList?
-        if let listPath {
-            do {
-                list = try PinListFile.loadStatic(listPath: listPath, keyPaths: keyPaths)
-            } catch {
-                throw ConfigurationError("refusing to start: the fingerprint list \(listPath) was rejected: \(error)")
-            }
-            logger.info("fingerprint list verified", metadata: [
-                "source": "\(listPath)", "entries": "\(list?.entries.count ?? 0)",
-                "unexpired": "\(list?.entries.filter { $0.isUnexpired(at: Date()) }.count ?? 0)",
-            ])
-        } else {
+        let stateDirectory = PathText.resolve(stateDir ?? file?.stateDir ?? PathText.defaultStateDirectory)
+        let store = PinListStore(nil)
+        let listSource = try makeListSource(file: file, store: store, logger: logger)
+        if listSource == nil {
             logger.warning("no fingerprint list configured (--pins): every CONNECT will be refused")
         }
 
-        let stateDirectory = PathText.resolve(stateDir ?? file?.stateDir ?? PathText.defaultStateDirectory)
         let (ca, created) = try LocalCA.loadOrCreate(stateDirectory: stateDirectory)
         logger.info(created ? "created local CA" : "loaded local CA", metadata: [
             "certificate": "\(LocalCA.Paths(stateDirectory: stateDirectory).certificate)",
@@ -102,7 +94,9 @@ struct RunCommand: AsyncParsableCommand {
         // Watch for SIGINT/SIGTERM before starting, so a stop request that arrives
         // during start-up is honoured as soon as the server is up.
         let signals = SignalWatcher(signals: [SIGINT, SIGTERM])
-        let server = try await PinGateServer.start(configuration: configuration, store: PinListStore(list), ca: ca, logger: logger)
+        let server = try await PinGateServer.start(
+            configuration: configuration, store: store, ca: ca, logger: logger,
+            listSource: listSource, stateDirectory: stateDirectory)
         signals.onSignal { signal in
             logger.info("stopping", metadata: ["signal": "\(signal)"])
             server.stopListening()
@@ -110,6 +104,64 @@ struct RunCommand: AsyncParsableCommand {
         try await server.waitUntilClosed()
         try await server.shutdown()
         signals.cancel()
+    }
+
+    /// The list source from flags and config. A local file is verified now, and start-up
+    /// fails if it does not verify; a URL is fetched by the updater (direct mode), with
+    /// the persisted copy in the state directory as the fallback when it cannot be.
+    private func makeListSource(file: ConfigFile?, store: PinListStore, logger: Logger) throws -> PinListSource? {
+        let section = file?.pins
+        guard let sourceText = pins.map({ $0.lowercased().hasPrefix("https://") ? $0 : PathText.resolve($0) }) ?? section?.source else {
+            return nil
+        }
+        let keyPaths = pinsKey.isEmpty ? (section?.keys ?? []) : pinsKey.map { PathText.resolve($0) }
+        let keys: [PublicKey]
+        do {
+            keys = try PinListFile.loadKeys(keyPaths)
+        } catch {
+            throw ConfigurationError("refusing to start: \(error)")
+        }
+        guard !keys.isEmpty else { throw ConfigurationError("refusing to start: --pins needs at least one --pins-key") }
+        let formatText = pinsFormat ?? section?.format ?? "auto"
+        let format: PinListFormat?
+        switch formatText {
+        case "auto": format = nil
+        default:
+            guard let known = PinListFormat(rawValue: formatText) else {
+                throw ConfigurationError("unknown list format \(formatText) (auto, wultra-static, wultra-dynamic, pingate-v2)")
+            }
+            format = known
+        }
+        var source = PinListSource(location: PinListSource.location(parsing: sourceText), format: format, keys: keys)
+        if let appName = section?.appName { source.appName = appName }
+        if let roots = section?.serverCA, !roots.isEmpty { source.serverTrust = .pemFiles(roots) }
+        if let serverPins = section?.serverPins { source.serverPins = Set(serverPins) }
+        if let seconds = section?.updateIntervalSeconds { source.schedule.periodicInterval = TimeInterval(seconds) }
+        if let seconds = section?.expirationThresholdSeconds { source.schedule.expirationThreshold = TimeInterval(seconds) }
+        if let seconds = section?.minimumIntervalSeconds { source.schedule.minimumInterval = TimeInterval(seconds) }
+        if let seconds = section?.waitSeconds { source.directWait = .seconds(Int64(seconds)) }
+        source.fallbackFile = section?.fallback
+
+        if case .file(let path) = source.location {
+            // A local list must verify before the gate starts at all.
+            let body: Data
+            do {
+                body = try Data(contentsOf: URL(fileURLWithPath: path))
+            } catch {
+                throw ConfigurationError("refusing to start: cannot read the fingerprint list \(path): \(error.localizedDescription)")
+            }
+            let document = SignedListDocument(format: format ?? SignedListDocument.detectFormat(body), source: path, body: body)
+            switch store.install(document, keys: keys, persistence: nil, now: Date()) {
+            case .success(let list):
+                logger.info("fingerprint list verified", metadata: [
+                    "source": "\(path)", "format": "\(list.metadata.format.rawValue)", "entries": "\(list.entries.count)",
+                    "unexpired": "\(list.entries.filter { $0.isUnexpired(at: Date()) }.count)",
+                ])
+            case .failure(let rejection):
+                throw ConfigurationError("refusing to start: the fingerprint list \(path) was rejected: \(rejection)")
+            }
+        }
+        return source
     }
 
     /// Parses `HOST:PORT` or `[IPv6]:PORT`.
