@@ -16,6 +16,6 @@ struct KeygenCommand: ParsableCommand {
         let publicPath = PathText.resolve(out + ".pub.pem")
         try StateFiles.writeAtomically(Array(try key.pkcs8PEM().utf8), to: keyPath, mode: 0o600)
         try StateFiles.writeAtomically(Array(try key.publicKey().pemString().utf8), to: publicPath, mode: 0o644)
-        print("wrote \(keyPath) (private, 0600) and \(publicPath) (public)")
+        print("wrote \(keyPath) (private, 0600) and \(publicPath) (public), key id \(try key.publicKey().keyID)")
     }
 }

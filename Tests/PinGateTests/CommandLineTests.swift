@@ -1,5 +1,6 @@
 import Foundation
 import PinGateTestSupport
+import PinGateTLS
 import Testing
 
 /// The `pingate` executable as a user runs it: keygen, sign, fingerprint, ca, and run
@@ -178,5 +179,100 @@ final class RunningGate: Sendable {
             return address.split(separator: ":").last.flatMap { Int($0) }
         }
         return nil
+    }
+}
+
+/// The signed-list commands and a URL-fed `pingate run`.
+@Suite("pingate list commands")
+struct ListCommandLineTests {
+    static var pingate: String { TestProcess.pingateExecutable }
+
+    @Test("sign --format v2 → list verify (and a tampered copy fails) → run --pins v2 file → curl")
+    func v2Workflow() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let host = "v2.pingate.test"
+        let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
+        let origin = try await TestOrigin.start(identity: leaf, behaviour: .http(body: "v2 ok"))
+        _ = try await TestProcess.run(Self.pingate, ["keygen", "--out", directory.file("signer")])
+        let sign = try await TestProcess.run(Self.pingate, [
+            "sign", "--format", "v2", "--sequence", "3", "--key", directory.file("signer.key"),
+            "--connect", "\(host):\(origin.port)", "--resolve", "\(host):\(origin.port):127.0.0.1", "--spki",
+            "--revoke", SHA256Digest.base64(Array("old".utf8)),
+        ])
+        #expect(sign.status == 0, "\(sign.stderr)")
+        let listPath = try directory.write("pins-v2.json", sign.stdout)
+
+        let verify = try await TestProcess.run(Self.pingate, ["list", "verify", listPath, "--key", directory.file("signer.pub.pem")])
+        #expect(verify.status == 0, "\(verify.stderr)")
+        #expect(verify.stdout.contains("valid pingate-v2 list"))
+        #expect(verify.stdout.contains("sequence:   3"))
+        #expect(verify.stdout.contains("\(host)  spki/\(leaf.certificate.spkiSHA256)  enforce"))
+        #expect(verify.stdout.contains("days left"))
+
+        let tampered = try directory.write("tampered.json", sign.stdout.replacingOccurrences(of: "\"keyId\" : \"", with: "\"keyId\" : \"0"))
+        let bad = try await TestProcess.run(Self.pingate, ["list", "verify", tampered, "--key", directory.file("signer.pub.pem")])
+        #expect(bad.status != 0)
+        #expect(bad.stderr.contains("does not verify"))
+
+        guard let gate = try await RunningGate.start([
+            "--listen", "127.0.0.1:0", "--state-dir", directory.file("state"), "--pins", listPath,
+            "--pins-key", directory.file("signer.pub.pem"), "--upstream-ca", pki.upstreamTrustPath,
+            "--resolve", "\(host):\(origin.port):127.0.0.1",
+        ]) else {
+            Issue.record("gate did not start")
+            await origin.stop()
+            return
+        }
+        let curl = try await TestProcess.run("curl", ["-sS", "--max-time", "20", "--proxy", "http://127.0.0.1:\(gate.port)",
+                                                      "--cacert", directory.file("state/ca.pem"), "https://\(host):\(origin.port)/"])
+        #expect(curl.stdout == "v2 ok", "\(curl.stderr)")
+        await gate.stop()
+        await origin.stop()
+    }
+
+    @Test("run --pins https://…: fetched, persisted, shown by `list show`; restart with the server down still enforces it")
+    func urlSource() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let host = "url.pingate.test"
+        let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
+        let listIdentity = try pki.leaf([.dns("lists.pingate.test")], issuer: pki.originCA, file: "lists")
+        let origin = try await TestOrigin.start(identity: leaf, behaviour: .http(body: "from url"))
+        let listServer = try await TestListServer.start(identity: listIdentity, behaviour: .serve(try pki.signedV2(sequence: 12, pins: [TestPKI.pin(host, leaf)])))
+        let config = try directory.write("pingate.yml", """
+        listen: 127.0.0.1:0
+        state-dir: state
+        pins:
+          source: https://lists.pingate.test:\(listServer.port)/pins.json
+          keys: [signer.pub.pem]
+          server-ca: [\(pki.originCA.certificatePath)]
+          wait-seconds: 3
+        upstream-ca: [\(pki.upstreamTrustPath)]
+        resolve: ["\(host):\(origin.port):127.0.0.1", "lists.pingate.test:\(listServer.port):127.0.0.1"]
+        """)
+        let url = "https://\(host):\(origin.port)/"
+        let curlArguments = { (port: Int) in ["-sS", "--max-time", "20", "--proxy", "http://127.0.0.1:\(port)", "--cacert", directory.file("state/ca.pem"), url] }
+
+        guard let first = try await RunningGate.start(["--config", config]) else { Issue.record("did not start"); return }
+        let fetched = try await TestProcess.run("curl", curlArguments(first.port))
+        #expect(fetched.stdout == "from url", "\(fetched.stderr)")
+        let log = await first.stop()
+        #expect(log.contains("fingerprint list in force"))
+
+        let show = try await TestProcess.run(Self.pingate, ["list", "show", "--state-dir", directory.file("state"), "--key", pki.signerPublicKeyPath])
+        #expect(show.status == 0, "\(show.stderr)")
+        #expect(show.stdout.contains("sequence:   12"))
+        #expect(show.stdout.contains(host))
+
+        await listServer.stop()
+        guard let second = try await RunningGate.start(["--config", config]) else { Issue.record("did not restart"); return }
+        let offline = try await TestProcess.run("curl", curlArguments(second.port))
+        #expect(offline.stdout == "from url", "\(offline.stderr)")
+        let secondLog = await second.stop()
+        #expect(secondLog.contains("loaded persisted fingerprint list"))
+        await origin.stop()
     }
 }

@@ -1,0 +1,115 @@
+import ArgumentParser
+import Foundation
+import PinGate
+import PinGateTLS
+import PinList
+
+/// `pingate list verify|show`: read signed lists the way the gate does.
+struct ListCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "list",
+        abstract: "Verify a signed fingerprint list, or show the one in force.",
+        subcommands: [Verify.self, Show.self]
+    )
+
+    /// `pingate list verify FILE --key KEY`.
+    struct Verify: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Verify a list file and print its entries with days left; exits non-zero on a bad list.")
+
+        @Argument(help: "The list file.")
+        var file: String
+
+        @Option(name: .long, help: "A public key that may have signed it (PEM or base64 X9.63). Repeatable.")
+        var key: [String]
+
+        @Option(name: .long, help: "auto, wultra-static, wultra-dynamic or pingate-v2.")
+        var format: String = "auto"
+
+        @Option(name: .long, help: "wultra-dynamic: the challenge the request carried.")
+        var challenge: String?
+
+        @Option(name: .long, help: "wultra-dynamic: the X-Cert-Pinning-Signature header.")
+        var signature: String?
+
+        func run() throws {
+            let path = PathText.resolve(file)
+            let body = try Data(contentsOf: URL(fileURLWithPath: path))
+            let listFormat: PinListFormat
+            if format == "auto" {
+                listFormat = challenge == nil ? SignedListDocument.detectFormat(body) : .wultraDynamic
+            } else {
+                guard let known = PinListFormat(rawValue: format) else { throw ValidationError("unknown format \(format)") }
+                listFormat = known
+            }
+            let document = SignedListDocument(format: listFormat, source: path, body: body, challenge: challenge, signature: signature)
+            let list: PinList
+            do {
+                list = try document.verify(keys: PinListFile.loadKeys(key.map { PathText.resolve($0) }))
+            } catch {
+                throw ConfigurationError("\(path) does not verify: \(error)")
+            }
+            print("\(path): valid \(list.metadata.format.rawValue) list")
+            print(ListPrinter.describe(list, now: Date()), terminator: "")
+        }
+    }
+
+    /// `pingate list show`.
+    struct Show: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Show the list in force: the document persisted in the state directory, verified again.")
+
+        @Option(name: .long, help: "State directory (default ~/.local/state/pingate).")
+        var stateDir: String?
+
+        @Option(name: .long, help: "A public key that may have signed it. Repeatable.")
+        var key: [String]
+
+        func run() throws {
+            let state = PathText.resolve(stateDir ?? PathText.defaultStateDirectory)
+            let persistence = PinListPersistence(stateDirectory: state)
+            let loaded: (SignedListDocument, PinList)?
+            do {
+                loaded = try persistence.load(keys: PinListFile.loadKeys(key.map { PathText.resolve($0) }))
+            } catch {
+                throw ConfigurationError("the persisted list \(persistence.path) does not verify: \(error)")
+            }
+            guard let (document, list) = loaded else {
+                throw ConfigurationError("no list persisted in \(state) (a list fetched from a URL is persisted there; a local --pins file is used as it is)")
+            }
+            print("\(persistence.path): \(list.metadata.format.rawValue) list from \(document.source), received \(ListPrinter.iso(document.receivedAt))")
+            print(ListPrinter.describe(list, now: Date()), terminator: "")
+        }
+    }
+}
+
+/// Human-readable list output shared by `list verify` and `list show`.
+enum ListPrinter {
+    static func describe(_ list: PinList, now: Date) -> String {
+        var text = ""
+        if let sequence = list.metadata.sequence { text += "sequence:   \(sequence)\n" }
+        if let issued = list.metadata.issuedAt { text += "issued:     \(iso(issued))\n" }
+        if let expires = list.metadata.expiresAt {
+            text += "expires:    \(iso(expires)) (\(days(until: expires, now: now)))\(list.isFresh(at: now) ? "" : "  STALE: not used")\n"
+        }
+        if let keyID = list.metadata.keyID { text += "signed by:  key \(keyID)\n" }
+        text += "entries:    \(list.entries.count)\n"
+        for entry in list.entries {
+            let state = entry.isUnexpired(at: now) ? days(until: entry.expires, now: now) : "EXPIRED"
+            text += "  \(entry.name)  \(entry.kind.rawValue)/\(entry.fingerprint)  \(entry.mode.rawValue)  expires \(iso(entry.expires)) (\(state))\n"
+        }
+        for revoked in list.revoked.sorted() { text += "  revoked \(revoked)\n" }
+        return text
+    }
+
+    static func days(until date: Date, now: Date) -> String {
+        let days = Int((date.timeIntervalSince(now) / 86400).rounded(.down))
+        return days >= 0 ? "\(days) days left" : "\(-days) days ago"
+    }
+
+    static func iso(_ date: Date) -> String {
+        let formatter = ISO8601DateFormatter()
+        formatter.formatOptions = [.withInternetDateTime]
+        return formatter.string(from: date)
+    }
+}
