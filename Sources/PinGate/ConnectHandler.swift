@@ -133,6 +133,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                         return
                     }
                     let verdict = self.evaluate(connection)
+                    self.reportIfPinFailure(verdict, connection: connection)
                     guard verdict.isTrusted else {
                         connection.channel.close(promise: nil)
                         self.refuse(context: context, .verdict(verdict), upstream: connection)
@@ -167,6 +168,20 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             chain: Self.chainCheck(connection),
             list: environment.store.list,
             now: environment.now())
+    }
+
+    /// Pin failures (enforced or report-only) go to the report URIs, TrustKit style.
+    private func reportIfPinFailure(_ verdict: Verdict, connection: UpstreamConnection) {
+        guard let reporter = environment.reporter, let request else { return }
+        switch verdict {
+        case .untrusted, .reportOnlyViolation:
+            let now = environment.now()
+            reporter.report(host: request.host, port: request.port, verdict: verdict,
+                            pins: environment.store.list?.unexpiredEntries(for: request.host, at: now) ?? [],
+                            chain: connection.peer.chain, now: now)
+        default:
+            break
+        }
     }
 
     private static func leafIdentity(_ connection: UpstreamConnection) -> LeafIdentity? {

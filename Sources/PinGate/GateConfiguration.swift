@@ -1,3 +1,4 @@
+import Foundation
 import NIOCore
 import PinGateTLS
 
@@ -61,6 +62,10 @@ public struct GateConfiguration: Sendable {
     public var upstreamHandshakeTimeout: TimeAmount = .seconds(10)
     /// A tunnel with no traffic either way for this long is closed.
     public var idleTimeout: TimeAmount = .minutes(5)
+    /// Where pin-failure reports are POSTed (TrustKit-style JSON); empty: no reports.
+    public var reportURIs: [URL] = []
+    /// Roots the report collectors' chains must reach.
+    public var reportTrust: TrustRoots = .system
     /// The event-loop thread count (default: one per core).
     public var eventLoopThreads: Int = System.coreCount
 

@@ -13,6 +13,8 @@ struct GateEnvironment: Sendable {
     let connector: UpstreamConnector
     let statistics: GateStatistics
     let tunnels: TunnelRegistry
+    /// Present when report URIs are configured.
+    let reporter: ViolationReporter?
     /// Present when the list is refreshed from a source; CONNECTs then wait for it.
     let updater: PinListUpdater?
     let logger: Logger

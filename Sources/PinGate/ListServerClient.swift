@@ -23,6 +23,11 @@ struct ListServerClient {
 
     /// GETs `url` with `headers`; fails with a `PinListRejection`.
     func get(_ url: URL, headers: [(String, String)], on eventLoop: EventLoop) -> EventLoopFuture<ListServerResponse> {
+        send(.GET, url, headers: headers, body: nil, on: eventLoop)
+    }
+
+    /// Sends one request (`body` with `Content-Length`) and collects the response.
+    func send(_ method: HTTPMethod, _ url: URL, headers: [(String, String)], body: Data?, on eventLoop: EventLoop) -> EventLoopFuture<ListServerResponse> {
         guard url.scheme?.lowercased() == "https", let host = url.host?.lowercased() else {
             return eventLoop.makeFailedFuture(PinListRejection.networkError("only https:// list URLs are accepted: \(url)"))
         }
@@ -54,13 +59,19 @@ struct ListServerClient {
                         return
                     }
                 }
-                var head = HTTPRequestHead(version: .http1_1, method: .GET, uri: target)
+                var head = HTTPRequestHead(version: .http1_1, method: method, uri: target)
                 head.headers.add(name: "Host", value: url.port.map { "\(host):\($0)" } ?? host)
                 head.headers.add(name: "User-Agent", value: "pingate")
                 head.headers.add(name: "Accept", value: "application/json")
                 head.headers.add(name: "Connection", value: "close")
                 for (name, value) in headers { head.headers.add(name: name, value: value) }
+                if let body { head.headers.add(name: "Content-Length", value: "\(body.count)") }
                 client.channel.write(HTTPClientRequestPart.head(head), promise: nil)
+                if let body {
+                    var buffer = client.channel.allocator.buffer(capacity: body.count)
+                    buffer.writeBytes(body)
+                    client.channel.write(HTTPClientRequestPart.body(.byteBuffer(buffer)), promise: nil)
+                }
                 client.channel.writeAndFlush(HTTPClientRequestPart.end(nil), promise: nil)
             }
         }

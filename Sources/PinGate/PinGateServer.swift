@@ -20,17 +20,20 @@ public final class PinGateServer: Sendable {
     public let minter: LeafMinter
     /// The list updater, when the list has a source to refresh from.
     public let updater: PinListUpdater?
+    /// The pin-failure reporter, when report URIs are configured.
+    let reporter: ViolationReporter?
     private let group: MultiThreadedEventLoopGroup
     private let listener: Channel
     private let shutdownStarted = Mutex(false)
 
     private init(configuration: GateConfiguration, store: PinListStore, statistics: GateStatistics,
-                 minter: LeafMinter, updater: PinListUpdater?, group: MultiThreadedEventLoopGroup, listener: Channel) {
+                 minter: LeafMinter, updater: PinListUpdater?, reporter: ViolationReporter?, group: MultiThreadedEventLoopGroup, listener: Channel) {
         self.configuration = configuration
         self.store = store
         self.statistics = statistics
         self.minter = minter
         self.updater = updater
+        self.reporter = reporter
         self.group = group
         self.listener = listener
     }
@@ -73,9 +76,18 @@ public final class PinGateServer: Sendable {
                     statistics.tunnelClosedByUpdate(verdict.reasonToken)
                 }
             }
+            var reporter: ViolationReporter?
+            if !configuration.reportURIs.isEmpty {
+                let reportConnector = UpstreamConnector(
+                    configuration: configuration, tlsContext: try TLSContext.client(trustRoots: configuration.reportTrust), statistics: GateStatistics())
+                reporter = ViolationReporter(
+                    uris: configuration.reportURIs,
+                    client: ListServerClient(connector: reportConnector, serverPins: [], timeout: .seconds(10), maximumBodyBytes: 64 * 1024),
+                    eventLoopGroup: group, logger: logger)
+            }
             let environment = GateEnvironment(
                 configuration: configuration, store: store, policy: policy, minter: minter, connector: connector,
-                statistics: statistics, tunnels: tunnels, updater: updater, logger: logger, now: now)
+                statistics: statistics, tunnels: tunnels, reporter: reporter, updater: updater, logger: logger, now: now)
             try await updater?.start().get()
             let listener = try await ServerBootstrap(group: group)
                 .serverChannelOption(.backlog, value: 256)
@@ -95,7 +107,7 @@ public final class PinGateServer: Sendable {
                 "nghttp2": "\(Self.nghttp2Version)",
             ])
             return PinGateServer(configuration: configuration, store: store, statistics: statistics,
-                                 minter: minter, updater: updater, group: group, listener: listener)
+                                 minter: minter, updater: updater, reporter: reporter, group: group, listener: listener)
         } catch {
             updater?.stop()
             try? await group.shutdownGracefully()

@@ -44,6 +44,8 @@ public struct TLSPeerSummary: Sendable {
     public let alpn: String?
     /// The protocol version, e.g. "TLSv1.3".
     public let protocolVersion: String
+    /// The chain as validated (leaf first), or as the peer sent it when validation failed.
+    public let chain: [Certificate]
 
     /// True when the chain validated to a trusted root and matched the expected host.
     public var chainAndHostnameValid: Bool { leaf != nil && verifyCode == Int(X509_V_OK) }
@@ -203,7 +205,21 @@ public final class TLSConnection {
         let code = Int(SSL_get_verify_result(ssl))
         let reason = X509_verify_cert_error_string(code).map { String(cString: $0) } ?? "unknown"
         let version = SSL_get_version(ssl).map { String(cString: $0) } ?? "unknown"
-        return TLSPeerSummary(leaf: leaf, verifyCode: code, verifyReason: reason, alpn: negotiatedALPN, protocolVersion: version)
+        return TLSPeerSummary(leaf: leaf, verifyCode: code, verifyReason: reason, alpn: negotiatedALPN,
+                              protocolVersion: version, chain: peerChain())
+    }
+
+    /// Each certificate of the verified chain (or the sent one), with its own reference.
+    private func peerChain() -> [Certificate] {
+        guard let stack = SSL_get0_verified_chain(ssl) ?? SSL_get_peer_cert_chain(ssl) else { return [] }
+        let count = OPENSSL_sk_num(stack)
+        guard count > 0 else { return [] }
+        return (0..<count).compactMap { index in
+            guard let raw = OPENSSL_sk_value(stack, index) else { return nil }
+            let certificate = OpaquePointer(raw)
+            X509_up_ref(certificate)
+            return Certificate(owning: certificate)
+        }
     }
 
     /// The ALPN protocol agreed in the handshake, if any.

@@ -31,6 +31,8 @@ final class TestListServer: Sendable {
     var port: Int { channel.localAddress?.port ?? 0 }
     /// Every request head received, oldest first.
     var receivedRequests: [HTTPRequestHead] { shared.requests.withLock { $0 } }
+    /// The bodies of POST requests, oldest first (the report collector's view).
+    var receivedBodies: [Data] { shared.bodies.withLock { $0 } }
 
     private init(group: MultiThreadedEventLoopGroup, channel: Channel, shared: SharedState) {
         self.group = group
@@ -68,6 +70,7 @@ final class TestListServer: Sendable {
     final class SharedState: Sendable {
         let behaviour: Mutex<Behaviour>
         let requests = Mutex<[HTTPRequestHead]>([])
+        let bodies = Mutex<[Data]>([])
         init(behaviour: Behaviour) { self.behaviour = Mutex(behaviour) }
     }
 }
@@ -78,6 +81,7 @@ private final class ListRequestHandler: ChannelInboundHandler {
 
     private let shared: TestListServer.SharedState
     private var head: HTTPRequestHead?
+    private var body = Data()
 
     init(shared: TestListServer.SharedState) { self.shared = shared }
 
@@ -86,10 +90,14 @@ private final class ListRequestHandler: ChannelInboundHandler {
         case .head(let received):
             head = received
             shared.requests.withLock { $0.append(received) }
-        case .body:
-            break
+        case .body(let chunk):
+            body.append(contentsOf: chunk.readableBytesView)
         case .end:
             guard let head else { return }
+            if head.method == .POST {
+                let received = body
+                shared.bodies.withLock { $0.append(received) }
+            }
             respond(context: context, to: head)
         }
     }

@@ -1,0 +1,118 @@
+import Foundation
+import Logging
+import NIOCore
+import PinGateTLS
+import PinList
+import Synchronization
+
+/// Sends TrustKit-style pin-failure reports (JSON, POSTed to each configured report URI)
+/// for report-only violations and enforced mismatches. The same report (host, port,
+/// chain, known pins, result) is sent at most once per `suppressionWindow`.
+final class ViolationReporter: Sendable {
+    /// Counters: reports sent, suppressed as duplicates, and failed.
+    struct Counters: Sendable, Equatable {
+        var sent = 0
+        var suppressed = 0
+        var failed = 0
+    }
+
+    private let uris: [URL]
+    private let client: ListServerClient
+    private let eventLoopGroup: EventLoopGroup
+    private let logger: Logger
+    private let suppressionWindow: TimeInterval
+    private let lastSent = Mutex<[String: Date]>([:])
+    private let counterState = Mutex(Counters())
+
+    init(uris: [URL], client: ListServerClient, eventLoopGroup: EventLoopGroup, logger: Logger, suppressionWindow: TimeInterval = 86400) {
+        self.uris = uris
+        self.client = client
+        self.eventLoopGroup = eventLoopGroup
+        self.logger = logger
+        self.suppressionWindow = suppressionWindow
+    }
+
+    var counters: Counters { counterState.withLock { $0 } }
+
+    /// Reports `verdict` for `host:port`, whose unexpired pins were `pins`.
+    func report(host: String, port: Int, verdict: Verdict, pins: [PinEntry], chain: [Certificate], now: Date) {
+        guard !uris.isEmpty else { return }
+        let knownPins = pins.map(\.reportText).sorted()
+        let chainPEM = chain.compactMap { try? $0.pemString() }
+        let key = ([host, "\(port)", verdict.reasonToken] + knownPins + chain.map(\.sha256Fingerprint)).joined(separator: "|")
+        let due = lastSent.withLock { sent -> Bool in
+            if let last = sent[key], now.timeIntervalSince(last) < suppressionWindow { return false }
+            sent[key] = now
+            return true
+        }
+        guard due else {
+            counterState.withLock { $0.suppressed += 1 }
+            return
+        }
+        let noted = pins.first
+        let report = Report(
+            dateTime: ISO8601DateFormatter().string(from: now),
+            hostname: host, port: port,
+            notedHostname: noted?.name ?? host,
+            includeSubdomains: noted.map { if case .exact = $0.host { return false } else { return true } } ?? false,
+            enforcePinning: pins.contains { $0.mode == .enforce },
+            validatedCertificateChain: chainPEM,
+            knownPins: knownPins,
+            validationResult: 1,
+            pingateVerdict: verdict.reasonToken,
+            observedFingerprint: verdict.observedFingerprint ?? "")
+        let body: Data
+        do {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+            body = try encoder.encode(report)
+        } catch {
+            return
+        }
+        for uri in uris {
+            client.send(.POST, uri, headers: [("Content-Type", "application/json")], body: body, on: eventLoopGroup.next())
+                .whenComplete { result in
+                    switch result {
+                    case .success(let response) where (200..<300).contains(response.status):
+                        self.counterState.withLock { $0.sent += 1 }
+                    case .success(let response):
+                        self.counterState.withLock { $0.failed += 1 }
+                        self.logger.warning("pin report refused", metadata: ["uri": "\(uri)", "status": "\(response.status)"])
+                    case .failure(let error):
+                        self.counterState.withLock { $0.failed += 1 }
+                        self.logger.warning("pin report failed", metadata: ["uri": "\(uri)", "error": "\(error)"])
+                    }
+                }
+        }
+    }
+
+    /// TrustKit's report fields, plus pingate's verdict.
+    private struct Report: Encodable {
+        let dateTime: String
+        let hostname: String
+        let port: Int
+        let notedHostname: String
+        let includeSubdomains: Bool
+        let enforcePinning: Bool
+        let validatedCertificateChain: [String]
+        let knownPins: [String]
+        let validationResult: Int
+        let pingateVerdict: String
+        let observedFingerprint: String
+        let appPlatform = "pingate"
+
+        enum CodingKeys: String, CodingKey {
+            case dateTime = "date-time"
+            case hostname, port
+            case notedHostname = "noted-hostname"
+            case includeSubdomains = "include-subdomains"
+            case enforcePinning = "enforce-pinning"
+            case validatedCertificateChain = "validated-certificate-chain"
+            case knownPins = "known-pins"
+            case validationResult = "validation-result"
+            case pingateVerdict = "pingate-verdict"
+            case observedFingerprint = "pingate-observed-fingerprint"
+            case appPlatform = "app-platform"
+        }
+    }
+}
