@@ -23,6 +23,8 @@ import Yams
 /// upstream-ca: [origin-ca.pem]
 /// resolve: ["api.example.test:8443:127.0.0.1"]
 /// pins-only: []
+/// report-uris: [https://reports.example.com/pins]   # TrustKit-style pin-failure reports
+/// report-ca: [reports-ca.pem]                        # roots for the collector (default: system)
 /// idle-timeout-seconds: 300
 /// log-level: info
 /// ```
@@ -58,6 +60,8 @@ struct ConfigFile: Decodable {
     var upstreamCA: [String]?
     var resolve: [String]?
     var pinsOnly: [String]?
+    var reportURIs: [String]?
+    var reportCA: [String]?
     var idleTimeoutSeconds: Int?
     var upstreamTimeoutSeconds: Int?
     var logLevel: String?
@@ -69,6 +73,8 @@ struct ConfigFile: Decodable {
         case upstreamCA = "upstream-ca"
         case resolve
         case pinsOnly = "pins-only"
+        case reportURIs = "report-uris"
+        case reportCA = "report-ca"
         case idleTimeoutSeconds = "idle-timeout-seconds"
         case upstreamTimeoutSeconds = "upstream-timeout-seconds"
         case logLevel = "log-level"
@@ -99,6 +105,7 @@ struct ConfigFile: Decodable {
             file.pins = pins
         }
         file.upstreamCA = file.upstreamCA?.map(resolve)
+        file.reportCA = file.reportCA?.map(resolve)
         return file
     }
 }

@@ -47,6 +47,9 @@ struct RunCommand: AsyncParsableCommand {
     @Option(name: .long, help: "Host whose pin alone decides (chain and hostname errors ignored). Repeatable.")
     var pinsOnly: [String] = []
 
+    @Option(name: .long, help: "https:// URL that pin-failure reports (TrustKit JSON) are POSTed to. Repeatable.")
+    var reportUri: [String] = []
+
     @Option(name: .long, help: "Log level: trace, debug, info, notice, warning, error.")
     var logLevel: String?
 
@@ -61,6 +64,13 @@ struct RunCommand: AsyncParsableCommand {
         configuration.upstreamTrust = roots.isEmpty ? .system : .pemFiles(roots)
         configuration.resolveOverrides = try (resolve.isEmpty ? (file?.resolve ?? []) : resolve).map(ResolveOverride.init(parsing:))
         configuration.pinsOnlyHosts = Set(pinsOnly.isEmpty ? (file?.pinsOnly ?? []) : pinsOnly)
+        configuration.reportURIs = try (reportUri.isEmpty ? (file?.reportURIs ?? []) : reportUri).map { text in
+            guard text.lowercased().hasPrefix("https://"), let url = URL(string: text) else {
+                throw ConfigurationError("report URIs must be https:// URLs, got \(text)")
+            }
+            return url
+        }
+        if let roots = file?.reportCA, !roots.isEmpty { configuration.reportTrust = .pemFiles(roots) }
         if let idle = file?.idleTimeoutSeconds { configuration.idleTimeout = .seconds(Int64(idle)) }
         if let upstream = file?.upstreamTimeoutSeconds {
             configuration.upstreamConnectTimeout = .seconds(Int64(upstream))

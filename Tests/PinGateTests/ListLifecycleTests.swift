@@ -266,3 +266,39 @@ struct ListLifecycleTests {
         #expect(try persistence.load(keys: keys)?.1.metadata.sequence == 2)
     }
 }
+
+/// Silent mode and the list server's own pin.
+@Suite("List updates on schedule")
+struct ScheduledUpdateTests {
+    @Test("silent mode: the gate fetches again by itself on the schedule and puts the new list in force")
+    func silentUpdates() async throws {
+        let setup = try await ListLifecycleTests.Setup.start { pki, a, _ in try pki.signedV2(sequence: 1, pins: [TestPKI.pin(ListLifecycleTests.Setup.hostA, a)]) }
+        var source = setup.source()
+        source.schedule = UpdateSchedule(periodicInterval: 0.2, expirationThreshold: 0, minimumInterval: 0.2)
+        let gate = try await setup.startGate(source: source)
+        setup.listServer.set(.serve(try setup.pki.signedV2(sequence: 2, pins: [TestPKI.pin(ListLifecycleTests.Setup.hostA, setup.leafA)])))
+        for _ in 0..<100 where gate.server.store.list?.metadata.sequence != 2 { try await Task.sleep(nanoseconds: 20_000_000) }
+        #expect(gate.server.store.list?.metadata.sequence == 2)
+        #expect(setup.listServer.receivedRequests.count >= 2)
+        await gate.stop()
+        await setup.stop()
+    }
+
+    @Test("a list server that does not match its configured pin is refused")
+    func listServerPin() async throws {
+        let setup = try await ListLifecycleTests.Setup.start { pki, a, _ in try pki.signedV2(sequence: 1, pins: [TestPKI.pin(ListLifecycleTests.Setup.hostA, a)]) }
+        var wrongPin = setup.source()
+        wrongPin.serverPins = [setup.leafA.fingerprint]
+        let refused = try await setup.startGate(source: wrongPin)
+        #expect(refused.server.store.list == nil)
+        #expect(refused.server.store.status.lastResult == "network-error")
+        await refused.stop()
+
+        var rightPin = setup.source()
+        rightPin.serverPins = [setup.listIdentity.certificate.spkiSHA256]
+        let accepted = try await setup.startGate(source: rightPin)
+        #expect(accepted.server.store.list?.metadata.sequence == 1)
+        await accepted.stop()
+        await setup.stop()
+    }
+}
