@@ -104,6 +104,7 @@ struct RunCommand: AsyncParsableCommand {
         // Watch for SIGINT/SIGTERM before starting, so a stop request that arrives
         // during start-up is honoured as soon as the server is up.
         let signals = SignalWatcher(signals: [SIGINT, SIGTERM])
+        let reload = SignalWatcher(signals: [SIGHUP])
         let server = try await PinGateServer.start(
             configuration: configuration, store: store, ca: ca, logger: logger,
             listSource: listSource, stateDirectory: stateDirectory)
@@ -111,9 +112,15 @@ struct RunCommand: AsyncParsableCommand {
             logger.info("stopping", metadata: ["signal": "\(signal)"])
             server.stopListening()
         }
+        // SIGHUP: fetch (or re-read) the list now instead of waiting for the schedule.
+        reload.onSignal { _ in
+            logger.info("list update requested (SIGHUP)")
+            _ = server.updater?.updateNow()
+        }
         try await server.waitUntilClosed()
         try await server.shutdown()
         signals.cancel()
+        reload.cancel()
     }
 
     /// The list source from flags and config. A local file is verified now, and start-up
