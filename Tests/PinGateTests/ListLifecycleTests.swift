@@ -302,3 +302,27 @@ struct ScheduledUpdateTests {
         await setup.stop()
     }
 }
+
+/// The bundled fallback list.
+@Suite("Fallback list")
+struct FallbackListTests {
+    @Test("with the list server failing and nothing persisted, the bundled fallback is used; a fetched list replaces it")
+    func fallback() async throws {
+        let setup = try await ListLifecycleTests.Setup.start { _, _, _ in Data() }
+        setup.listServer.set(.status(500))
+        let fallbackPath = try setup.directory.write("fallback.json", String(decoding: try setup.pki.signedV2(
+            sequence: 1, pins: [TestPKI.pin(ListLifecycleTests.Setup.hostA, setup.leafA)]), as: UTF8.self))
+        var source = setup.source()
+        source.fallbackFile = fallbackPath
+        let gate = try await setup.startGate(source: source)
+        #expect(gate.server.store.list?.source == fallbackPath)
+        let viaFallback = try await curlThroughGate(gate, "https://\(ListLifecycleTests.Setup.hostA):\(setup.originA.port)/")
+        #expect(String(decoding: viaFallback.body, as: UTF8.self) == "A")
+
+        setup.listServer.set(.serve(try setup.pki.signedV2(sequence: 2, pins: [TestPKI.pin(ListLifecycleTests.Setup.hostA, setup.leafA)])))
+        #expect(try await gate.server.updater?.updateNow().get() == .installed(sequence: 2))
+        #expect(gate.server.store.list?.source.hasPrefix("https://") == true)
+        await gate.stop()
+        await setup.stop()
+    }
+}
