@@ -6,6 +6,7 @@ import PackageDescription
 //   PinGateTLS                 OpenSSL wrapper: sans-IO TLS, X.509, keys, digests (no NIO)
 //   PinList, PinGateCA         signed fingerprint lists + verdicts; local CA + leaf minting
 //   PinGate                    the proxy core on SwiftNIO
+//   PinGateAdmin               the admin endpoint: status JSON, HTML page, Prometheus metrics
 //   pingate                    the command-line executable (wiring only)
 let package = Package(
     name: "pingate",
@@ -19,6 +20,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-log", from: "1.6.0"),
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
         .package(url: "https://github.com/jpsim/Yams", from: "6.0.0"),
+        .package(url: "https://github.com/apple/swift-metrics", from: "2.5.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.0.0"),
     ],
     targets: [
         .systemLibrary(
@@ -51,12 +54,24 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
+            ]
+        ),
+        .target(
+            name: "PinGateAdmin",
+            dependencies: [
+                "PinGate", "PinGateTLS", "PinList", "PinGateCA",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
             ]
         ),
         .executableTarget(
             name: "pingate",
             dependencies: [
-                "PinGate", "PinGateTLS", "PinList", "PinGateCA",
+                "PinGate", "PinGateAdmin", "PinGateTLS", "PinList", "PinGateCA",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -73,7 +88,7 @@ let package = Package(
         .testTarget(
             name: "PinGateTests",
             dependencies: [
-                "PinGate", "PinGateTLS", "PinList", "PinGateCA", "pingate", "PinGateTestSupport",
+                "PinGate", "PinGateAdmin", "PinGateTLS", "PinList", "PinGateCA", "pingate", "PinGateTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

@@ -3,6 +3,7 @@ import Logging
 import NIOCore
 import PinGateTLS
 import PinList
+import Synchronization
 
 /// Drives one client connection from its first byte to an established tunnel or a
 /// refusal:
@@ -38,6 +39,8 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     private var clientAddress = "unknown"
     private var upstream: UpstreamConnection?
     private var clientChannel: Channel?
+    private var clientALPN: String?
+    private let tunnelBytes = TunnelBytes()
 
     init(environment: GateEnvironment) {
         self.environment = environment
@@ -132,6 +135,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                         connection.channel.close(promise: nil) // the client left meanwhile
                         return
                     }
+                    self.environment.statistics.metrics.upstreamHandshake(nanoseconds: connection.handshakeDuration.nanoseconds)
                     let verdict = self.evaluate(connection)
                     self.reportIfPinFailure(verdict, connection: connection)
                     guard verdict.isTrusted else {
@@ -141,10 +145,11 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                     }
                     if case .reportOnlyViolation = verdict {
                         self.environment.statistics.reportOnlyViolation()
-                        self.logDecision(verdict: "allowed", reason: verdict.reasonToken, observed: verdict.observedFingerprint,
-                                         upstream: connection, level: .warning)
+                        self.environment.logger.warning("report-only pin violation: allowed", metadata: [
+                            "host": "\(self.request?.host ?? "-")", "observed_fingerprint": "\(verdict.observedFingerprint ?? "-")",
+                        ])
                     }
-                    self.admit(context: context, upstream: connection)
+                    self.admit(context: context, upstream: connection, verdict: verdict)
                 case .failure(let error):
                     guard self.state == .connectingUpstream else { return }
                     let refusal = (error as? UpstreamFailure)?.refusal ?? .upstreamUnreachable("\(error)")
@@ -156,9 +161,13 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     private func connectUpstream(context: ChannelHandlerContext, alpnOffer: [String]?) -> EventLoopFuture<UpstreamConnection> {
         guard let request else { return context.eventLoop.makeFailedFuture(UpstreamFailure.unreachable("no request")) }
         let statistics = environment.statistics
+        let bytes = tunnelBytes
         return environment.connector.connect(
             host: request.host, port: request.port, alpnOffer: alpnOffer, on: context.eventLoop,
-            countRelayed: { statistics.relayed(up: 0, down: $0) })
+            countRelayed: {
+                statistics.relayed(up: 0, down: $0)
+                bytes.down.add($0, ordering: .relaxed)
+            })
     }
 
     private func evaluate(_ connection: UpstreamConnection) -> Verdict {
@@ -199,9 +208,12 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         state = .done
         headTimeout?.cancel()
         environment.statistics.recordDecision(refusal.reason)
-        logDecision(verdict: "refused", reason: refusal.reason, observed: refusal.observedFingerprint, upstream: upstream, level: .notice)
+        logDecision(verdict: "refused", reason: refusal.reason, observed: refusal.observedFingerprint, upstream: upstream)
         let host = request?.host ?? "-"
         let port = request?.port ?? 0
+        environment.refusals.record(.init(
+            time: environment.now(), client: clientAddress, host: host, port: port, reason: refusal.reason,
+            observedFingerprint: refusal.observedFingerprint, expectedFingerprints: expectedFingerprints(for: refusal)))
         var buffer = context.channel.allocator.buffer(capacity: 512)
         buffer.writeBytes(refusal.httpResponse(host: host, port: port))
         context.writeAndFlush(wrapOutboundOut(buffer)).assumeIsolated().whenComplete { _ in
@@ -211,7 +223,14 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     // MARK: tunnel
 
-    private func admit(context: ChannelHandlerContext, upstream connection: UpstreamConnection) {
+    /// The pins the refused host had, for the refusal log.
+    private func expectedFingerprints(for refusal: Refusal) -> [String] {
+        if case .verdict(.untrusted(_, let expected)) = refusal { return expected }
+        guard let request else { return [] }
+        return environment.store.list?.unexpiredEntries(for: request.host, at: environment.now()).map(\.fingerprint) ?? []
+    }
+
+    private func admit(context: ChannelHandlerContext, upstream connection: UpstreamConnection, verdict: Verdict) {
         guard let request else { return }
         let serverConnection: TLSConnection
         do {
@@ -227,12 +246,15 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         state = .handshakingClient
         upstream = connection
         watchUpstreamBeforeJoin(connection)
-        environment.statistics.recordDecision("trusted")
+        environment.statistics.recordDecision(verdict.reasonToken, allowed: true)
         environment.statistics.tunnelOpened()
         let statistics = environment.statistics
+        let bytes = tunnelBytes
         context.channel.closeFuture.assumeIsolated().whenComplete { _ in
             statistics.tunnelClosed()
             self.upstream?.channel.close(promise: nil)
+            // One decision line per CONNECT: for a tunnel, written when it ends, with its bytes.
+            self.logDecision(verdict: "allowed", reason: verdict.reasonToken, observed: verdict.observedFingerprint, upstream: self.upstream)
         }
 
         var established = context.channel.allocator.buffer(capacity: 64)
@@ -243,7 +265,10 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         let tls = TLSHandler(connection: serverConnection, handshakePromise: handshake) { offer in
             self.reconnectForClientOffer(context: context, offer: offer)
         }
-        let clientGlue = GlueHandler(countRelayed: { statistics.relayed(up: $0, down: 0) })
+        let clientGlue = GlueHandler(countRelayed: {
+            statistics.relayed(up: $0, down: 0)
+            bytes.up.add($0, ordering: .relaxed)
+        })
         do {
             try context.pipeline.syncOperations.addHandlers(
                 [IdleStateHandler(allTimeout: environment.configuration.idleTimeout), tls, clientGlue], position: .last)
@@ -261,8 +286,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                     self.environment.tunnels.add(.init(host: request.host, port: request.port, leaf: leaf,
                                                        chain: Self.chainCheck(upstream), channel: context.channel))
                 }
-                self.logDecision(verdict: "trusted", reason: "trusted", observed: upstream.peer.leaf?.sha256Fingerprint,
-                                 upstream: upstream, level: .info, clientALPN: client.alpn)
+                self.clientALPN = client.alpn
             case .failure(let error):
                 self.environment.statistics.clientHandshakeFailed()
                 self.environment.logger.notice("client TLS handshake failed", metadata: [
@@ -306,8 +330,10 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             guard verdict.isTrusted, self.state == .handshakingClient else {
                 connection.channel.close(promise: nil)
                 self.environment.statistics.recordDecision(verdict.reasonToken)
-                self.logDecision(verdict: "refused", reason: verdict.reasonToken, observed: verdict.observedFingerprint,
-                                 upstream: connection, level: .notice)
+                self.environment.logger.notice("refused the upstream re-opened for the client's ALPN offer", metadata: [
+                    "host": "\(self.request?.host ?? "-")", "reason": "\(verdict.reasonToken)",
+                    "observed_fingerprint": "\(verdict.observedFingerprint ?? "-")",
+                ])
                 throw TLSHandlerError.abandonedAtClientHello(verdict.reasonToken)
             }
             self.upstream = connection
@@ -318,8 +344,8 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     // MARK: log
 
-    private func logDecision(verdict: String, reason: String, observed: String?, upstream: UpstreamConnection?,
-                             level: Logger.Level, clientALPN: String? = nil) {
+    /// The decision log: one structured line per CONNECT verdict.
+    private func logDecision(verdict: String, reason: String, observed: String?, upstream: UpstreamConnection?) {
         var metadata: Logger.Metadata = [
             "client": "\(clientAddress)",
             "host": "\(request?.host ?? "-")",
@@ -327,18 +353,25 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             "verdict": "\(verdict)",
             "reason": "\(reason)",
             "observed_fingerprint": "\(observed ?? "-")",
+            "bytes_up": "\(tunnelBytes.up.load(ordering: .relaxed))",
+            "bytes_down": "\(tunnelBytes.down.load(ordering: .relaxed))",
             "duration_ms": "\((NIODeadline.now() - started).nanoseconds / 1_000_000)",
         ]
         if let upstream {
             metadata["upstream_handshake_ms"] = "\(upstream.handshakeDuration.nanoseconds / 1_000_000)"
-            metadata["alpn"] = "\(upstream.peer.alpn ?? "-")"
+            metadata["alpn"] = "\(clientALPN ?? upstream.peer.alpn ?? "-")"
         }
-        if let clientALPN { metadata["client_alpn"] = "\(clientALPN)" }
-        environment.logger.log(level: level, "connect decision", metadata: metadata)
+        environment.decisionLogger.log(level: verdict == "allowed" ? .info : .notice, "connect decision", metadata: metadata)
     }
 
     private static func describe(_ address: SocketAddress) -> String {
         guard let ip = address.ipAddress, let port = address.port else { return "\(address)" }
         return ip.contains(":") ? "[\(ip)]:\(port)" : "\(ip):\(port)"
     }
+}
+
+/// Bytes relayed by one tunnel, counted from both glue handlers.
+final class TunnelBytes: Sendable {
+    let up = Atomic<Int>(0)
+    let down = Atomic<Int>(0)
 }

@@ -17,6 +17,10 @@ struct GateEnvironment: Sendable {
     let reporter: ViolationReporter?
     /// Present when the list is refreshed from a source; CONNECTs then wait for it.
     let updater: PinListUpdater?
+    /// The last refusals, for the admin endpoint.
+    let refusals: RefusalLog
+    /// Where the one-line-per-CONNECT decision log goes.
+    let decisionLogger: Logger
     let logger: Logger
     /// The clock: injectable so expiry behaviour is testable at fixed times.
     let now: @Sendable () -> Date

@@ -27,16 +27,31 @@ public final class GateStatistics: Sendable {
     }
 
     private let state = Mutex(Snapshot())
+    /// The same events, exported through swift-metrics.
+    public let metrics: GateMetrics
 
-    /// Creates zeroed counters.
-    public init() {}
+    /// Creates zeroed counters, mirrored into `metrics`.
+    public init(metrics: GateMetrics = .discarding) {
+        self.metrics = metrics
+    }
 
     /// A copy of every counter now.
     public var snapshot: Snapshot { state.withLock { $0 } }
 
-    func recordDecision(_ reason: String) { state.withLock { $0.connectsByReason[reason, default: 0] += 1 } }
-    func tunnelOpened() { state.withLock { $0.openTunnels += 1 } }
-    func tunnelClosed() { state.withLock { $0.openTunnels -= 1 } }
+    func recordDecision(_ reason: String, allowed: Bool = false) {
+        state.withLock { $0.connectsByReason[reason, default: 0] += 1 }
+        metrics.decision(allowed: allowed, reason: reason)
+    }
+
+    func tunnelOpened() {
+        state.withLock { $0.openTunnels += 1 }
+        metrics.tunnelOpened()
+    }
+
+    func tunnelClosed() {
+        state.withLock { $0.openTunnels -= 1 }
+        metrics.tunnelClosed()
+    }
     func upstreamConnectionOpened() { state.withLock { $0.upstreamConnections += 1 } }
     func clientHandshakeFailed() { state.withLock { $0.clientHandshakeFailures += 1 } }
     func tunnelClosedByUpdate(_ reason: String) { state.withLock { $0.tunnelsClosedByUpdate[reason, default: 0] += 1 } }
@@ -46,5 +61,6 @@ public final class GateStatistics: Sendable {
             $0.bytesUp += up
             $0.bytesDown += down
         }
+        metrics.relayed(up: up, down: down)
     }
 }

@@ -16,6 +16,14 @@ public final class PinGateServer: Sendable {
     public let store: PinListStore
     /// Tunnel counters.
     public let statistics: GateStatistics
+    /// The last refusals.
+    public let refusals: RefusalLog
+    /// The local CA that signs minted leaves.
+    public let ca: LocalCA
+    /// When the gate started.
+    public let startedAt: Date
+    /// The event loops, for servers that live beside the gate (the admin endpoint).
+    public var eventLoopGroup: EventLoopGroup { group }
     /// The leaf minter (its counters show cache behaviour).
     public let minter: LeafMinter
     /// The list updater, when the list has a source to refresh from.
@@ -26,11 +34,15 @@ public final class PinGateServer: Sendable {
     private let listener: Channel
     private let shutdownStarted = Mutex(false)
 
-    private init(configuration: GateConfiguration, store: PinListStore, statistics: GateStatistics,
-                 minter: LeafMinter, updater: PinListUpdater?, reporter: ViolationReporter?, group: MultiThreadedEventLoopGroup, listener: Channel) {
+    private init(configuration: GateConfiguration, store: PinListStore, statistics: GateStatistics, refusals: RefusalLog,
+                 ca: LocalCA, minter: LeafMinter, updater: PinListUpdater?, reporter: ViolationReporter?,
+                 group: MultiThreadedEventLoopGroup, listener: Channel, startedAt: Date) {
         self.configuration = configuration
         self.store = store
         self.statistics = statistics
+        self.refusals = refusals
+        self.ca = ca
+        self.startedAt = startedAt
         self.minter = minter
         self.updater = updater
         self.reporter = reporter
@@ -51,12 +63,16 @@ public final class PinGateServer: Sendable {
         logger: Logger,
         listSource: PinListSource? = nil,
         stateDirectory: String? = nil,
+        metrics: GateMetrics = .discarding,
+        refusalLogCapacity: Int = 100,
+        decisionLogger: Logger? = nil,
         now: @escaping @Sendable () -> Date = { Date() }
     ) async throws -> PinGateServer {
         // A write to a peer that has gone away must be an error, not the end of the process.
         signal(SIGPIPE, SIG_IGN)
         let upstreamContext = try TLSContext.client(trustRoots: configuration.upstreamTrust)
-        let statistics = GateStatistics()
+        let statistics = GateStatistics(metrics: metrics)
+        let refusals = RefusalLog(capacity: refusalLogCapacity)
         let minter = try LeafMinter(ca: ca)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: max(1, configuration.eventLoopThreads))
         let connector = UpstreamConnector(configuration: configuration, tlsContext: upstreamContext, statistics: statistics)
@@ -72,9 +88,14 @@ public final class PinGateServer: Sendable {
                     connector: listConnector, eventLoop: group.next(), logger: logger, now: now)
             }
             store.onInstall { list in
+                metrics.listInForce(entries: list.entries.count, earliestExpiry: list.earliestExpiry(after: now()))
                 for verdict in tunnels.enforce(list, policy: policy, now: now(), logger: logger) {
                     statistics.tunnelClosedByUpdate(verdict.reasonToken)
                 }
+            }
+            store.onResult { metrics.listUpdate(result: $0) }
+            if let list = store.list {
+                metrics.listInForce(entries: list.entries.count, earliestExpiry: list.earliestExpiry(after: now()))
             }
             var reporter: ViolationReporter?
             if !configuration.reportURIs.isEmpty {
@@ -87,7 +108,8 @@ public final class PinGateServer: Sendable {
             }
             let environment = GateEnvironment(
                 configuration: configuration, store: store, policy: policy, minter: minter, connector: connector,
-                statistics: statistics, tunnels: tunnels, reporter: reporter, updater: updater, logger: logger, now: now)
+                statistics: statistics, tunnels: tunnels, reporter: reporter, updater: updater,
+                refusals: refusals, decisionLogger: decisionLogger ?? logger, logger: logger, now: now)
             try await updater?.start().get()
             let listener = try await ServerBootstrap(group: group)
                 .serverChannelOption(.backlog, value: 256)
@@ -106,8 +128,9 @@ public final class PinGateServer: Sendable {
                 "openssl": "\(OpenSSLVersion.text)",
                 "nghttp2": "\(Self.nghttp2Version)",
             ])
-            return PinGateServer(configuration: configuration, store: store, statistics: statistics,
-                                 minter: minter, updater: updater, reporter: reporter, group: group, listener: listener)
+            return PinGateServer(configuration: configuration, store: store, statistics: statistics, refusals: refusals,
+                                 ca: ca, minter: minter, updater: updater, reporter: reporter, group: group, listener: listener,
+                                 startedAt: now())
         } catch {
             updater?.stop()
             try? await group.shutdownGracefully()

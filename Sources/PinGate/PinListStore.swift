@@ -24,6 +24,7 @@ public final class PinListStore: Sendable {
         var status = Status()
         var waiters: [(EventLoopPromise<Bool>, Scheduled<Void>?)] = []
         var observers: [@Sendable (PinList) -> Void] = []
+        var resultObservers: [@Sendable (String) -> Void] = []
     }
 
     private let state: Mutex<State>
@@ -110,6 +111,11 @@ public final class PinListStore: Sendable {
         state.withLock { $0.observers.append(observer) }
     }
 
+    /// Calls `observer` with the result token of every update attempt from now on.
+    public func onResult(_ observer: @escaping @Sendable (String) -> Void) {
+        state.withLock { $0.resultObservers.append(observer) }
+    }
+
     /// Succeeds with true as soon as a usable list is in force, or false after `timeout`.
     public func waitForUsableList(on eventLoop: EventLoop, timeout: TimeAmount, now: @escaping @Sendable () -> Date) -> EventLoopFuture<Bool> {
         if isUsable(at: now()) { return eventLoop.makeSucceededFuture(true) }
@@ -133,10 +139,12 @@ public final class PinListStore: Sendable {
     }
 
     private func record(_ result: String, at now: Date) {
-        state.withLock {
-            $0.status.lastUpdate = now
-            $0.status.lastResult = result
-            $0.status.updatesByResult[result, default: 0] += 1
+        let observers = state.withLock { state -> [@Sendable (String) -> Void] in
+            state.status.lastUpdate = now
+            state.status.lastResult = result
+            state.status.updatesByResult[result, default: 0] += 1
+            return state.resultObservers
         }
+        observers.forEach { $0(result) }
     }
 }

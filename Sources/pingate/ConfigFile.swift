@@ -25,6 +25,11 @@ import Yams
 /// pins-only: []
 /// report-uris: [https://reports.example.com/pins]   # TrustKit-style pin-failure reports
 /// report-ca: [reports-ca.pem]                        # roots for the collector (default: system)
+/// admin:
+///   listen: 127.0.0.1:9090       # or "off"; a non-loopback address needs a token
+///   token-file: admin.token      # bearer token for POST /pins/update
+/// decision-log: stderr           # JSON line per CONNECT: stderr, a file path, or off
+/// refusal-log-size: 100          # refusals kept for GET /refusals
 /// idle-timeout-seconds: 300
 /// log-level: info
 /// ```
@@ -54,7 +59,20 @@ struct ConfigFile: Decodable {
         }
     }
 
+    struct Admin: Decodable {
+        var listen: String?
+        var tokenFile: String?
+
+        enum CodingKeys: String, CodingKey {
+            case listen
+            case tokenFile = "token-file"
+        }
+    }
+
     var listen: String?
+    var admin: Admin?
+    var decisionLog: String?
+    var refusalLogSize: Int?
     var stateDir: String?
     var pins: Pins?
     var upstreamCA: [String]?
@@ -67,7 +85,9 @@ struct ConfigFile: Decodable {
     var logLevel: String?
 
     enum CodingKeys: String, CodingKey {
-        case listen
+        case listen, admin
+        case decisionLog = "decision-log"
+        case refusalLogSize = "refusal-log-size"
         case stateDir = "state-dir"
         case pins
         case upstreamCA = "upstream-ca"
@@ -106,6 +126,11 @@ struct ConfigFile: Decodable {
         }
         file.upstreamCA = file.upstreamCA?.map(resolve)
         file.reportCA = file.reportCA?.map(resolve)
+        if var admin = file.admin {
+            admin.tokenFile = admin.tokenFile.map(resolve)
+            file.admin = admin
+        }
+        if let log = file.decisionLog, log != "stderr", log != "off" { file.decisionLog = resolve(log) }
         return file
     }
 }

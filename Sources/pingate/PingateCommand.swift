@@ -20,7 +20,7 @@ struct PingateCommand: AsyncParsableCommand {
           pingate run --pins pins.json --pins-key signer.pub.pem
           curl --proxy http://127.0.0.1:8080 --cacert "$(pingate ca export --path)" https://api.example.com/
         """,
-        version: "pingate 0.1.0 (\(OpenSSLVersion.text), nghttp2 \(PinGateServer.nghttp2Version))",
+        version: "pingate \(PinGateVersion.text) (\(OpenSSLVersion.text), nghttp2 \(PinGateServer.nghttp2Version))",
         subcommands: [RunCommand.self, CACommand.self, KeygenCommand.self, SignCommand.self, ListCommand.self, FingerprintCommand.self]
     )
 }

@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import NIOCore
 import PinGate
+import PinGateAdmin
 import PinGateCA
 import PinGateTLS
 import PinList
@@ -49,6 +50,15 @@ struct RunCommand: AsyncParsableCommand {
 
     @Option(name: .long, help: "https:// URL that pin-failure reports (TrustKit JSON) are POSTed to. Repeatable.")
     var reportUri: [String] = []
+
+    @Option(name: .long, help: "Admin endpoint HOST:PORT (default 127.0.0.1:9090), or off.")
+    var adminListen: String?
+
+    @Option(name: .long, help: "File holding the bearer token for POST /pins/update (required for a non-loopback admin address).")
+    var adminTokenFile: String?
+
+    @Option(name: .long, help: "Decision log (one JSON line per CONNECT): stderr (default), a file path, or off.")
+    var decisionLog: String?
 
     @Option(name: .long, help: "Log level: trace, debug, info, notice, warning, error.")
     var logLevel: String?
@@ -101,13 +111,37 @@ struct RunCommand: AsyncParsableCommand {
             "subject": "\(ca.certificate.subjectDescription)",
         ])
 
+        var admin: AdminConfiguration?
+        let adminText = adminListen ?? file?.admin?.listen ?? "127.0.0.1:9090"
+        if adminText != "off" {
+            var adminConfiguration = AdminConfiguration()
+            (adminConfiguration.host, adminConfiguration.port) = try Self.parseHostPort(adminText)
+            if let tokenFile = adminTokenFile.map({ PathText.resolve($0) }) ?? file?.admin?.tokenFile {
+                adminConfiguration.token = try AdminConfiguration.readToken(file: tokenFile)
+            }
+            try adminConfiguration.validate()
+            admin = adminConfiguration
+        }
+        let decisionLogger = try Self.makeDecisionLogger(decisionLog ?? file?.decisionLog ?? "stderr", fallback: logger)
+        let (metrics, registry) = AdminServer.makeMetrics()
+
         // Watch for SIGINT/SIGTERM before starting, so a stop request that arrives
         // during start-up is honoured as soon as the server is up.
         let signals = SignalWatcher(signals: [SIGINT, SIGTERM])
         let reload = SignalWatcher(signals: [SIGHUP])
         let server = try await PinGateServer.start(
             configuration: configuration, store: store, ca: ca, logger: logger,
-            listSource: listSource, stateDirectory: stateDirectory)
+            listSource: listSource, stateDirectory: stateDirectory, metrics: metrics,
+            refusalLogCapacity: file?.refusalLogSize ?? 100, decisionLogger: decisionLogger)
+        var adminServer: AdminServer?
+        if let admin {
+            do {
+                adminServer = try await AdminServer.start(configuration: admin, gate: server, registry: registry, logger: logger)
+            } catch {
+                try? await server.shutdown()
+                throw ConfigurationError("cannot start the admin endpoint on \(admin.host):\(admin.port): \(error)")
+            }
+        }
         signals.onSignal { signal in
             logger.info("stopping", metadata: ["signal": "\(signal)"])
             server.stopListening()
@@ -118,6 +152,7 @@ struct RunCommand: AsyncParsableCommand {
             _ = server.updater?.updateNow()
         }
         try await server.waitUntilClosed()
+        await adminServer?.close()
         try await server.shutdown()
         signals.cancel()
         reload.cancel()
@@ -179,6 +214,20 @@ struct RunCommand: AsyncParsableCommand {
             }
         }
         return source
+    }
+
+    /// The decision log: JSON lines to stderr or a file, or (off) nowhere.
+    static func makeDecisionLogger(_ destination: String, fallback: Logger) throws -> Logger {
+        switch destination {
+        case "off":
+            return Logger(label: "pingate.decisions") { _ in SwiftLogNoOpLogHandler() }
+        case "stderr":
+            let handler = try JSONLineLogHandler(destination: .standardError)
+            return Logger(label: "pingate.decisions") { _ in handler }
+        default:
+            let handler = try JSONLineLogHandler(destination: .file(PathText.resolve(destination)))
+            return Logger(label: "pingate.decisions") { _ in handler }
+        }
     }
 
     /// Parses `HOST:PORT` or `[IPv6]:PORT`.

@@ -106,11 +106,23 @@ struct CommandLineTests {
         #expect(refused.status != 0)
         #expect(refused.stderr.contains("CONNECT tunnel failed, response 403"))
 
+        let originPort = origin.port
         let log = await gate.stop()
         await origin.stop()
-        #expect(log.contains("verdict=trusted"))
-        #expect(log.contains("reason=empty"))
-        #expect(log.contains("host=elsewhere.pingate.test"))
+        // The decision log: one JSON line per CONNECT.
+        let decisions = log.split(whereSeparator: \.isNewline).compactMap { line -> [String: Any]? in
+            guard line.hasPrefix("{") else { return nil }
+            return try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]
+        }
+        let allowed = decisions.filter { $0["verdict"] as? String == "allowed" }
+        let refusedLines = decisions.filter { $0["verdict"] as? String == "refused" }
+        #expect(allowed.count == 2, "curl and s_client: \(decisions)")
+        #expect(allowed.allSatisfy { ($0["bytes_down"] as? Int ?? 0) > 0 && $0["reason"] as? String == "trusted" && $0["port"] as? Int == originPort })
+        #expect(allowed.allSatisfy { $0["observed_fingerprint"] as? String == leaf.fingerprint && $0["upstream_handshake_ms"] != nil && $0["alpn"] != nil })
+        #expect(refusedLines.count == 1)
+        #expect(refusedLines.first?["host"] as? String == "elsewhere.pingate.test")
+        #expect(refusedLines.first?["reason"] as? String == "empty")
+        #expect(decisions.allSatisfy { $0["ts"] != nil && $0["client"] != nil && $0["duration_ms"] != nil })
     }
 
     @Test("--help explains the subcommands; errors are messages, not stack traces")
@@ -148,7 +160,8 @@ final class RunningGate: Sendable {
     static func start(_ arguments: [String]) async throws -> RunningGate? {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: TestProcess.pingateExecutable)
-        process.arguments = ["run"] + arguments
+        // Parallel tests must not fight over the admin endpoint's default port.
+        process.arguments = ["run"] + arguments + (arguments.contains("--admin-listen") ? [] : ["--admin-listen", "127.0.0.1:0"])
         let pipe = Pipe()
         process.standardError = pipe
         process.standardOutput = FileHandle.nullDevice

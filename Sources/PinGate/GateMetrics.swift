@@ -1,0 +1,66 @@
+import CoreMetrics
+import Foundation
+import Synchronization
+
+/// The gate's metrics, emitted through swift-metrics with an explicit factory, so each
+/// gate (and each test) has its own registry instead of one process-wide bootstrap.
+public final class GateMetrics: Sendable {
+    private let factory: any MetricsFactory
+    private let openTunnels: Meter
+    private let bytesUp: Counter
+    private let bytesDown: Counter
+    private let listEntries: Gauge
+    private let listEarliestExpiry: Gauge
+    private let upstreamHandshakeTimer: CoreMetrics.Timer
+    private let tunnels = Mutex<[String: Counter]>([:])
+    private let updates = Mutex<[String: Counter]>([:])
+
+    /// Metrics created in `factory` (e.g. a `PrometheusMetricsFactory` over a registry).
+    public init(factory: any MetricsFactory) {
+        self.factory = factory
+        openTunnels = Meter(label: "pingate_open_tunnels", factory: factory)
+        bytesUp = Counter(label: "pingate_relayed_bytes_total", dimensions: [("direction", "up")], factory: factory)
+        bytesDown = Counter(label: "pingate_relayed_bytes_total", dimensions: [("direction", "down")], factory: factory)
+        listEntries = Gauge(label: "pingate_pin_list_entries", factory: factory)
+        listEarliestExpiry = Gauge(label: "pingate_pin_list_earliest_expiry_seconds", factory: factory)
+        upstreamHandshakeTimer = CoreMetrics.Timer(label: "pingate_upstream_handshake_seconds", factory: factory)
+    }
+
+    /// Metrics that go nowhere.
+    public static var discarding: GateMetrics { GateMetrics(factory: NOOPMetricsHandler.instance) }
+
+    func decision(allowed: Bool, reason: String) {
+        let key = "\(allowed)|\(reason)"
+        let counter = tunnels.withLock { counters in
+            if let existing = counters[key] { return existing }
+            let made = Counter(label: "pingate_tunnels_total",
+                               dimensions: [("verdict", allowed ? "allowed" : "refused"), ("reason", reason)], factory: factory)
+            counters[key] = made
+            return made
+        }
+        counter.increment()
+    }
+
+    func tunnelOpened() { openTunnels.increment() }
+    func tunnelClosed() { openTunnels.decrement() }
+    func relayed(up: Int, down: Int) {
+        if up > 0 { bytesUp.increment(by: up) }
+        if down > 0 { bytesDown.increment(by: down) }
+    }
+    func upstreamHandshake(nanoseconds: Int64) { upstreamHandshakeTimer.recordNanoseconds(nanoseconds) }
+
+    func listUpdate(result: String) {
+        let counter = updates.withLock { counters in
+            if let existing = counters[result] { return existing }
+            let made = Counter(label: "pingate_pin_list_updates_total", dimensions: [("result", result)], factory: factory)
+            counters[result] = made
+            return made
+        }
+        counter.increment()
+    }
+
+    func listInForce(entries: Int, earliestExpiry: Date?) {
+        listEntries.record(entries)
+        listEarliestExpiry.record(earliestExpiry?.timeIntervalSince1970 ?? 0)
+    }
+}

@@ -1,0 +1,110 @@
+import Foundation
+import PinGate
+
+/// The status page for people: server-rendered HTML, no scripts, no external assets.
+enum AdminPage {
+    static func render(_ snapshot: AdminSnapshot) -> String {
+        let status = snapshot.status
+        let list = status.list
+        let counters = status.counters
+        var html = """
+        <!doctype html>
+        <html lang="en"><head><meta charset="utf-8"><title>pingate status</title>
+        <meta name="viewport" content="width=device-width, initial-scale=1">
+        <style>
+        body{font:15px/1.45 system-ui,sans-serif;margin:2em;color:#1d2330;max-width:72em}
+        h1{margin:0 0 .2em} h2{margin-top:1.6em;border-bottom:1px solid #ccd;padding-bottom:.2em}
+        table{border-collapse:collapse;width:100%} th,td{text-align:left;padding:.3em .6em;border-bottom:1px solid #e3e6ee;vertical-align:top}
+        th{background:#f3f5f9} code{font-size:13px;word-break:break-all}
+        .ok{color:#17663a;font-weight:600} .bad{color:#a01c1c;font-weight:600}
+        tr.soon td{background:#fff4d6} tr.expired td{background:#fde2e2;color:#7a1f1f}
+        .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(13em,1fr));gap:.6em}
+        .card{border:1px solid #dde2ec;border-radius:6px;padding:.6em .8em} .card b{display:block;font-size:1.5em}
+        </style></head><body>
+        <h1>pingate</h1>
+        <p>\(snapshot.ready ? "<span class=\"ok\">ready</span>" : "<span class=\"bad\">not ready</span>: \(escape(snapshot.notReadyReason ?? ""))")
+         · version \(escape(status.version)) · up \(formatDuration(status.uptimeSeconds)) · listening on \(escape(status.listen.joined(separator: ", ")))</p>
+        <h2>Counters</h2>
+        <div class="grid">
+        \(card("open tunnels", counters.openTunnels))
+        \(card("allowed", counters.tunnelsByReason.filter { $0.key == "trusted" || $0.key == "report-only-violation" }.values.reduce(0, +)))
+        \(card("refused", counters.tunnelsByReason.filter { $0.key != "trusted" && $0.key != "report-only-violation" }.values.reduce(0, +)))
+        \(card("bytes up", counters.bytesUp))
+        \(card("bytes down", counters.bytesDown))
+        \(card("client handshake failures", counters.clientHandshakeFailures))
+        </div>
+        <table><tr><th>reason</th><th>count</th></tr>
+        """
+        for (reason, count) in counters.tunnelsByReason.sorted(by: { $0.key < $1.key }) {
+            html += "<tr><td><code>\(escape(reason))</code></td><td>\(count)</td></tr>\n"
+        }
+        html += """
+        </table>
+        <h2>Fingerprint list</h2>
+        <p>\(list.usable ? "<span class=\"ok\">in force</span>" : "<span class=\"bad\">not usable</span>")
+         · \(escape(list.format ?? "no list")) from <code>\(escape(list.source ?? "-"))</code>
+        \(list.sequence.map { " · sequence \($0)" } ?? "")
+         · last update \(list.lastUpdate.map(iso) ?? "never") (\(escape(list.lastResult ?? "-")))
+         · next update \(list.nextUpdate.map(iso) ?? "-")</p>
+        <table id="pins"><tr><th>host</th><th>pin</th><th>expires</th><th>days left</th><th>mode</th></tr>
+
+        """
+        for pin in snapshot.pins {
+            let rowClass = pin.expired ? "expired" : (pin.daysLeft < 14 ? "soon" : "")
+            html += "<tr class=\"\(rowClass)\"><td>\(escape(pin.host))</td><td><code>\(escape(pin.kind))/\(escape(pin.fingerprint))</code></td>"
+            html += "<td>\(iso(pin.expires))</td><td>\(pin.expired ? "expired" : "\(pin.daysLeft)")</td><td>\(escape(pin.mode))</td></tr>\n"
+        }
+        html += """
+        </table>
+        <h2>Recent refusals</h2>
+        <table id="refusals"><tr><th>time</th><th>client</th><th>target</th><th>reason</th><th>observed</th><th>expected</th></tr>
+
+        """
+        for refusal in snapshot.refusals {
+            html += "<tr><td>\(iso(refusal.time))</td><td>\(escape(refusal.client))</td><td>\(escape(refusal.host)):\(refusal.port)</td>"
+            html += "<td><code>\(escape(refusal.reason))</code></td><td><code>\(escape(refusal.observedFingerprint ?? "-"))</code></td>"
+            html += "<td><code>\(escape(refusal.expectedFingerprints.joined(separator: " ")))</code></td></tr>\n"
+        }
+        html += """
+        </table>
+        <h2>Local CA</h2>
+        <p>\(escape(status.ca.subject)) · SHA-256 <code>\(escape(status.ca.sha256))</code> · expires \(status.ca.notAfter.map(iso) ?? "-")</p>
+        <p>Machine-readable: <a href="/status">/status</a> · <a href="/pins">/pins</a> · <a href="/refusals">/refusals</a> · <a href="/metrics">/metrics</a> · <a href="/ready">/ready</a></p>
+        </body></html>
+
+        """
+        return html
+    }
+
+    private static func card(_ title: String, _ value: Int) -> String {
+        "<div class=\"card\">\(escape(title))<b>\(value)</b></div>"
+    }
+
+    /// HTML-escapes text from hosts, reasons and file names, which clients control.
+    static func escape(_ text: String) -> String {
+        var escaped = ""
+        escaped.reserveCapacity(text.count)
+        for character in text {
+            switch character {
+            case "&": escaped += "&amp;"
+            case "<": escaped += "&lt;"
+            case ">": escaped += "&gt;"
+            case "\"": escaped += "&quot;"
+            case "'": escaped += "&#39;"
+            default: escaped.append(character)
+            }
+        }
+        return escaped
+    }
+
+    private static func iso(_ date: Date) -> String {
+        ISO8601DateFormatter().string(from: date)
+    }
+
+    private static func formatDuration(_ seconds: Double) -> String {
+        let total = Int(seconds)
+        if total < 120 { return "\(total) s" }
+        if total < 7200 { return "\(total / 60) min" }
+        return "\(total / 3600) h"
+    }
+}

@@ -1,0 +1,155 @@
+import Foundation
+import Logging
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import PinGate
+import Prometheus
+import Synchronization
+
+/// The admin endpoint: a small HTTP/1.1 server beside the gate, on the gate's event
+/// loops, answering the routes of `AdminRoute`.
+public final class AdminServer: Sendable {
+    private let channel: Channel
+    /// The Prometheus registry behind `/metrics` (the gate's swift-metrics go into it).
+    public let registry: PrometheusCollectorRegistry
+
+    private init(channel: Channel, registry: PrometheusCollectorRegistry) {
+        self.channel = channel
+        self.registry = registry
+    }
+
+    /// The metrics for a gate whose numbers this endpoint will export: start the gate with
+    /// these, then the admin server with the same registry.
+    public static func makeMetrics() -> (GateMetrics, PrometheusCollectorRegistry) {
+        let registry = PrometheusCollectorRegistry()
+        var factory = PrometheusMetricsFactory(registry: registry)
+        // Upstream handshakes on loopback take about a millisecond, over the internet tens.
+        factory.defaultDurationHistogramBuckets = [
+            .milliseconds(1), .milliseconds(2), .milliseconds(5), .milliseconds(10), .milliseconds(25), .milliseconds(50),
+            .milliseconds(100), .milliseconds(250), .milliseconds(500), .seconds(1), .seconds(2.5), .seconds(5), .seconds(10),
+        ]
+        return (GateMetrics(factory: factory), registry)
+    }
+
+    /// Binds the endpoint (after `configuration.validate()`).
+    public static func start(configuration: AdminConfiguration, gate: PinGateServer, registry: PrometheusCollectorRegistry,
+                             logger: Logger) async throws -> AdminServer {
+        try configuration.validate()
+        let token = configuration.token
+        let addressBox = AddressBox()
+        let channel = try await ServerBootstrap(group: gate.eventLoopGroup)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
+                    try channel.pipeline.syncOperations.addHandler(
+                        AdminHTTPHandler(gate: gate, registry: registry, token: token, address: addressBox))
+                }
+            }
+            .bind(host: configuration.host, port: configuration.port)
+            .get()
+        let address = "\(configuration.host):\(channel.localAddress?.port ?? 0)"
+        addressBox.set(address)
+        logger.info("admin endpoint listening", metadata: ["address": "\(address)"])
+        return AdminServer(channel: channel, registry: registry)
+    }
+
+    /// The bound port.
+    public var port: Int { channel.localAddress?.port ?? 0 }
+
+    /// Stops the endpoint.
+    public func close() async {
+        try? await channel.close()
+    }
+}
+
+/// The endpoint's own address, known only after binding.
+final class AddressBox: Sendable {
+    private let value = Mutex("")
+    func set(_ address: String) { value.withLock { $0 = address } }
+    var address: String { value.withLock { $0 } }
+}
+
+private final class AdminHTTPHandler: ChannelInboundHandler {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias OutboundOut = HTTPServerResponsePart
+
+    private let gate: PinGateServer
+    private let registry: PrometheusCollectorRegistry
+    private let token: String?
+    private let address: AddressBox
+    private var request: HTTPRequestHead?
+
+    init(gate: PinGateServer, registry: PrometheusCollectorRegistry, token: String?, address: AddressBox) {
+        self.gate = gate
+        self.registry = registry
+        self.token = token
+        self.address = address
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch unwrapInboundIn(data) {
+        case .head(let head):
+            request = head
+        case .body:
+            break // no route takes a body
+        case .end:
+            guard let head = request else { return }
+            request = nil
+            handle(context: context, head: head)
+        }
+    }
+
+    private func handle(context: ChannelHandlerContext, head: HTTPRequestHead) {
+        let eventLoop = context.eventLoop
+        let nextUpdate: EventLoopFuture<Date?> = gate.updater?.nextUpdate.hop(to: eventLoop) ?? eventLoop.makeSucceededFuture(nil)
+        nextUpdate.assumeIsolated().whenComplete { result in
+            let next = (try? result.get()) ?? nil
+            let route = AdminRoute.route(
+                method: head.method.rawValue, path: head.uri, authorization: head.headers.first(name: "Authorization"), token: self.token,
+                snapshot: { AdminSnapshot.gather(gate: self.gate, adminAddress: self.address.address, nextUpdate: next, now: Date()) },
+                metrics: { self.registry.emitToString() })
+            switch route {
+            case .respond(let response):
+                self.write(context: context, head: head, response: response)
+            case .updateList:
+                guard let updater = self.gate.updater else {
+                    self.write(context: context, head: head, response: .text(409, "this gate has no list source to update from\n"))
+                    return
+                }
+                updater.updateNow().hop(to: eventLoop).assumeIsolated().whenComplete { outcome in
+                    let response: AdminResponse
+                    switch outcome {
+                    case .success(.installed(let sequence)):
+                        response = .json(["result": "ok", "sequence": sequence.map(String.init) ?? "-"])
+                    case .success(.rejected(let rejection)):
+                        var rejected = AdminResponse.json(["result": rejection.token, "detail": rejection.description])
+                        rejected.status = 502
+                        response = rejected
+                    case .failure(let error):
+                        response = .text(500, "update failed: \(error)\n")
+                    }
+                    self.write(context: context, head: head, response: response)
+                }
+            }
+        }
+    }
+
+    private func write(context: ChannelHandlerContext, head: HTTPRequestHead, response: AdminResponse) {
+        var headers = HTTPHeaders([("Content-Type", response.contentType), ("Content-Length", "\(response.body.count)"),
+                                   ("Cache-Control", "no-store")])
+        for (name, value) in response.headers { headers.add(name: name, value: value) }
+        let keepAlive = head.isKeepAlive
+        if !keepAlive { headers.add(name: "Connection", value: "close") }
+        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: .init(statusCode: response.status), headers: headers))), promise: nil)
+        if head.method != .HEAD {
+            var buffer = context.channel.allocator.buffer(capacity: response.body.count)
+            buffer.writeBytes(response.body)
+            context.write(wrapOutboundOut(.body(.byteBuffer(buffer))), promise: nil)
+        }
+        context.writeAndFlush(wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in
+            if !keepAlive { context.close(promise: nil) }
+        }
+    }
+}
