@@ -49,14 +49,14 @@ public final class GateMetrics: Sendable {
     }
     func upstreamHandshake(nanoseconds: Int64) { upstreamHandshakeTimer.recordNanoseconds(nanoseconds) }
 
-    func listUpdate(result: String) {
+    func listUpdate(result: String, count: Int = 1) {
         let counter = updates.withLock { counters in
             if let existing = counters[result] { return existing }
             let made = Counter(label: "pingate_pin_list_updates_total", dimensions: [("result", result)], factory: factory)
             counters[result] = made
             return made
         }
-        counter.increment()
+        counter.increment(by: count)
     }
 
     func listInForce(entries: Int, earliestExpiry: Date?) {

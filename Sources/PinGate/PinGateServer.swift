@@ -94,6 +94,8 @@ public final class PinGateServer: Sendable {
                 }
             }
             store.onResult { metrics.listUpdate(result: $0) }
+            // Updates that happened before the gate existed (a local list verified at start-up).
+            for (result, count) in store.status.updatesByResult { metrics.listUpdate(result: result, count: count) }
             if let list = store.list {
                 metrics.listInForce(entries: list.entries.count, earliestExpiry: list.earliestExpiry(after: now()))
             }

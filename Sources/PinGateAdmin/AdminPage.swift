@@ -14,7 +14,7 @@ enum AdminPage {
         <style>
         body{font:15px/1.45 system-ui,sans-serif;margin:2em;color:#1d2330;max-width:72em}
         h1{margin:0 0 .2em} h2{margin-top:1.6em;border-bottom:1px solid #ccd;padding-bottom:.2em}
-        table{border-collapse:collapse;width:100%} th,td{text-align:left;padding:.3em .6em;border-bottom:1px solid #e3e6ee;vertical-align:top}
+        table{border-collapse:collapse;width:100%;margin-top:.8em} th,td{text-align:left;padding:.3em .6em;border-bottom:1px solid #e3e6ee;vertical-align:top}
         th{background:#f3f5f9} code{font-size:13px;word-break:break-all}
         .ok{color:#17663a;font-weight:600} .bad{color:#a01c1c;font-weight:600}
         tr.soon td{background:#fff4d6} tr.expired td{background:#fde2e2;color:#7a1f1f}
