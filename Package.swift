@@ -7,6 +7,7 @@ import PackageDescription
 //   PinList, PinGateCA         signed fingerprint lists + verdicts; local CA + leaf minting
 //   PinGate                    the proxy core on SwiftNIO
 //   PinGateAdmin               the admin endpoint: status JSON, HTML page, Prometheus metrics
+//   PinGateHarness             the MITM test harness: attacker, legs, reports, demo
 //   pingate                    the command-line executable (wiring only)
 let package = Package(
     name: "pingate",
@@ -68,10 +69,19 @@ let package = Package(
                 .product(name: "Prometheus", package: "swift-prometheus"),
             ]
         ),
+        .target(
+            name: "PinGateHarness",
+            dependencies: [
+                "PinGate", "PinGateTLS", "PinList", "PinGateCA",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         .executableTarget(
             name: "pingate",
             dependencies: [
-                "PinGate", "PinGateAdmin", "PinGateTLS", "PinList", "PinGateCA",
+                "PinGate", "PinGateAdmin", "PinGateHarness", "PinGateTLS", "PinList", "PinGateCA",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -88,7 +98,7 @@ let package = Package(
         .testTarget(
             name: "PinGateTests",
             dependencies: [
-                "PinGate", "PinGateAdmin", "PinGateTLS", "PinList", "PinGateCA", "pingate", "PinGateTestSupport",
+                "PinGate", "PinGateAdmin", "PinGateHarness", "PinGateTLS", "PinList", "PinGateCA", "pingate", "PinGateTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

@@ -121,13 +121,16 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     private func decide(context: ChannelHandlerContext, request: ConnectRequest) {
         let list = environment.store.list
-        guard environment.policy.isPinned(host: request.host, list: list, now: environment.now()) else {
+        let intercepting: Bool
+        if case .attacker = environment.role { intercepting = true } else { intercepting = false }
+        guard intercepting || environment.policy.isPinned(host: request.host, list: list, now: environment.now()) else {
             // Deny by default, and without touching the network.
             refuse(context: context, .verdict(.empty))
             return
         }
         state = .connectingUpstream
-        connectUpstream(context: context, alpnOffer: environment.configuration.upstreamALPNOffer)
+        // An attacker keeps the intercepted traffic readable: HTTP/1.1 only.
+        connectUpstream(context: context, alpnOffer: intercepting ? ["http/1.1"] : environment.configuration.upstreamALPNOffer)
             .assumeIsolated().whenComplete { result in
                 switch result {
                 case .success(let connection):
@@ -171,7 +174,11 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     private func evaluate(_ connection: UpstreamConnection) -> Verdict {
-        environment.policy.evaluate(
+        if case .attacker = environment.role {
+            // The attacker trusts whatever it reaches: that is the point of the attack.
+            return .trusted(fingerprint: connection.peer.leaf?.sha256Fingerprint ?? "")
+        }
+        return environment.policy.evaluate(
             host: request?.host ?? "",
             leaf: Self.leafIdentity(connection),
             chain: Self.chainCheck(connection),
@@ -269,9 +276,13 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             statistics.relayed(up: $0, down: 0)
             bytes.up.add($0, ordering: .relaxed)
         })
+        var handlers: [ChannelHandler] = [IdleStateHandler(allTimeout: environment.configuration.idleTimeout), tls]
+        if case .attacker(let log) = environment.role {
+            handlers.append(InterceptionRecorder(log: log, target: request.authority))
+        }
+        handlers.append(clientGlue)
         do {
-            try context.pipeline.syncOperations.addHandlers(
-                [IdleStateHandler(allTimeout: environment.configuration.idleTimeout), tls, clientGlue], position: .last)
+            try context.pipeline.syncOperations.addHandlers(handlers, position: .last)
         } catch {
             context.close(promise: nil)
             return

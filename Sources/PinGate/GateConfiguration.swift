@@ -29,6 +29,35 @@ public struct ResolveOverride: Sendable, Hashable {
     }
 }
 
+/// A parent HTTP proxy: `http://host:port`.
+public struct ParentProxy: Sendable, Equatable {
+    /// Its host name or IP.
+    public let host: String
+    /// Its port.
+    public let port: Int
+
+    /// Creates a parent proxy address.
+    public init(host: String, port: Int) {
+        self.host = host
+        self.port = port
+    }
+
+    /// Parses `http://host:port` (or `host:port`).
+    public init(parsing text: String) throws {
+        var rest = Substring(text)
+        if rest.lowercased().hasPrefix("http://") { rest = rest.dropFirst(7) }
+        if rest.hasSuffix("/") { rest = rest.dropLast() }
+        guard let colon = rest.lastIndex(of: ":"), let port = Int(rest[rest.index(after: colon)...]), (1...65535).contains(port) else {
+            throw ConfigurationError("--upstream-proxy expects http://HOST:PORT, got \"\(text)\"")
+        }
+        var host = String(rest[..<colon])
+        if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        guard !host.isEmpty else { throw ConfigurationError("--upstream-proxy expects http://HOST:PORT, got \"\(text)\"") }
+        self.host = host
+        self.port = port
+    }
+}
+
 /// A configuration mistake, with a message for the operator.
 public struct ConfigurationError: Error, CustomStringConvertible, Sendable {
     /// What is wrong and how to fix it.
@@ -62,6 +91,9 @@ public struct GateConfiguration: Sendable {
     public var upstreamHandshakeTimeout: TimeAmount = .seconds(10)
     /// A tunnel with no traffic either way for this long is closed.
     public var idleTimeout: TimeAmount = .minutes(5)
+    /// A parent HTTP proxy that upstream connections go through (CONNECT), as in
+    /// corporate networks. The pin check still applies end to end.
+    public var upstreamProxy: ParentProxy?
     /// Where pin-failure reports are POSTed (TrustKit-style JSON); empty: no reports.
     public var reportURIs: [URL] = []
     /// Roots the report collectors' chains must reach.

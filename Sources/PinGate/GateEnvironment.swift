@@ -6,6 +6,7 @@ import PinList
 /// What every connection of one gate shares: settings, the list in force, the policy,
 /// the leaf minter, the upstream connector, the counters, the logger and the clock.
 struct GateEnvironment: Sendable {
+    let role: GateRole
     let configuration: GateConfiguration
     let store: PinListStore
     let policy: PinPolicy

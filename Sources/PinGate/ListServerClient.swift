@@ -26,8 +26,14 @@ struct ListServerClient {
         send(.GET, url, headers: headers, body: nil, on: eventLoop)
     }
 
-    /// Sends one request (`body` with `Content-Length`) and collects the response.
+    /// Sends one request (`body` with `Content-Length`) and collects the response; fails
+    /// with a `PinListRejection`.
     func send(_ method: HTTPMethod, _ url: URL, headers: [(String, String)], body: Data?, on eventLoop: EventLoop) -> EventLoopFuture<ListServerResponse> {
+        sendReportingCause(method, url, headers: headers, body: body, on: eventLoop).flatMapErrorThrowing { throw Self.rejection(for: $0) }
+    }
+
+    /// The same, failing with the underlying error (e.g. a parent proxy's refusal).
+    func sendReportingCause(_ method: HTTPMethod, _ url: URL, headers: [(String, String)], body: Data?, on eventLoop: EventLoop) -> EventLoopFuture<ListServerResponse> {
         guard url.scheme?.lowercased() == "https", let host = url.host?.lowercased() else {
             return eventLoop.makeFailedFuture(PinListRejection.networkError("only https:// list URLs are accepted: \(url)"))
         }
@@ -45,7 +51,7 @@ struct ListServerClient {
         }.whenComplete { result in
             switch result {
             case .failure(let error):
-                responsePromise.fail(Self.rejection(for: error))
+                responsePromise.fail(error)
             case .success(let client):
                 responsePromise.futureResult.whenComplete { _ in client.channel.close(promise: nil) }
                 guard client.peer.chainAndHostnameValid else {
@@ -83,6 +89,7 @@ struct ListServerClient {
         case let rejection as PinListRejection: return rejection
         case UpstreamFailure.timedOut: return .timeout
         case UpstreamFailure.unreachable(let detail), UpstreamFailure.handshakeFailed(let detail): return .networkError(detail)
+        case UpstreamFailure.parentProxy(let error): return .networkError(error.description)
         default: return .networkError("\(error)")
         }
     }

@@ -66,6 +66,7 @@ public final class PinGateServer: Sendable {
         metrics: GateMetrics = .discarding,
         refusalLogCapacity: Int = 100,
         decisionLogger: Logger? = nil,
+        role: GateRole = .gate,
         now: @escaping @Sendable () -> Date = { Date() }
     ) async throws -> PinGateServer {
         // A write to a peer that has gone away must be an error, not the end of the process.
@@ -109,7 +110,7 @@ public final class PinGateServer: Sendable {
                     eventLoopGroup: group, logger: logger)
             }
             let environment = GateEnvironment(
-                configuration: configuration, store: store, policy: policy, minter: minter, connector: connector,
+                role: role, configuration: configuration, store: store, policy: policy, minter: minter, connector: connector,
                 statistics: statistics, tunnels: tunnels, reporter: reporter, updater: updater,
                 refusals: refusals, decisionLogger: decisionLogger ?? logger, logger: logger, now: now)
             try await updater?.start().get()

@@ -26,12 +26,14 @@ enum UpstreamFailure: Error {
     case timedOut(String)
     case unreachable(String)
     case handshakeFailed(String)
+    case parentProxy(ParentProxyError)
 
     var refusal: Refusal {
         switch self {
         case .timedOut(let detail): return .upstreamTimeout(detail)
         case .unreachable(let detail): return .upstreamUnreachable(detail)
         case .handshakeFailed(let detail): return .upstreamHandshakeFailed(detail)
+        case .parentProxy(let error): return .upstreamUnreachable(error.description)
         }
     }
 }
@@ -78,19 +80,36 @@ struct UpstreamConnector {
         // The TLS connection is made here, on the loop, and handed to the initializer
         // that runs on the same loop.
         let tls = NIOLoopBound(TLSHandler(connection: connection, handshakePromise: handshakePromise), eventLoop: eventLoop)
+        let parent = configuration.upstreamProxy
+        let target = host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
         let bootstrap = ClientBootstrap(group: eventLoop)
             .connectTimeout(configuration.upstreamConnectTimeout)
             .channelOption(.allowRemoteHalfClosure, value: true)
             .channelOption(.tcpOption(.tcp_nodelay), value: 1)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(tls.value)
-                    try channel.pipeline.syncOperations.addHandlers(makeHandlers())
+                    if parent != nil {
+                        // Through a parent proxy: CONNECT first, TLS (and the rest) once it answers 200.
+                        try channel.pipeline.syncOperations.addHandler(ProxyTunnelHandler(
+                            target: target,
+                            onFailure: { handshakePromise.fail($0) },
+                            makeHandlers: { [tls.value] + makeHandlers() }))
+                    } else {
+                        try channel.pipeline.syncOperations.addHandler(tls.value)
+                        try channel.pipeline.syncOperations.addHandlers(makeHandlers())
+                    }
                 }
             }
 
         let connected: EventLoopFuture<Channel>
-        if let address = configuration.resolveOverride(host: host, port: port) ?? (IPAddressText.isIPLiteral(host) ? host : nil) {
+        if let parent {
+            // The parent resolves names; --resolve overrides do not reach it.
+            if IPAddressText.isIPLiteral(parent.host), let address = try? SocketAddress(ipAddress: parent.host, port: parent.port) {
+                connected = bootstrap.connect(to: address)
+            } else {
+                connected = bootstrap.connect(host: parent.host, port: parent.port)
+            }
+        } else if let address = configuration.resolveOverride(host: host, port: port) ?? (IPAddressText.isIPLiteral(host) ? host : nil) {
             do {
                 connected = bootstrap.connect(to: try SocketAddress(ipAddress: address, port: port))
             } catch {
@@ -114,6 +133,8 @@ struct UpstreamConnector {
             return handshakePromise.futureResult.always { _ in timeout.cancel() }
                 .flatMapError { error in
                     channel.close(promise: nil)
+                    if let failure = error as? UpstreamFailure { return eventLoop.makeFailedFuture(failure) }
+                    if let parent = error as? ParentProxyError { return eventLoop.makeFailedFuture(UpstreamFailure.parentProxy(parent)) }
                     if case TLSHandlerError.handshakeTimedOut = error {
                         return eventLoop.makeFailedFuture(UpstreamFailure.timedOut("TLS handshake took longer than \(handshakeTimeout.nanoseconds / 1_000_000_000) s"))
                     }
