@@ -76,7 +76,9 @@ private final class DemoResponder: ChannelInboundHandler {
         received.value.add(buffer.readableBytes, ordering: .relaxed)
         guard !answered else { return }
         head.append(contentsOf: buffer.readableBytesView)
-        guard head.count >= 4, head.suffix(4) == Array("\r\n\r\n".utf8) || head.count > 16 * 1024 else { return }
+        // Answer once the head is complete; a body that follows is read and ignored.
+        let complete = head.count >= 4 && head.indices.dropFirst(3).contains { head[$0 - 3...$0].elementsEqual("\r\n\r\n".utf8) }
+        guard complete || head.count > 16 * 1024 else { return }
         answered = true
         var response = context.channel.allocator.buffer(capacity: 160 + body.utf8.count)
         response.writeString("HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n\(body)")

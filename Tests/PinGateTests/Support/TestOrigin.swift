@@ -89,6 +89,7 @@ private final class OriginHandler: ChannelInboundHandler {
     private let behaviour: TestOrigin.Behaviour
     private let box: TestOrigin.CounterBox
     private var head: [UInt8] = []
+    private var answered = false
     private var streaming = false
 
     init(behaviour: TestOrigin.Behaviour, box: TestOrigin.CounterBox) {
@@ -115,8 +116,11 @@ private final class OriginHandler: ChannelInboundHandler {
             context.flush()
             context.close(mode: .output, promise: nil)
         case .http(let body):
+            guard !answered else { return }
             head.append(contentsOf: buffer.readableBytesView)
-            guard head.count >= 4, head.suffix(4) == Array("\r\n\r\n".utf8) else { return }
+            // Answer once the head is complete; a body that follows is read and ignored.
+            guard head.count >= 4, head.indices.dropFirst(3).contains(where: { head[$0 - 3...$0].elementsEqual("\r\n\r\n".utf8) }) else { return }
+            answered = true
             var response = context.channel.allocator.buffer(capacity: 128 + body.utf8.count)
             response.writeString("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n\(body)")
             context.writeAndFlush(wrapOutboundOut(response)).assumeIsolated().whenComplete { _ in

@@ -1,0 +1,198 @@
+import Foundation
+import PinGateTestSupport
+import PinGateCA
+import PinGateTLS
+import PinList
+import Testing
+@testable import PinGate
+@testable import PinGateHarness
+
+/// The MITM harness against loopback origins, with real clients as the app under test,
+/// and parent-proxy chaining through a real third-party proxy.
+@Suite("MITM harness")
+struct HarnessTests {
+    struct Target {
+        let directory: TemporaryDirectory
+        let pki: TestPKI
+        let leaf: TestPKI.Identity
+        let origin: TestOrigin
+        let host: String
+        var url: URL { URL(string: "https://\(host):\(origin.port)/login")! }
+
+        static func start(host: String = "app.pingate.test") async throws -> Target {
+            let directory = try TemporaryDirectory()
+            let pki = try TestPKI(directory: directory)
+            let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
+            let origin = try await TestOrigin.start(identity: leaf, behaviour: .http(body: "logged in"))
+            return Target(directory: directory, pki: pki, leaf: leaf, origin: origin, host: host)
+        }
+
+        func configuration(mode: String = "enforce", app: String? = nil) throws -> HarnessConfiguration {
+            let list = try PinGateSignedList.verify(try pki.signedV2(sequence: 1, pins: [
+                .init(host: host, sha256: leaf.fingerprint, expires: Int64(Date().timeIntervalSince1970) + 86400, mode: mode),
+            ]), keys: [try pki.signer.publicKey()], source: "test")
+            var configuration = HarnessConfiguration(target: url, list: list)
+            configuration.resolve = [try ResolveOverride(parsing: "\(host):\(origin.port):127.0.0.1")]
+            configuration.upstreamTrust = .pemFiles([pki.originCA.certificatePath])
+            configuration.app = app
+            configuration.timeout = 30
+            return configuration
+        }
+
+        func stop() async {
+            await origin.stop()
+            directory.remove()
+        }
+    }
+
+    @Test("all legs pass with curl as the app, and with a Python requests script; the attacker reads nothing in the attack leg", arguments: [
+        "curl -sS --fail --max-time 20 -d 'password=hunter2' \"$PINGATE_TARGET\"",
+        "python3 -c 'import os, requests; r = requests.post(os.environ[\"PINGATE_TARGET\"], data={\"password\": \"hunter2\"}, timeout=20); r.raise_for_status()'",
+    ])
+    func appLegs(app: String) async throws {
+        let target = try await Target.start()
+        let report = try await HarnessRunner.run(try target.configuration(app: app), logger: GateFixture.quietLogger)
+        let applicationBytes = target.origin.observed.applicationBytes
+        await target.stop()
+        #expect(report.passed, "\(report.table())")
+        #expect(report.legs.map(\.name) == ["gate", "attack", "control"])
+        #expect(report.legs.map(\.appExitStatus) == [0, report.legs[1].appExitStatus, 0])
+        #expect((report.legs[1].appExitStatus ?? 0) != 0)
+        #expect(report.legs[1].refusal == "pin-mismatch")
+        #expect(report.legs[1].interceptedRequests == 0)
+        #expect(report.legs[2].interceptedRequests >= 1)
+        #expect(report.legs[2].detail.contains("POST /login"))
+        #expect(report.legs[2].detail.contains("password=hunter2"))
+        #expect(applicationBytes > 0) // the gate and control legs did reach the origin
+    }
+
+    @Test("a gate that does not gate (a report-only, pins-only host) is caught: the attack leg fails and the run fails; JUnit says why")
+    func catchesAGateThatDoesNotGate() async throws {
+        let target = try await Target.start()
+        var misconfigured = try target.configuration(mode: "report-only")
+        misconfigured.pinsOnly = [target.host] // chain checks off, and pins only reported: nothing stops an interceptor
+        let report = try await HarnessRunner.run(misconfigured, logger: GateFixture.quietLogger)
+        await target.stop()
+        #expect(!report.passed)
+        #expect(report.legs.map(\.passed) == [true, false, true])
+        #expect(report.legs[1].detail.contains("went THROUGH an intercepting proxy"))
+
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let xmlPath = try directory.write("report.xml", report.junit())
+        let check = """
+        import sys, xml.etree.ElementTree as ET
+        root = ET.parse(sys.argv[1]).getroot()
+        assert root.tag == "testsuites" and root.get("tests") == "3" and root.get("failures") == "1", root.attrib
+        cases = root.findall("./testsuite/testcase")
+        print(len(cases), [c.get("name").split(":")[0] for c in cases], [c.find("failure") is not None for c in cases])
+        print(cases[1].find("failure").text)
+        """
+        let parsed = try await TestProcess.run("python3", ["-c", check, xmlPath])
+        #expect(parsed.status == 0, "\(parsed.stderr)")
+        #expect(parsed.stdout.hasPrefix("3 ['gate', 'attack', 'control'] [False, True, False]"))
+        #expect(parsed.stdout.contains("pinned fingerprints: sha256/"))
+    }
+
+    @Test("pingate demo exits 0 and shows the gate leg succeeding and the attack refused; the harness CLI passes with curl and writes JUnit and JSON")
+    func demoAndCommandLine() async throws {
+        let demo = try await TestProcess.run(TestProcess.pingateExecutable, ["demo"], timeout: 60)
+        #expect(demo.status == 0, "\(demo.stdout)\(demo.stderr)")
+        #expect(demo.stdout.contains("gate     PASS"))
+        #expect(demo.stdout.contains("attack   PASS"))
+        #expect(demo.stdout.contains("refused: 502 pin-mismatch"))
+        #expect(demo.stdout.contains("control  PASS"))
+
+        let target = try await Target.start()
+        let pinsPath = try target.directory.write("pins.json", String(decoding: try target.pki.signedV2(sequence: 1, pins: [TestPKI.pin(target.host, target.leaf)]), as: UTF8.self))
+        let junitPath = target.directory.file("junit.xml")
+        let run = try await TestProcess.run(TestProcess.pingateExecutable, [
+            "harness", "--target", target.url.absoluteString, "--resolve", "\(target.host):\(target.origin.port):127.0.0.1",
+            "--pins", pinsPath, "--pins-key", target.pki.signerPublicKeyPath, "--upstream-ca", target.pki.originCA.certificatePath,
+            "--app", "curl -sS --fail --max-time 20 \"$PINGATE_TARGET\"", "--junit", junitPath, "--json",
+        ], timeout: 90)
+        #expect(run.status == 0, "\(run.stdout)\(run.stderr)")
+        let json = try #require(try JSONSerialization.jsonObject(with: Data(run.stdout.utf8)) as? [String: Any])
+        #expect(json["passed"] as? Bool == true)
+        #expect(FileManager.default.fileExists(atPath: junitPath))
+        await target.stop()
+    }
+
+    @Test("parent proxy: through tinyproxy (a plain tunnel) pinned traffic works; through pingate attack it is refused")
+    func parentProxyChaining() async throws {
+        // tinyproxy resolves names itself, so this origin is `localhost`.
+        let target = try await Target.start(host: "localhost")
+        defer { Task { await target.stop() } }
+        let tinyproxy = try await Tinyproxy.start()
+        let list = try target.pki.signedList([("localhost", target.leaf.fingerprint)])
+        let viaTunnel = try await GateFixture.start(pki: target.pki, listPath: list) {
+            $0.upstreamProxy = ParentProxy(host: "127.0.0.1", port: tinyproxy.port)
+        }
+        let through = try await curlThroughGate(viaTunnel, "https://localhost:\(target.origin.port)/")
+        await viaTunnel.stop()
+        await tinyproxy.stop()
+        #expect(through.exitStatus == 0, "\(through.stderr)")
+        #expect(String(decoding: through.body, as: UTF8.self) == "logged in")
+
+        let log = InterceptionLog()
+        let attackerState = try TemporaryDirectory()
+        defer { attackerState.remove() }
+        let attacker = try await PinGateServer.start(
+            configuration: { var c = GateConfiguration(); c.listenPort = 0; c.eventLoopThreads = 1; return c }(),
+            store: PinListStore(nil), ca: try LocalCA.create(stateDirectory: attackerState.path),
+            logger: GateFixture.quietLogger, role: .attacker(log))
+        let viaAttacker = try await GateFixture.start(pki: target.pki, listPath: list) {
+            $0.upstreamProxy = ParentProxy(host: "127.0.0.1", port: attacker.port)
+        }
+        let refused = try await curlThroughGate(viaAttacker, "https://localhost:\(target.origin.port)/", ["-d", "secret=1"])
+        let attackerBytes = attacker.statistics.snapshot.bytesUp
+        await viaAttacker.stop()
+        try? await attacker.shutdown()
+        #expect(refused.stderr.contains("CONNECT tunnel failed, response 502"))
+        #expect(refused.proxyHeaders["pingate-refusal"] == "pin-mismatch")
+        #expect(log.all.isEmpty)
+        #expect(attackerBytes == 0)
+    }
+}
+
+/// Debian's tinyproxy as a plain CONNECT tunnel on a port that was free a moment ago.
+final class Tinyproxy {
+    let port: Int
+    private let process: Process
+    private let directory: TemporaryDirectory
+
+    private init(port: Int, process: Process, directory: TemporaryDirectory) {
+        self.port = port
+        self.process = process
+        self.directory = directory
+    }
+
+    static func start() async throws -> Tinyproxy {
+        let directory = try TemporaryDirectory()
+        let binary = try TestProcess.resolve("tinyproxy")
+        for _ in 0..<5 {
+            let port = try closedLoopbackPort()
+            let config = try directory.write("tinyproxy.conf", "Port \(port)\nListen 127.0.0.1\nMaxClients 50\nLogLevel Critical\nTimeout 30\n")
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: binary)
+            process.arguments = ["-d", "-c", config]
+            process.standardOutput = FileHandle.nullDevice
+            process.standardError = FileHandle.nullDevice
+            try process.run()
+            for _ in 0..<100 {
+                if !process.isRunning { break }
+                let probe = try? await TestProcess.run("python3", ["-c", "import socket; socket.create_connection(('127.0.0.1', \(port)), timeout=1)"], timeout: 5)
+                if probe?.status == 0 { return Tinyproxy(port: port, process: process, directory: directory) }
+                try await Task.sleep(nanoseconds: 50_000_000)
+            }
+            await process.terminateAndWait()
+        }
+        directory.remove()
+        throw TestFailure("tinyproxy did not start")
+    }
+
+    func stop() async {
+        await process.terminateAndWait()
+        directory.remove()
+    }
+}
