@@ -23,6 +23,7 @@ import Yams
 /// upstream-ca: [origin-ca.pem]
 /// resolve: ["api.example.test:8443:127.0.0.1"]
 /// pins-only: []
+/// upstream-proxy: http://proxy.corp:3128    # parent proxy; pins still apply end to end
 /// report-uris: [https://reports.example.com/pins]   # TrustKit-style pin-failure reports
 /// report-ca: [reports-ca.pem]                        # roots for the collector (default: system)
 /// admin:
@@ -78,6 +79,7 @@ struct ConfigFile: Decodable {
     var upstreamCA: [String]?
     var resolve: [String]?
     var pinsOnly: [String]?
+    var upstreamProxy: String?
     var reportURIs: [String]?
     var reportCA: [String]?
     var idleTimeoutSeconds: Int?
@@ -93,6 +95,7 @@ struct ConfigFile: Decodable {
         case upstreamCA = "upstream-ca"
         case resolve
         case pinsOnly = "pins-only"
+        case upstreamProxy = "upstream-proxy"
         case reportURIs = "report-uris"
         case reportCA = "report-ca"
         case idleTimeoutSeconds = "idle-timeout-seconds"

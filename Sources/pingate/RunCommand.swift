@@ -51,6 +51,9 @@ struct RunCommand: AsyncParsableCommand {
     @Option(name: .long, help: "https:// URL that pin-failure reports (TrustKit JSON) are POSTed to. Repeatable.")
     var reportUri: [String] = []
 
+    @Option(name: .long, help: "Reach upstreams through this parent HTTP proxy (CONNECT), e.g. http://proxy.corp:3128. Pins still apply end to end.")
+    var upstreamProxy: String?
+
     @Option(name: .long, help: "Admin endpoint HOST:PORT (default 127.0.0.1:9090), or off.")
     var adminListen: String?
 
@@ -81,6 +84,9 @@ struct RunCommand: AsyncParsableCommand {
             return url
         }
         if let roots = file?.reportCA, !roots.isEmpty { configuration.reportTrust = .pemFiles(roots) }
+        if let parent = upstreamProxy ?? file?.upstreamProxy {
+            configuration.upstreamProxy = try ParentProxy(parsing: parent)
+        }
         if let idle = file?.idleTimeoutSeconds { configuration.idleTimeout = .seconds(Int64(idle)) }
         if let upstream = file?.upstreamTimeoutSeconds {
             configuration.upstreamConnectTimeout = .seconds(Int64(upstream))
