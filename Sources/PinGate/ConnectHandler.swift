@@ -104,7 +104,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         // (bounded) for the update that is fetching one, then decide.
         if let updater = environment.updater, !environment.store.isUsable(at: environment.now()) {
             state = .connectingUpstream
-            _ = updater.updateNow()
+            updater.requestDirectUpdate()
             environment.store.waitForUsableList(on: context.eventLoop, timeout: updater.directWait, now: environment.now)
                 .assumeIsolated().whenSuccess { _ in
                     guard self.state == .connectingUpstream else { return }

@@ -75,6 +75,7 @@ public final class PinListUpdater: Sendable {
         var inFlight: EventLoopFuture<Outcome>?
         var timer: Scheduled<Void>?
         var failuresInRow = 0
+        var lastDirectRequest: Date?
         var nextUpdate: Date?
         var stopped = false
     }
@@ -134,6 +135,18 @@ public final class PinListUpdater: Sendable {
         eventLoop.execute {
             self.state.value.stopped = true
             self.state.value.timer?.cancel()
+        }
+    }
+
+    /// A CONNECT found no usable list: fetch now, unless a direct fetch was started within
+    /// the last second. Many waiting CONNECTs share one fetch, and a list server that is
+    /// down is not hammered by the gate's own traffic.
+    public func requestDirectUpdate() {
+        eventLoop.execute {
+            let now = self.now()
+            if let last = self.state.value.lastDirectRequest, now.timeIntervalSince(last) < 1 { return }
+            self.state.value.lastDirectRequest = now
+            _ = self.updateNow()
         }
     }
 

@@ -58,6 +58,11 @@ public enum StateFiles {
             throw error
         }
         close(descriptor)
+        // Fault injection for the crash test: die exactly where a power cut hurts most,
+        // with the new bytes on disk under the temporary name and the rename not done.
+        if ProcessInfo.processInfo.environment["PINGATE_FAULT_INJECTION"] == "crash-before-rename" {
+            _exit(86)
+        }
         guard rename(temporary, path) == 0 else {
             let error = failure(path, "rename")
             unlink(temporary)

@@ -101,11 +101,7 @@ struct HarnessCommand: AsyncParsableCommand {
     var json = false
 
     func run() async throws {
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = .warning
-            return handler
-        }
+        HarnessCommand.bootstrapQuietLogging()
         guard let url = URL(string: target) else { throw ValidationError("--target is not a URL") }
         let path = PathText.resolve(pins)
         let body = try Data(contentsOf: URL(fileURLWithPath: path))
@@ -119,6 +115,15 @@ struct HarnessCommand: AsyncParsableCommand {
         let report = try await HarnessRunner.run(configuration, logger: Logger(label: "pingate-harness"))
         try Self.emit(report, json: json, junit: junit)
         if !report.passed { throw ExitCode(1) }
+    }
+
+    /// Harness output is the report; logs only say what went wrong.
+    static func bootstrapQuietLogging() {
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = .warning
+            return handler
+        }
     }
 
     static func emit(_ report: HarnessReport, json: Bool, junit: String?) throws {
@@ -142,11 +147,7 @@ struct DemoCommand: AsyncParsableCommand {
     var json = false
 
     func run() async throws {
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = .warning
-            return handler
-        }
+        HarnessCommand.bootstrapQuietLogging()
         let report = try await HarnessDemo.run(logger: Logger(label: "pingate-demo"))
         try HarnessCommand.emit(report, json: json, junit: junit)
         if !report.passed { throw ExitCode(1) }

@@ -157,8 +157,11 @@ final class RunningGate: Sendable {
     }
 
     /// Starts `pingate run ARGS`; nil if it exits before listening.
-    static func start(_ arguments: [String]) async throws -> RunningGate? {
+    static func start(_ arguments: [String], environment: [String: String] = [:]) async throws -> RunningGate? {
         let process = Process()
+        if !environment.isEmpty {
+            process.environment = ProcessInfo.processInfo.environment.merging(environment) { _, new in new }
+        }
         process.executableURL = URL(fileURLWithPath: TestProcess.pingateExecutable)
         // Parallel tests must not fight over the admin endpoint's default port.
         process.arguments = ["run"] + arguments + (arguments.contains("--admin-listen") ? [] : ["--admin-listen", "127.0.0.1:0"])

@@ -326,3 +326,57 @@ struct FallbackListTests {
         await setup.stop()
     }
 }
+
+/// A real crash of the real binary in the middle of persisting a list.
+@Suite("Crash while persisting")
+struct CrashWhilePersistingTests {
+    @Test("pingate killed between writing the new list and renaming it: the old list survives intact and is enforced on restart")
+    func crashBeforeRename() async throws {
+        let setup = try await ListLifecycleTests.Setup.start { pki, a, _ in try pki.signedV2(sequence: 1, pins: [TestPKI.pin(ListLifecycleTests.Setup.hostA, a)]) }
+        let state = setup.directory.file("state")
+        let config = try setup.directory.write("pingate.yml", """
+        listen: 127.0.0.1:0
+        state-dir: state
+        pins:
+          source: https://lists.pingate.test:\(setup.listServer.port)/pins.json
+          keys: [\(setup.pki.signerPublicKeyPath)]
+          server-ca: [\(setup.pki.originCA.certificatePath)]
+          wait-seconds: 3
+        upstream-ca: [\(setup.pki.upstreamTrustPath)]
+        resolve: ["\(ListLifecycleTests.Setup.hostA):\(setup.originA.port):127.0.0.1", "lists.pingate.test:\(setup.listServer.port):127.0.0.1"]
+        admin: {listen: "off"}
+        """)
+        // 1. A normal run persists sequence 1.
+        guard let first = try await RunningGate.start(["--config", config]) else { Issue.record("did not start"); return }
+        await first.stop()
+        let persistence = PinListPersistence(stateDirectory: state)
+        let keys = [try setup.pki.signer.publicKey()]
+        #expect(try persistence.load(keys: keys)?.1.metadata.sequence == 1)
+
+        // 2. The server publishes sequence 2; SIGHUP makes the gate fetch it, and the gate
+        //    dies between writing it and renaming it into place.
+        setup.listServer.set(.serve(try setup.pki.signedV2(sequence: 2, pins: [TestPKI.pin(ListLifecycleTests.Setup.hostA, setup.leafA)])))
+        guard let doomed = try await RunningGate.start(["--config", config], environment: ["PINGATE_FAULT_INJECTION": "crash-before-rename"]) else {
+            Issue.record("did not start")
+            return
+        }
+        kill(doomed.process.processIdentifier, SIGHUP)
+        for _ in 0..<250 where doomed.process.isRunning { try await Task.sleep(nanoseconds: 20_000_000) }
+        #expect(!doomed.process.isRunning)
+        #expect(doomed.process.terminationReason == .exit && doomed.process.terminationStatus == 86)
+        await doomed.stop()
+        let leftovers = try FileManager.default.contentsOfDirectory(atPath: state).filter { $0.contains(".tmp-") }
+        #expect(!leftovers.isEmpty, "the crash left the new bytes under a temporary name")
+        #expect(try persistence.load(keys: keys)?.1.metadata.sequence == 1, "the old list is intact")
+
+        // 3. Restart with the list server down: the old list is enforced.
+        await setup.listServer.stop()
+        guard let restarted = try await RunningGate.start(["--config", config]) else { Issue.record("did not restart"); return }
+        let through = try await TestProcess.run("curl", ["-sS", "--max-time", "20", "--proxy", "http://127.0.0.1:\(restarted.port)",
+                                                         "--cacert", (state as NSString).appendingPathComponent("ca.pem"),
+                                                         "https://\(ListLifecycleTests.Setup.hostA):\(setup.originA.port)/"])
+        #expect(through.stdout == "A", "\(through.stderr)")
+        await restarted.stop()
+        await setup.stop()
+    }
+}

@@ -62,7 +62,9 @@ final class TestListServer: Sendable {
         return TestListServer(group: group, channel: channel, shared: shared)
     }
 
+    /// Stops the server; later calls do nothing (an event-loop group shuts down once).
     func stop() async {
+        guard shared.stopped.withLock({ stopped in defer { stopped = true }; return !stopped }) else { return }
         try? await channel.close()
         try? await group.shutdownGracefully()
     }
@@ -71,6 +73,7 @@ final class TestListServer: Sendable {
         let behaviour: Mutex<Behaviour>
         let requests = Mutex<[HTTPRequestHead]>([])
         let bodies = Mutex<[Data]>([])
+        let stopped = Mutex(false)
         init(behaviour: Behaviour) { self.behaviour = Mutex(behaviour) }
     }
 }
