@@ -83,8 +83,18 @@ public final class Certificate: @unchecked Sendable {
 
     /// The DER SubjectPublicKeyInfo of the certified key.
     public var subjectPublicKeyInfoDER: [UInt8] {
-        guard let key = X509_get0_pubkey(pointer) else { return [] }
-        return PublicKey.spkiDER(of: key)
+        // Re-encode the certificate's own X509_PUBKEY: a plain ASN.1 encode. Going through
+        // the EVP_PKEY (i2d_PUBKEY) makes OpenSSL 3.0 look up an encoder provider on every
+        // call, which showed up in the per-connection profile.
+        guard let publicKey = X509_get_X509_PUBKEY(pointer) else { return [] }
+        let length = i2d_X509_PUBKEY(publicKey, nil)
+        guard length > 0 else { return [] }
+        var bytes = [UInt8](repeating: 0, count: Int(length))
+        bytes.withUnsafeMutableBufferPointer { buffer in
+            var cursor: UnsafeMutablePointer<UInt8>? = buffer.baseAddress
+            _ = i2d_X509_PUBKEY(publicKey, &cursor)
+        }
+        return bytes
     }
 
     /// base64(SHA-256(SubjectPublicKeyInfo)): the TrustKit/HPKP style pin.

@@ -64,6 +64,16 @@ struct TLSEngineTests {
         #expect(try Certificate(der: certificate.derBytes).sha256Fingerprint == certificate.sha256Fingerprint)
     }
 
+    @Test("the SPKI pin equals what the openssl CLI computes (the HPKP recipe)")
+    func spkiMatchesOpenSSL() async throws {
+        let path = WultraVectors.path("api.vector.test.pem")
+        let recipe = "openssl x509 -in \"$1\" -pubkey -noout | openssl pkey -pubin -outform DER | openssl dgst -sha256 -binary | base64"
+        let result = try await TestProcess.run("bash", ["-c", recipe, "spki", path])
+        #expect(result.status == 0, "\(result.stderr)")
+        let certificate = try Certificate(pem: WultraVectors.text("api.vector.test.pem"))
+        #expect(certificate.spkiSHA256 == result.stdout.trimmingCharacters(in: .whitespacesAndNewlines))
+    }
+
     // MARK: in-memory handshakes
 
     struct Peers {
