@@ -14,13 +14,16 @@ struct WebSocketTests {
         let pki = try TestPKI(directory: directory)
         let host = "ws.pingate.test"
         let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "ws")
-        let port = try closedLoopbackPort()
-        let gate = try await GateFixture.start(pki: pki, listPath: try pki.signedList([(host, leaf.fingerprint)]), resolve: ["\(host):\(port)"])
+        let portFile = directory.file("origin-port")
+        let gateFile = directory.file("gate-port")
+        let clientCA = directory.file("client-ca.pem") // the gate's CA, written once the gate exists
+        // The server binds port 0 and reports it in a file; the test then starts the gate
+        // with the matching --resolve and hands its port back the same way.
         let script = """
-        import os, socket, ssl, sys, threading
+        import os, socket, ssl, sys, threading, time
         from websockets.sync.server import serve
         from websockets.sync.client import connect
-        gate_port, host, port, cert, key, ca = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]
+        host, cert, key, ca, port_file, gate_file = sys.argv[1:7]
 
         def echo(ws):
             for message in ws:
@@ -28,27 +31,45 @@ struct WebSocketTests {
 
         server_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         server_tls.load_cert_chain(cert, key)
-        server = serve(echo, "127.0.0.1", port, ssl=server_tls)
+        server = serve(echo, "127.0.0.1", 0, ssl=server_tls)
+        port = server.socket.getsockname()[1]
         threading.Thread(target=server.serve_forever, daemon=True).start()
+        with open(port_file + ".tmp", "w") as f: f.write(str(port))
+        os.rename(port_file + ".tmp", port_file)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(gate_file) and time.monotonic() < deadline: time.sleep(0.02)
+        gate_port = int(open(gate_file).read())
 
         raw = socket.create_connection(("127.0.0.1", gate_port), timeout=20)
         raw.sendall(f"CONNECT {host}:{port} HTTP/1.1\\r\\nHost: {host}:{port}\\r\\n\\r\\n".encode())
         head = b""
         while b"\\r\\n\\r\\n" not in head: head += raw.recv(1)
         assert head.startswith(b"HTTP/1.1 200"), head
-        client_tls = ssl.create_default_context(cafile=ca)
-        tls = client_tls.wrap_socket(raw, server_hostname=host)
+        tls = ssl.create_default_context(cafile=ca).wrap_socket(raw, server_hostname=host)
         # The socket is already TLS (to the gate-minted leaf), so the URI says ws://.
         with connect(f"ws://{host}:{port}/echo", sock=tls) as ws:
             ws.send("hello through the gate")
             text = ws.recv(timeout=10)
-            payload = os.urandom(16384) # incompressible, so permessage-deflate cannot shrink it
+            payload = os.urandom(16384)  # incompressible, so permessage-deflate cannot shrink it
             ws.send(payload)
             binary = ws.recv(timeout=10)
         server.shutdown()
         print(text == "hello through the gate", binary == payload)
         """
-        let result = try await TestProcess.run("python3", ["-c", script, "\(gate.port)", host, "\(port)", leaf.certificatePath, leaf.keyPath, gate.caPath], timeout: 60)
+        let client = Task {
+            try await TestProcess.run("python3", ["-c", script, host, leaf.certificatePath, leaf.keyPath, clientCA, portFile, gateFile], timeout: 60)
+        }
+        var waited = 0
+        while !FileManager.default.fileExists(atPath: portFile) && waited < 600 {
+            try await Task.sleep(nanoseconds: 50_000_000)
+            waited += 1
+        }
+        let originPort = try String(contentsOfFile: portFile, encoding: .utf8)
+        let gate = try await GateFixture.start(pki: pki, listPath: try pki.signedList([(host, leaf.fingerprint)]), resolve: ["\(host):\(originPort)"])
+        try FileManager.default.copyItem(atPath: gate.caPath, toPath: clientCA)
+        try directory.write("gate-port.tmp", "\(gate.port)")
+        try FileManager.default.moveItem(atPath: directory.file("gate-port.tmp"), toPath: gateFile)
+        let result = try await client.value
         let stats = gate.statistics
         await gate.stop()
         #expect(result.status == 0, "\(result.stderr)")
