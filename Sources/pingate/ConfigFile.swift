@@ -28,7 +28,7 @@ import Yams
 /// report-ca: [reports-ca.pem]                        # roots for the collector (default: system)
 /// admin:
 ///   listen: 127.0.0.1:9090       # or "off"; a non-loopback address needs a token
-///   token-file: admin.token      # bearer token for POST /pins/update
+///   token-file: admin.token      # bearer token for POST /pins/update (or `token: …` inline)
 /// decision-log: stderr           # JSON line per CONNECT: stderr, a file path, or off
 /// refusal-log-size: 100          # refusals kept for GET /refusals
 /// idle-timeout-seconds: 300
@@ -62,10 +62,11 @@ struct ConfigFile: Decodable {
 
     struct Admin: Decodable {
         var listen: String?
+        var token: String?
         var tokenFile: String?
 
         enum CodingKeys: String, CodingKey {
-            case listen
+            case listen, token
             case tokenFile = "token-file"
         }
     }

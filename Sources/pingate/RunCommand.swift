@@ -124,6 +124,8 @@ struct RunCommand: AsyncParsableCommand {
             (adminConfiguration.host, adminConfiguration.port) = try Self.parseHostPort(adminText)
             if let tokenFile = adminTokenFile.map({ PathText.resolve($0) }) ?? file?.admin?.tokenFile {
                 adminConfiguration.token = try AdminConfiguration.readToken(file: tokenFile)
+            } else if let token = file?.admin?.token, !token.isEmpty {
+                adminConfiguration.token = token
             }
             try adminConfiguration.validate()
             admin = adminConfiguration
