@@ -125,3 +125,66 @@ struct ConnectRequestParserTests {
         #expect(Refusal.upstreamUnreachable("x").status == 502)
     }
 }
+
+/// Random and mutated heads, fed in random splits: the parser always ends in one of its
+/// three outcomes, never accepts a head over the limit, and never crashes.
+@Suite("CONNECT request parser, randomized")
+struct ConnectRequestParserFuzzTests {
+    @Test("10 000 random and mutated inputs")
+    func randomized() {
+        var generator = SeededGenerator(seed: 0x5eed_1234)
+        let valid = Array("CONNECT api.example.test:443 HTTP/1.1\r\nHost: api.example.test:443\r\nUser-Agent: fuzz\r\n\r\n".utf8)
+        var outcomes = [0, 0, 0]
+        for round in 0..<10_000 {
+            var input: [UInt8]
+            if round % 2 == 0 {
+                input = (0..<Int.random(in: 0...300, using: &generator)).map { _ in UInt8.random(in: 0...255, using: &generator) }
+            } else {
+                input = valid
+                for _ in 0..<Int.random(in: 1...6, using: &generator) {
+                    let index = Int.random(in: 0..<input.count, using: &generator)
+                    switch Int.random(in: 0...2, using: &generator) {
+                    case 0: input[index] = UInt8.random(in: 0...255, using: &generator)
+                    case 1: input.remove(at: index)
+                    default: input.insert(UInt8.random(in: 0...255, using: &generator), at: index)
+                    }
+                    if input.isEmpty { input = [0x0A] }
+                }
+            }
+            var parser = ConnectRequestParser(maximumHeadBytes: 200)
+            var outcome = ConnectRequestParser.Outcome.needMoreBytes
+            var offset = 0
+            while offset < input.count, outcome == .needMoreBytes {
+                let length = min(input.count - offset, Int.random(in: 1...64, using: &generator))
+                outcome = parser.feed(input[offset..<(offset + length)])
+                offset += length
+            }
+            switch outcome {
+            case .needMoreBytes:
+                outcomes[0] += 1
+                #expect(input.count <= 200)
+            case .request(let request, _):
+                outcomes[1] += 1
+                #expect((1...65535).contains(request.port))
+                #expect(request.host == request.host.lowercased())
+            case .rejected(let rejection):
+                outcomes[2] += 1
+                #expect([400, 405, 431].contains(rejection.status))
+            }
+        }
+        #expect(outcomes[1] > 0 && outcomes[2] > 0, "\(outcomes)")
+    }
+}
+
+/// A small deterministic generator (SplitMix64), so a failing input can be replayed.
+struct SeededGenerator: RandomNumberGenerator {
+    private var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
