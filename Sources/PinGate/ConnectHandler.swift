@@ -176,11 +176,11 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     private func evaluate(_ connection: UpstreamConnection) -> Verdict {
         if case .attacker = environment.role {
             // The attacker trusts whatever it reaches: that is the point of the attack.
-            return .trusted(fingerprint: connection.peer.leaf?.sha256Fingerprint ?? "")
+            return .trusted(fingerprint: connection.leaf?.certificateSHA256 ?? "")
         }
         return environment.policy.evaluate(
             host: request?.host ?? "",
-            leaf: Self.leafIdentity(connection),
+            leaf: connection.leaf,
             chain: Self.chainCheck(connection),
             list: environment.store.list,
             now: environment.now())
@@ -198,10 +198,6 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         default:
             break
         }
-    }
-
-    private static func leafIdentity(_ connection: UpstreamConnection) -> LeafIdentity? {
-        connection.peer.leaf.map { LeafIdentity(certificateSHA256: $0.sha256Fingerprint, spkiSHA256: $0.spkiSHA256) }
     }
 
     private static func chainCheck(_ connection: UpstreamConnection) -> PinPolicy.ChainCheck {
@@ -293,7 +289,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                 guard let upstream = self.upstream else { return }
                 self.state = .relaying
                 GlueHandler.join(clientGlue, upstream.glue.value)
-                if let leaf = Self.leafIdentity(upstream) {
+                if let leaf = upstream.leaf {
                     self.environment.tunnels.add(.init(host: request.host, port: request.port, leaf: leaf,
                                                        chain: Self.chainCheck(upstream), channel: context.channel))
                 }

@@ -106,7 +106,7 @@ public final class PinGateServer: Sendable {
                     configuration: configuration, tlsContext: try TLSContext.client(trustRoots: configuration.reportTrust), statistics: GateStatistics())
                 reporter = ViolationReporter(
                     uris: configuration.reportURIs,
-                    client: ListServerClient(connector: reportConnector, serverPins: [], timeout: .seconds(10), maximumBodyBytes: 64 * 1024),
+                    client: HTTPSClient(connector: reportConnector, serverPins: [], timeout: .seconds(10), maximumBodyBytes: 64 * 1024),
                     eventLoopGroup: group, logger: logger)
             }
             let environment = GateEnvironment(

@@ -37,9 +37,6 @@ public final class PinListStore: Sendable {
     /// The list in force now.
     public var list: PinList? { state.withLock { $0.list } }
 
-    /// The signed document behind the list in force, when it came through `install`.
-    public var document: SignedListDocument? { state.withLock { $0.document } }
-
     /// Update counters and the last result.
     public var status: Status { state.withLock { $0.status } }
 

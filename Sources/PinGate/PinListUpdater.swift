@@ -83,7 +83,7 @@ public final class PinListUpdater: Sendable {
     private let source: PinListSource
     private let store: PinListStore
     private let persistence: PinListPersistence?
-    private let client: ListServerClient
+    private let client: HTTPSClient
     private let eventLoop: EventLoop
     private let logger: Logger
     private let now: @Sendable () -> Date
@@ -94,7 +94,7 @@ public final class PinListUpdater: Sendable {
         self.source = source
         self.store = store
         self.persistence = persistence
-        self.client = ListServerClient(connector: connector, serverPins: source.serverPins,
+        self.client = HTTPSClient(connector: connector, serverPins: source.serverPins,
                                        timeout: source.fetchTimeout, maximumBodyBytes: source.maximumBytes)
         self.eventLoop = eventLoop
         self.logger = logger
@@ -182,8 +182,7 @@ public final class PinListUpdater: Sendable {
         }
         if !store.isUsable(at: now()), let fallback = source.fallbackFile {
             do {
-                let body = try Data(contentsOf: URL(fileURLWithPath: fallback))
-                let document = SignedListDocument(format: source.format ?? SignedListDocument.detectFormat(body), source: fallback, body: body, receivedAt: now())
+                let document = try SignedListDocument.read(file: fallback, format: source.format, receivedAt: now())
                 let result = store.install(document, keys: source.keys, persistence: nil, now: now())
                 logger.notice("using the bundled fallback fingerprint list", metadata: ["path": "\(fallback)", "result": "\(Self.describe(result))"])
             } catch {
@@ -214,13 +213,11 @@ public final class PinListUpdater: Sendable {
         switch source.location {
         case .file(let path):
             return eventLoop.submit {
-                let body: Data
                 do {
-                    body = try Data(contentsOf: URL(fileURLWithPath: path))
+                    return try SignedListDocument.read(file: path, format: self.source.format, receivedAt: self.now())
                 } catch {
-                    throw PinListRejection.networkError("cannot read \(path): \(error.localizedDescription)")
+                    throw PinListRejection.networkError("\(error)")
                 }
-                return SignedListDocument(format: self.source.format ?? SignedListDocument.detectFormat(body), source: path, body: body, receivedAt: self.now())
             }
         case .url(let url):
             if source.format == .wultraDynamic {

@@ -31,7 +31,7 @@ public enum ProxiedFetch {
         do {
             let connector = UpstreamConnector(configuration: configuration, tlsContext: try TLSContext.client(trustRoots: trust),
                                               statistics: GateStatistics())
-            let client = ListServerClient(connector: connector, serverPins: [], timeout: timeout, maximumBodyBytes: 64 << 20)
+            let client = HTTPSClient(connector: connector, serverPins: [], timeout: timeout, maximumBodyBytes: 64 << 20)
             let response = try await client.sendReportingCause(.GET, url, headers: [], body: nil, on: group.next()).get()
             return Result(status: response.status, body: response.body)
         } catch UpstreamFailure.parentProxy(let refusal) {

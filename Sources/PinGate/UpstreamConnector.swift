@@ -1,6 +1,7 @@
 import NIOCore
 import NIOPosix
 import PinGateTLS
+import PinList
 
 /// An upstream connection whose TLS handshake has completed, not yet relaying: its
 /// glue holds anything the server sent first until the tunnel is joined.
@@ -9,6 +10,9 @@ struct UpstreamConnection: Sendable {
     /// Bound to the channel's loop, the only place the glue may be touched.
     let glue: NIOLoopBound<GlueHandler>
     let peer: TLSPeerSummary
+    /// The leaf's two hashes, computed once: the verdict, the tunnel registry and the
+    /// logs all use them.
+    let leaf: LeafIdentity?
     /// How long TCP connect plus TLS handshake took.
     let handshakeDuration: TimeAmount
 }
@@ -54,8 +58,9 @@ struct UpstreamConnector {
             [GlueHandler(countRelayed: countRelayed)]
         }.flatMapThrowing { client in
             let glue = try client.channel.pipeline.syncOperations.handler(type: GlueHandler.self)
+            let leaf = client.peer.leaf.map { LeafIdentity(certificateSHA256: $0.sha256Fingerprint, spkiSHA256: $0.spkiSHA256) }
             return UpstreamConnection(channel: client.channel, glue: NIOLoopBound(glue, eventLoop: eventLoop),
-                                      peer: client.peer, handshakeDuration: client.handshakeDuration)
+                                      peer: client.peer, leaf: leaf, handshakeDuration: client.handshakeDuration)
         }
     }
 

@@ -17,14 +17,14 @@ final class ViolationReporter: Sendable {
     }
 
     private let uris: [URL]
-    private let client: ListServerClient
+    private let client: HTTPSClient
     private let eventLoopGroup: EventLoopGroup
     private let logger: Logger
     private let suppressionWindow: TimeInterval
     private let lastSent = Mutex<[String: Date]>([:])
     private let counterState = Mutex(Counters())
 
-    init(uris: [URL], client: ListServerClient, eventLoopGroup: EventLoopGroup, logger: Logger, suppressionWindow: TimeInterval = 86400) {
+    init(uris: [URL], client: HTTPSClient, eventLoopGroup: EventLoopGroup, logger: Logger, suppressionWindow: TimeInterval = 86400) {
         self.uris = uris
         self.client = client
         self.eventLoopGroup = eventLoopGroup

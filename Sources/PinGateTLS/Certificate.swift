@@ -52,11 +52,6 @@ public final class Certificate: @unchecked Sendable {
         return certificates
     }
 
-    /// Every certificate in a PEM file.
-    public static func all(inPEMFile path: String) throws -> [Certificate] {
-        let text = try String(contentsOfFile: path, encoding: .utf8)
-        return try all(inPEM: text)
-    }
 
     /// The DER encoding.
     public var derBytes: [UInt8] {
@@ -102,9 +97,6 @@ public final class Certificate: @unchecked Sendable {
 
     /// The subject as a one-line text, e.g. "/CN=api.example.test".
     public var subjectDescription: String { Certificate.oneLine(X509_get_subject_name(pointer)) }
-
-    /// The issuer as a one-line text.
-    public var issuerDescription: String { Certificate.oneLine(X509_get_issuer_name(pointer)) }
 
     /// The subject's common name, if it has one.
     public var commonName: String? {

@@ -28,6 +28,17 @@ public struct SignedListDocument: Codable, Sendable, Equatable {
         self.receivedAt = receivedAt
     }
 
+    /// Reads a list file as it stands; `format` nil detects v2 or Wultra static.
+    public static func read(file path: String, format: PinListFormat? = nil, receivedAt: Date = Date()) throws -> SignedListDocument {
+        let body: Data
+        do {
+            body = try Data(contentsOf: URL(fileURLWithPath: path))
+        } catch {
+            throw PinListError.malformed("cannot read the list \(path): \(error.localizedDescription)")
+        }
+        return SignedListDocument(format: format ?? detectFormat(body), source: path, body: body, receivedAt: receivedAt)
+    }
+
     /// The format of a self-contained document: v2 envelopes are recognized, anything
     /// else is read as Wultra static (dynamic answers need their headers and are never guessed).
     public static func detectFormat(_ body: Data) -> PinListFormat {

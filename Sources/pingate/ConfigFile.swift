@@ -1,5 +1,6 @@
 import Foundation
 import PinGate
+import PinList
 import Yams
 
 /// The YAML configuration file for `pingate run`. Every key is optional; flags override
@@ -151,6 +152,15 @@ enum PathText {
             joined = (FileManager.default.currentDirectoryPath as NSString).appendingPathComponent(joined)
         }
         return (joined as NSString).standardizingPath
+    }
+
+    /// A `--pins-format` / `format:` value: `auto` (nil, detect) or a format name.
+    static func listFormat(_ text: String) throws -> PinListFormat? {
+        if text == "auto" { return nil }
+        guard let known = PinListFormat(rawValue: text) else {
+            throw ConfigurationError("unknown list format \(text) (auto, wultra-static, wultra-dynamic, pingate-v2)")
+        }
+        return known
     }
 
     /// `$XDG_STATE_HOME/pingate`, or `~/.local/state/pingate`.

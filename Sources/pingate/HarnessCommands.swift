@@ -104,9 +104,8 @@ struct HarnessCommand: AsyncParsableCommand {
         HarnessCommand.bootstrapQuietLogging()
         guard let url = URL(string: target) else { throw ValidationError("--target is not a URL") }
         let path = PathText.resolve(pins)
-        let body = try Data(contentsOf: URL(fileURLWithPath: path))
         let keys = try PinListFile.loadKeys(pinsKey.map { PathText.resolve($0) })
-        let list = try SignedListDocument(format: SignedListDocument.detectFormat(body), source: path, body: body).verify(keys: keys)
+        let list = try SignedListDocument.read(file: path).verify(keys: keys)
         var configuration = HarnessConfiguration(target: url, list: list)
         configuration.resolve = try resolve.map(ResolveOverride.init(parsing:))
         configuration.upstreamTrust = upstreamCa.isEmpty ? .system : .pemFiles(upstreamCa.map { PathText.resolve($0) })

@@ -34,15 +34,11 @@ struct ListCommand: ParsableCommand {
 
         func run() throws {
             let path = PathText.resolve(file)
-            let body = try Data(contentsOf: URL(fileURLWithPath: path))
-            let listFormat: PinListFormat
-            if format == "auto" {
-                listFormat = challenge == nil ? SignedListDocument.detectFormat(body) : .wultraDynamic
-            } else {
-                guard let known = PinListFormat(rawValue: format) else { throw ValidationError("unknown format \(format)") }
-                listFormat = known
-            }
-            let document = SignedListDocument(format: listFormat, source: path, body: body, challenge: challenge, signature: signature)
+            // A challenge means the dynamic format unless one was named.
+            let listFormat = try PathText.listFormat(format) ?? (challenge == nil ? nil : .wultraDynamic)
+            var document = try SignedListDocument.read(file: path, format: listFormat)
+            document.challenge = challenge
+            document.signature = signature
             let list: PinList
             do {
                 list = try document.verify(keys: PinListFile.loadKeys(key.map { PathText.resolve($0) }))

@@ -182,16 +182,7 @@ struct RunCommand: AsyncParsableCommand {
             throw ConfigurationError("refusing to start: \(error)")
         }
         guard !keys.isEmpty else { throw ConfigurationError("refusing to start: --pins needs at least one --pins-key") }
-        let formatText = pinsFormat ?? section?.format ?? "auto"
-        let format: PinListFormat?
-        switch formatText {
-        case "auto": format = nil
-        default:
-            guard let known = PinListFormat(rawValue: formatText) else {
-                throw ConfigurationError("unknown list format \(formatText) (auto, wultra-static, wultra-dynamic, pingate-v2)")
-            }
-            format = known
-        }
+        let format = try PathText.listFormat(pinsFormat ?? section?.format ?? "auto")
         var source = PinListSource(location: PinListSource.location(parsing: sourceText), format: format, keys: keys)
         if let appName = section?.appName { source.appName = appName }
         if let roots = section?.serverCA, !roots.isEmpty { source.serverTrust = .pemFiles(roots) }
@@ -204,13 +195,12 @@ struct RunCommand: AsyncParsableCommand {
 
         if case .file(let path) = source.location {
             // A local list must verify before the gate starts at all.
-            let body: Data
+            let document: SignedListDocument
             do {
-                body = try Data(contentsOf: URL(fileURLWithPath: path))
+                document = try SignedListDocument.read(file: path, format: format)
             } catch {
-                throw ConfigurationError("refusing to start: cannot read the fingerprint list \(path): \(error.localizedDescription)")
+                throw ConfigurationError("refusing to start: \(error)")
             }
-            let document = SignedListDocument(format: format ?? SignedListDocument.detectFormat(body), source: path, body: body)
             switch store.install(document, keys: keys, persistence: nil, now: Date()) {
             case .success(let list):
                 logger.info("fingerprint list verified", metadata: [

@@ -34,7 +34,7 @@ struct GateFixture {
         configuration.upstreamTrust = .pemFiles([pki.upstreamTrustPath])
         configuration.resolveOverrides = try resolve.map { try ResolveOverride(parsing: "\($0):127.0.0.1") }
         configure(&configuration)
-        let list = try listPath.map { try PinListFile.loadStatic(listPath: $0, keyPaths: [pki.signerPublicKeyPath]) }
+        let list = try listPath.map { try SignedListDocument.read(file: $0).verify(keys: [pki.signer.publicKey()]) }
         let server = try await PinGateServer.start(
             configuration: configuration, store: PinListStore(list), ca: ca, logger: quietLogger,
             listSource: listSource, stateDirectory: listSource == nil ? nil : state)

@@ -4,43 +4,44 @@ import NIOHTTP1
 import PinGateTLS
 import PinList
 
-/// One HTTP response from the list server.
-struct ListServerResponse: Sendable {
+/// One HTTP response.
+struct HTTPSResponse: Sendable {
     let status: Int
     let headers: HTTPHeaders
     let body: Data
 }
 
-/// Fetches fingerprint lists over HTTPS with the gate's own TLS engine: normal chain and
-/// hostname validation against the configured roots, and optionally a pin on the list
-/// server's own certificate or key. The answer is bounded in size and time.
-struct ListServerClient {
+/// One-shot HTTPS requests on the gate's own TLS engine (list fetches, pin reports, the
+/// harness's client): normal chain and hostname validation against the configured roots,
+/// optionally a pin on the server's own certificate or key, and, through the connector,
+/// an optional parent proxy. The answer is bounded in size and time.
+struct HTTPSClient {
     let connector: UpstreamConnector
-    /// base64 SHA-256 certificate or SPKI hashes the list server must present (empty: any valid chain).
+    /// base64 SHA-256 certificate or SPKI hashes the server must present (empty: any valid chain).
     let serverPins: Set<String>
     let timeout: TimeAmount
     let maximumBodyBytes: Int
 
     /// GETs `url` with `headers`; fails with a `PinListRejection`.
-    func get(_ url: URL, headers: [(String, String)], on eventLoop: EventLoop) -> EventLoopFuture<ListServerResponse> {
+    func get(_ url: URL, headers: [(String, String)], on eventLoop: EventLoop) -> EventLoopFuture<HTTPSResponse> {
         send(.GET, url, headers: headers, body: nil, on: eventLoop)
     }
 
     /// Sends one request (`body` with `Content-Length`) and collects the response; fails
     /// with a `PinListRejection`.
-    func send(_ method: HTTPMethod, _ url: URL, headers: [(String, String)], body: Data?, on eventLoop: EventLoop) -> EventLoopFuture<ListServerResponse> {
+    func send(_ method: HTTPMethod, _ url: URL, headers: [(String, String)], body: Data?, on eventLoop: EventLoop) -> EventLoopFuture<HTTPSResponse> {
         sendReportingCause(method, url, headers: headers, body: body, on: eventLoop).flatMapErrorThrowing { throw Self.rejection(for: $0) }
     }
 
     /// The same, failing with the underlying error (e.g. a parent proxy's refusal).
-    func sendReportingCause(_ method: HTTPMethod, _ url: URL, headers: [(String, String)], body: Data?, on eventLoop: EventLoop) -> EventLoopFuture<ListServerResponse> {
+    func sendReportingCause(_ method: HTTPMethod, _ url: URL, headers: [(String, String)], body: Data?, on eventLoop: EventLoop) -> EventLoopFuture<HTTPSResponse> {
         guard url.scheme?.lowercased() == "https", let host = url.host?.lowercased() else {
             return eventLoop.makeFailedFuture(PinListRejection.networkError("only https:// list URLs are accepted: \(url)"))
         }
         let port = url.port ?? 443
         let path = url.path.isEmpty ? "/" : url.path
         let target = url.query.map { path + "?" + $0 } ?? path
-        let responsePromise = eventLoop.makePromise(of: ListServerResponse.self)
+        let responsePromise = eventLoop.makePromise(of: HTTPSResponse.self)
         let maximum = maximumBodyBytes
         let deadline = eventLoop.scheduleTask(in: timeout) { responsePromise.fail(PinListRejection.timeout) }
         responsePromise.futureResult.whenComplete { _ in deadline.cancel() }
@@ -55,13 +56,13 @@ struct ListServerClient {
             case .success(let client):
                 responsePromise.futureResult.whenComplete { _ in client.channel.close(promise: nil) }
                 guard client.peer.chainAndHostnameValid else {
-                    responsePromise.fail(PinListRejection.networkError("list server \(host) failed validation: \(client.peer.verifyReason)"))
+                    responsePromise.fail(PinListRejection.networkError("\(host) failed validation: \(client.peer.verifyReason)"))
                     return
                 }
                 if !serverPins.isEmpty {
                     let leaf = client.peer.leaf
                     guard let leaf, serverPins.contains(leaf.sha256Fingerprint) || serverPins.contains(leaf.spkiSHA256) else {
-                        responsePromise.fail(PinListRejection.networkError("list server \(host) does not match its pin"))
+                        responsePromise.fail(PinListRejection.networkError("\(host) does not match its configured pin"))
                         return
                     }
                 }
@@ -99,13 +100,13 @@ struct ListServerClient {
 private final class ResponseCollector: ChannelInboundHandler {
     typealias InboundIn = HTTPClientResponsePart
 
-    private let promise: EventLoopPromise<ListServerResponse>
+    private let promise: EventLoopPromise<HTTPSResponse>
     private let maximumBodyBytes: Int
     private var head: HTTPResponseHead?
     private var body = Data()
     private var finished = false
 
-    init(promise: EventLoopPromise<ListServerResponse>, maximumBodyBytes: Int) {
+    init(promise: EventLoopPromise<HTTPSResponse>, maximumBodyBytes: Int) {
         self.promise = promise
         self.maximumBodyBytes = maximumBodyBytes
     }
@@ -123,11 +124,11 @@ private final class ResponseCollector: ChannelInboundHandler {
             body.append(contentsOf: chunk.readableBytesView)
         case .end:
             guard let head else { return }
-            finish(.success(ListServerResponse(status: Int(head.status.code), headers: head.headers, body: body)))
+            finish(.success(HTTPSResponse(status: Int(head.status.code), headers: head.headers, body: body)))
         }
     }
 
-    private func finish(_ result: Result<ListServerResponse, Error>) {
+    private func finish(_ result: Result<HTTPSResponse, Error>) {
         guard !finished else { return }
         finished = true
         promise.completeWith(result)
@@ -140,7 +141,7 @@ private final class ResponseCollector: ChannelInboundHandler {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        finish(.failure(PinListRejection.networkError("the list server closed the connection before the response was complete")))
+        finish(.failure(PinListRejection.networkError("the server closed the connection before the response was complete")))
         context.fireChannelInactive()
     }
 }
