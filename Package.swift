@@ -1,14 +1,24 @@
 // swift-tools-version:6.0
 import PackageDescription
 
-// Layering, bottom to top (each folder is one layer):
-//   COpenSSL, CNghttp2         system libraries + macro shims
-//   PinGateTLS                 OpenSSL wrapper: sans-IO TLS, X.509, keys, digests (no NIO)
-//   PinList, PinGateCA         signed fingerprint lists + verdicts; local CA + leaf minting
-//   PinGate                    the proxy core on SwiftNIO
-//   PinGateAdmin               the admin endpoint: status JSON, HTML page, Prometheus metrics
-//   PinGateHarness             the MITM test harness: attacker, legs, reports, demo
-//   pingate                    the command-line executable (wiring only)
+// Layering, bottom to top (each target is one folder under Sources/ and has one job):
+//   COpenSSL, CNghttp2   system libraries + macro shims
+//   PinGateStateFiles    state files: private directories, atomic write + fsync, modes,
+//                        and the documented crash-injection hook the crash test uses
+//   PinGateTLS           the TLS engine: OpenSSL wrapped (sans-IO TLS, X.509, keys,
+//                        digests); no NIO, and OpenSSL's types never leave it
+//   PinList, PinGateCA   signed fingerprint lists + pin policy; local CA + leaf minting
+//   PinGateNIO           the TLS engine in NIO: the TLS channel handler, the TLS client
+//                        bootstrap, tunnelling through a parent proxy, an HTTPS client
+//   PinListService       the list lifecycle: store, persistence, updater, violation
+//                        reports (on PinList + PinGateNIO, never on the proxy core)
+//   PinGate              the gate's core: Parse/ (CONNECT heads), Decide/ (decision
+//                        policy), Admit/ (the CONNECT state machine and its driver),
+//                        Relay/, Refusals/, Tunnels/, Observability/, Server/
+//   PinGateAdmin         the admin endpoint: status JSON, HTML page, Prometheus metrics
+//   PinGateHarness       the MITM harness: the attacker (the core with an intercepting
+//                        decision policy), the loopback origin, proxied fetches, legs, demo
+//   pingate              the command-line executable (wiring only)
 let package = Package(
     name: "pingate",
     platforms: [.macOS(.v15)],
@@ -35,6 +45,7 @@ let package = Package(
             pkgConfig: "libnghttp2",
             providers: [.apt(["libnghttp2-dev"])]
         ),
+        .target(name: "PinGateStateFiles"),
         .target(
             name: "PinGateTLS",
             dependencies: ["COpenSSL"]
@@ -45,12 +56,30 @@ let package = Package(
         ),
         .target(
             name: "PinGateCA",
-            dependencies: ["PinGateTLS"]
+            dependencies: ["PinGateTLS", "PinGateStateFiles"]
+        ),
+        .target(
+            name: "PinGateNIO",
+            dependencies: [
+                "PinGateTLS",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ]
+        ),
+        .target(
+            name: "PinListService",
+            dependencies: [
+                "PinGateTLS", "PinList", "PinGateNIO", "PinGateStateFiles",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
         ),
         .target(
             name: "PinGate",
             dependencies: [
-                "PinGateTLS", "PinList", "PinGateCA", "CNghttp2",
+                "PinGateTLS", "PinList", "PinGateCA", "PinGateNIO", "PinListService", "CNghttp2",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -61,7 +90,7 @@ let package = Package(
         .target(
             name: "PinGateAdmin",
             dependencies: [
-                "PinGate", "PinGateTLS", "PinList", "PinGateCA",
+                "PinGate", "PinListService", "PinGateTLS", "PinList", "PinGateCA",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -72,7 +101,7 @@ let package = Package(
         .target(
             name: "PinGateHarness",
             dependencies: [
-                "PinGate", "PinGateTLS", "PinList", "PinGateCA",
+                "PinGate", "PinGateNIO", "PinListService", "PinGateTLS", "PinList", "PinGateCA",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -81,7 +110,8 @@ let package = Package(
         .executableTarget(
             name: "pingate",
             dependencies: [
-                "PinGate", "PinGateAdmin", "PinGateHarness", "PinGateTLS", "PinList", "PinGateCA",
+                "PinGate", "PinGateAdmin", "PinGateHarness", "PinGateNIO", "PinListService", "PinGateStateFiles",
+                "PinGateTLS", "PinList", "PinGateCA",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -93,13 +123,15 @@ let package = Package(
         // directories, the signed-list vectors. Never linked into the product.
         .target(name: "PinGateTestSupport", path: "Tests/PinGateTestSupport"),
         .testTarget(name: "PinGateTLSTests", dependencies: ["PinGateTLS", "PinGateTestSupport"]),
-        .testTarget(name: "PinListTests", dependencies: ["PinList", "PinGateTLS", "PinGateTestSupport"]),
+        .testTarget(name: "PinListTests", dependencies: ["PinList", "PinListService", "PinGateTLS", "PinGateTestSupport"]),
         .testTarget(name: "PinGateCATests", dependencies: ["PinGateCA", "PinGateTLS", "PinGateTestSupport"]),
         .testTarget(
             name: "PinGateTests",
             dependencies: [
-                "PinGate", "PinGateAdmin", "PinGateHarness", "PinGateTLS", "PinList", "PinGateCA", "pingate", "PinGateTestSupport",
+                "PinGate", "PinGateAdmin", "PinGateHarness", "PinGateNIO", "PinListService", "PinGateStateFiles",
+                "PinGateTLS", "PinList", "PinGateCA", "pingate", "PinGateTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),

@@ -1,6 +1,7 @@
 import Foundation
 import PinGate
 import PinGateTLS
+import PinGateNIO
 
 /// Where the admin endpoint listens and who may change state through it.
 public struct AdminConfiguration: Sendable {

@@ -1,5 +1,6 @@
 import Foundation
 import PinGateTLS
+import PinGateStateFiles
 
 /// The gate's own certificate authority: the root that clients trust (via `pingate ca
 /// export`) and that signs the leaves minted for each pinned host.

@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import PinGate
+import PinGateNIO
 import PinGateTLS
 import PinList
 
@@ -23,7 +24,7 @@ public enum HarnessDemo {
         let originLeaf = try CertificateBuilder.serverLeaf(
             names: [.dns(host)], subjectKey: originKey, issuer: originCA, issuerKey: caKey,
             notBefore: Date().addingTimeInterval(-60), notAfter: Date().addingTimeInterval(86400))
-        let origin = try await DemoOrigin.start(certificate: originLeaf, key: originKey, body: "welcome to the pinned demo origin\n")
+        let origin = try await LoopbackOrigin.start(certificate: originLeaf, key: originKey, body: "welcome to the pinned demo origin\n")
         do {
             let report = try await run(host: host, origin: origin, originLeaf: originLeaf, originCAPath: originCAPath, logger: logger)
             await origin.stop()
@@ -34,7 +35,7 @@ public enum HarnessDemo {
         }
     }
 
-    private static func run(host: String, origin: DemoOrigin, originLeaf: Certificate, originCAPath: String, logger: Logger) async throws -> HarnessReport {
+    private static func run(host: String, origin: LoopbackOrigin, originLeaf: Certificate, originCAPath: String, logger: Logger) async throws -> HarnessReport {
 
         // A signed list, verified the way `pingate run` verifies one.
         let signer = try PrivateKey.generateP256()

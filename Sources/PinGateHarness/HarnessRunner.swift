@@ -4,7 +4,9 @@ import NIOCore
 import PinGate
 import PinGateCA
 import PinGateTLS
+import PinGateNIO
 import PinList
+import PinListService
 
 /// What the harness runs against.
 public struct HarnessConfiguration: Sendable {
@@ -67,7 +69,7 @@ public enum HarnessRunner {
         let interceptions = InterceptionLog()
         let gate = try await PinGateServer.start(configuration: gateConfiguration, store: PinListStore(configuration.list), ca: gateCA, logger: quiet)
         let attacker = try await PinGateServer.start(configuration: attackerConfiguration, store: PinListStore(nil), ca: attackerCA,
-                                                     logger: quiet, role: .attacker(interceptions))
+                                                     logger: quiet, decisionPolicy: InterceptingDecisionPolicy(log: interceptions))
         var attackedConfiguration = gateConfiguration
         attackedConfiguration.upstreamProxy = ParentProxy(host: "127.0.0.1", port: attacker.port)
         let attackedGate = try await PinGateServer.start(configuration: attackedConfiguration, store: PinListStore(configuration.list),

@@ -1,4 +1,4 @@
-import COpenSSL
+internal import COpenSSL
 import Foundation
 
 /// An X.509 certificate, owning one OpenSSL `X509` object.

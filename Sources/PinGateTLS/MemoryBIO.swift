@@ -1,4 +1,4 @@
-import COpenSSL
+internal import COpenSSL
 
 /// An owned OpenSSL memory BIO, used to move PEM and DER text in and out of OpenSSL.
 final class MemoryBIO {

@@ -1,4 +1,4 @@
-import COpenSSL
+internal import COpenSSL
 
 /// A failed OpenSSL call: which operation failed and the reason texts OpenSSL queued for it.
 ///

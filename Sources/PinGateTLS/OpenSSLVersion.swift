@@ -1,4 +1,4 @@
-import COpenSSL
+internal import COpenSSL
 
 /// The linked OpenSSL's version, for `pingate --version` and start-up logs.
 public enum OpenSSLVersion {

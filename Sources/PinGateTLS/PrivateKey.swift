@@ -1,4 +1,4 @@
-import COpenSSL
+internal import COpenSSL
 import Foundation
 
 /// An ECDSA P-256 private key, owning one OpenSSL `EVP_PKEY`.

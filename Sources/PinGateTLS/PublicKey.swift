@@ -1,4 +1,4 @@
-import COpenSSL
+internal import COpenSSL
 import Foundation
 
 /// An ECDSA P-256 public key that verifies list signatures, owning one `EVP_PKEY`.

@@ -1,4 +1,4 @@
-import COpenSSL
+internal import COpenSSL
 import Foundation
 
 /// SHA-256 through OpenSSL's EVP interface.

@@ -1,4 +1,4 @@
-import COpenSSL
+internal import COpenSSL
 
 /// Where a TLS client finds the roots it validates server chains against.
 public enum TrustRoots: Sendable, Equatable {

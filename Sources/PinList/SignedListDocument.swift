@@ -115,39 +115,3 @@ public enum PinListAcceptance {
         }
     }
 }
-
-/// The last good signed document in the state directory: written atomically, and
-/// verified again on load, so an edited file is rejected like any tampered list.
-public struct PinListPersistence: Sendable {
-    /// The file holding the document.
-    public let path: String
-
-    /// The persistence file inside `stateDirectory`.
-    public init(stateDirectory: String) {
-        path = (stateDirectory as NSString).appendingPathComponent("pin-list.json")
-    }
-
-    /// Replaces the stored document (temp file, fsync, rename, directory fsync).
-    public func save(_ document: SignedListDocument) throws {
-        try StateFiles.ensureDirectory((path as NSString).deletingLastPathComponent)
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .prettyPrinted]
-        encoder.dateEncodingStrategy = .secondsSince1970
-        try StateFiles.writeAtomically(Array(try encoder.encode(document)), to: path, mode: 0o644)
-    }
-
-    /// The stored document and its verified list; nil when nothing is stored. Throws when
-    /// the file exists but does not parse or verify.
-    public func load(keys: [PublicKey]) throws -> (SignedListDocument, PinList)? {
-        guard FileManager.default.fileExists(atPath: path) else { return nil }
-        let decoder = JSONDecoder()
-        decoder.dateDecodingStrategy = .secondsSince1970
-        let document: SignedListDocument
-        do {
-            document = try decoder.decode(SignedListDocument.self, from: Data(contentsOf: URL(fileURLWithPath: path)))
-        } catch {
-            throw PinListError.malformed("persisted list \(path) is unreadable: \(error)")
-        }
-        return (document, try document.verify(keys: keys))
-    }
-}

@@ -2,6 +2,7 @@ import Foundation
 import PinGate
 import PinList
 import Yams
+import PinGateNIO
 
 /// The YAML configuration file for `pingate run`. Every key is optional; flags override
 /// it. Relative paths are resolved against the file's own directory.

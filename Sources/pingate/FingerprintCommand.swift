@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import PinGate
 import PinGateTLS
+import PinGateNIO
 
 /// `pingate fingerprint`: the pin value of a certificate file or a live server's leaf.
 struct FingerprintCommand: AsyncParsableCommand {

@@ -6,6 +6,8 @@ import PinGateCA
 import PinGateHarness
 import PinGateTLS
 import PinList
+import PinListService
+import PinGateNIO
 
 /// `pingate attack`: a Charles-like intercepting proxy, for proving that clients fail closed.
 struct AttackCommand: AsyncParsableCommand {
@@ -33,7 +35,8 @@ struct AttackCommand: AsyncParsableCommand {
         let (ca, _) = try LocalCA.loadOrCreate(stateDirectory: state)
         let log = InterceptionLog()
         let signals = SignalWatcher(signals: [SIGINT, SIGTERM])
-        let server = try await PinGateServer.start(configuration: configuration, store: PinListStore(nil), ca: ca, logger: logger, role: .attacker(log))
+        let server = try await PinGateServer.start(configuration: configuration, store: PinListStore(nil), ca: ca, logger: logger,
+                                                   decisionPolicy: InterceptingDecisionPolicy(log: log))
         logger.notice("attacker CA (trust it only in a control client)", metadata: ["certificate": "\(LocalCA.Paths(stateDirectory: state).certificate)"])
         signals.onSignal { _ in server.stopListening() }
         let reporter = Task {

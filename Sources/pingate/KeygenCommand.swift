@@ -1,5 +1,6 @@
 import ArgumentParser
 import PinGateTLS
+import PinGateStateFiles
 
 /// `pingate keygen`: a P-256 key pair for signing fingerprint lists.
 struct KeygenCommand: ParsableCommand {

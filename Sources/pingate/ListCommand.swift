@@ -3,6 +3,8 @@ import Foundation
 import PinGate
 import PinGateTLS
 import PinList
+import PinListService
+import PinGateNIO
 
 /// `pingate list verify|show`: read signed lists the way the gate does.
 struct ListCommand: ParsableCommand {

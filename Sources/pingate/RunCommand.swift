@@ -8,6 +8,8 @@ import PinGateCA
 import PinGateTLS
 import PinList
 import Synchronization
+import PinListService
+import PinGateNIO
 
 /// `pingate run`: start the gate.
 struct RunCommand: AsyncParsableCommand {
@@ -228,15 +230,14 @@ struct RunCommand: AsyncParsableCommand {
         }
     }
 
-    /// Parses `HOST:PORT` or `[IPv6]:PORT`.
+    /// Parses `HOST:PORT` or `[IPv6]:PORT` for a listen address (port 0: any free port).
     static func parseHostPort(_ text: String) throws -> (String, Int) {
-        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (0...65535).contains(port) else {
-            throw ConfigurationError("expected HOST:PORT, got \"\(text)\"")
+        do {
+            let authority = try Authority(parsing: text, ports: 0...65535)
+            return (authority.host, authority.port)
+        } catch {
+            throw ConfigurationError(error.description)
         }
-        var host = String(text[..<colon])
-        if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
-        guard !host.isEmpty else { throw ConfigurationError("expected HOST:PORT, got \"\(text)\"") }
-        return (host, port)
     }
 }
 

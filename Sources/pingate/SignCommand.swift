@@ -3,6 +3,7 @@ import Foundation
 import PinGate
 import PinGateTLS
 import PinList
+import PinGateNIO
 
 /// `pingate sign`: certificates (files or live servers) → a signed list on stdout.
 struct SignCommand: AsyncParsableCommand {

@@ -6,6 +6,8 @@ import PinList
 import Testing
 @testable import PinGate
 @testable import PinGateAdmin
+@testable import PinListService
+@testable import PinGateNIO
 
 /// The admin endpoint after real traffic, read with curl, its metrics parsed by the
 /// reference Prometheus parser.

@@ -6,6 +6,8 @@ import PinList
 import Testing
 @testable import PinGate
 @testable import PinGateHarness
+@testable import PinListService
+@testable import PinGateNIO
 
 /// The MITM harness against loopback origins, with real clients as the app under test,
 /// and parent-proxy chaining through a real third-party proxy.
@@ -140,7 +142,7 @@ struct HarnessTests {
         let attacker = try await PinGateServer.start(
             configuration: { var c = GateConfiguration(); c.listenPort = 0; c.eventLoopThreads = 1; return c }(),
             store: PinListStore(nil), ca: try LocalCA.create(stateDirectory: attackerState.path),
-            logger: GateFixture.quietLogger, role: .attacker(log))
+            logger: GateFixture.quietLogger, decisionPolicy: InterceptingDecisionPolicy(log: log))
         let viaAttacker = try await GateFixture.start(pki: target.pki, listPath: list) {
             $0.upstreamProxy = ParentProxy(host: "127.0.0.1", port: attacker.port)
         }

@@ -5,6 +5,7 @@ import PinGateTLS
 import PinList
 import Testing
 @testable import PinGate
+@testable import PinListService
 
 /// The list lifecycle against a real HTTPS list server on loopback: updates reach new
 /// and live connections, every bad update is refused and counted while the list in

@@ -3,6 +3,7 @@ import PinGateTestSupport
 import PinGateTLS
 import Testing
 @testable import PinList
+import PinListService
 
 /// The v2 format, Wultra's dynamic mode, host patterns, the acceptance rules and persistence.
 @Suite("Signed list v2, dynamic lists, acceptance and persistence")

@@ -5,6 +5,8 @@ import NIOCore
 import PinGateCA
 import PinList
 @testable import PinGate
+@testable import PinListService
+@testable import PinGateNIO
 
 /// A gate running in this process on 127.0.0.1, port 0, with its own state directory.
 struct GateFixture {

@@ -6,6 +6,7 @@ import PinGateTLS
 import PinList
 import Synchronization
 @testable import PinGate
+@testable import PinGateNIO
 
 /// A real HTTPS list server on 127.0.0.1, port 0, whose answer the test changes at will:
 /// a list, a signed dynamic answer, an error status, a truncated body, or silence.

@@ -5,6 +5,7 @@ import NIOPosix
 import Synchronization
 import PinGateTLS
 @testable import PinGate
+@testable import PinGateNIO
 
 /// A real TLS origin on 127.0.0.1, port 0, built on the gate's own TLS engine. It counts
 /// what reaches it (TCP connections, finished handshakes, application bytes), which is

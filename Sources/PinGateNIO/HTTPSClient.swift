@@ -2,67 +2,106 @@ import Foundation
 import NIOCore
 import NIOHTTP1
 import PinGateTLS
-import PinList
 
 /// One HTTP response.
-struct HTTPSResponse: Sendable {
-    let status: Int
-    let headers: HTTPHeaders
-    let body: Data
+public struct HTTPSResponse: Sendable {
+    /// The status code.
+    public let status: Int
+    /// The response headers.
+    public let headers: HTTPHeaders
+    /// The whole body (bounded by the client's `maximumBodyBytes`).
+    public let body: Data
+}
+
+/// Why an HTTPS request got no complete response.
+public enum HTTPSClientError: Error, Sendable, CustomStringConvertible {
+    /// The URL is not `https://host[:port]/…`.
+    case invalidURL(String)
+    /// No answer within the client's timeout.
+    case timedOut
+    /// The connection or its TLS handshake did not come up.
+    case connection(TLSClientError)
+    /// The server's chain or host name failed validation (OpenSSL's reason).
+    case validationFailed(host: String, reason: String)
+    /// The server matched none of the pins the client was given for it.
+    case serverPinMismatch(host: String)
+    /// The body is larger than the client accepts.
+    case bodyTooLarge(limit: Int)
+    /// The connection broke or closed before the response was complete.
+    case incomplete(String)
+
+    /// The failure in words.
+    public var description: String {
+        switch self {
+        case .invalidURL(let url): return "only https:// URLs are accepted: \(url)"
+        case .timedOut: return "no complete response in time"
+        case .connection(let error): return error.description
+        case .validationFailed(let host, let reason): return "\(host) failed validation: \(reason)"
+        case .serverPinMismatch(let host): return "\(host) does not match its configured pin"
+        case .bodyTooLarge(let limit): return "the response body is larger than \(limit) bytes"
+        case .incomplete(let detail): return detail
+        }
+    }
 }
 
 /// One-shot HTTPS requests on the gate's own TLS engine (list fetches, pin reports, the
-/// harness's client): normal chain and hostname validation against the configured roots,
-/// optionally a pin on the server's own certificate or key, and, through the connector,
-/// an optional parent proxy. The answer is bounded in size and time.
-struct HTTPSClient {
-    let connector: UpstreamConnector
+/// harness's client): normal chain and hostname validation against the connector's
+/// roots, optionally a pin on the server's own certificate or key, and, through the
+/// connector, an optional parent proxy. The answer is bounded in size and time.
+public struct HTTPSClient: Sendable {
+    /// How servers are reached.
+    public let connector: TLSClientConnector
     /// base64 SHA-256 certificate or SPKI hashes the server must present (empty: any valid chain).
-    let serverPins: Set<String>
-    let timeout: TimeAmount
-    let maximumBodyBytes: Int
+    public let serverPins: Set<String>
+    /// How long a whole request may take.
+    public let timeout: TimeAmount
+    /// The largest body accepted.
+    public let maximumBodyBytes: Int
 
-    /// GETs `url` with `headers`; fails with a `PinListRejection`.
-    func get(_ url: URL, headers: [(String, String)], on eventLoop: EventLoop) -> EventLoopFuture<HTTPSResponse> {
+    /// A client; see the properties.
+    public init(connector: TLSClientConnector, serverPins: Set<String>, timeout: TimeAmount, maximumBodyBytes: Int) {
+        self.connector = connector
+        self.serverPins = serverPins
+        self.timeout = timeout
+        self.maximumBodyBytes = maximumBodyBytes
+    }
+
+    /// GETs `url` with `headers`; fails with an `HTTPSClientError`.
+    public func get(_ url: URL, headers: [(String, String)], on eventLoop: EventLoop) -> EventLoopFuture<HTTPSResponse> {
         send(.GET, url, headers: headers, body: nil, on: eventLoop)
     }
 
     /// Sends one request (`body` with `Content-Length`) and collects the response; fails
-    /// with a `PinListRejection`.
-    func send(_ method: HTTPMethod, _ url: URL, headers: [(String, String)], body: Data?, on eventLoop: EventLoop) -> EventLoopFuture<HTTPSResponse> {
-        sendReportingCause(method, url, headers: headers, body: body, on: eventLoop).flatMapErrorThrowing { throw Self.rejection(for: $0) }
-    }
-
-    /// The same, failing with the underlying error (e.g. a parent proxy's refusal).
-    func sendReportingCause(_ method: HTTPMethod, _ url: URL, headers: [(String, String)], body: Data?, on eventLoop: EventLoop) -> EventLoopFuture<HTTPSResponse> {
+    /// with an `HTTPSClientError`.
+    public func send(_ method: HTTPMethod, _ url: URL, headers: [(String, String)], body: Data?, on eventLoop: EventLoop) -> EventLoopFuture<HTTPSResponse> {
         guard url.scheme?.lowercased() == "https", let host = url.host?.lowercased() else {
-            return eventLoop.makeFailedFuture(PinListRejection.networkError("only https:// list URLs are accepted: \(url)"))
+            return eventLoop.makeFailedFuture(HTTPSClientError.invalidURL("\(url)"))
         }
         let port = url.port ?? 443
         let path = url.path.isEmpty ? "/" : url.path
         let target = url.query.map { path + "?" + $0 } ?? path
         let responsePromise = eventLoop.makePromise(of: HTTPSResponse.self)
         let maximum = maximumBodyBytes
-        let deadline = eventLoop.scheduleTask(in: timeout) { responsePromise.fail(PinListRejection.timeout) }
+        let deadline = eventLoop.scheduleTask(in: timeout) { responsePromise.fail(HTTPSClientError.timedOut) }
         responsePromise.futureResult.whenComplete { _ in deadline.cancel() }
 
-        connector.connectTLS(host: host, port: port, alpnOffer: ["http/1.1"], on: eventLoop) {
+        connector.connect(host: host, port: port, alpnOffer: ["http/1.1"], on: eventLoop) {
             [HTTPRequestEncoder(), ByteToMessageHandler(HTTPResponseDecoder(leftOverBytesStrategy: .dropBytes)),
              ResponseCollector(promise: responsePromise, maximumBodyBytes: maximum)]
         }.whenComplete { result in
             switch result {
             case .failure(let error):
-                responsePromise.fail(error)
+                responsePromise.fail((error as? TLSClientError).map(HTTPSClientError.connection) ?? HTTPSClientError.incomplete("\(error)"))
             case .success(let client):
                 responsePromise.futureResult.whenComplete { _ in client.channel.close(promise: nil) }
                 guard client.peer.chainAndHostnameValid else {
-                    responsePromise.fail(PinListRejection.networkError("\(host) failed validation: \(client.peer.verifyReason)"))
+                    responsePromise.fail(HTTPSClientError.validationFailed(host: host, reason: client.peer.verifyReason))
                     return
                 }
                 if !serverPins.isEmpty {
                     let leaf = client.peer.leaf
                     guard let leaf, serverPins.contains(leaf.sha256Fingerprint) || serverPins.contains(leaf.spkiSHA256) else {
-                        responsePromise.fail(PinListRejection.networkError("\(host) does not match its configured pin"))
+                        responsePromise.fail(HTTPSClientError.serverPinMismatch(host: host))
                         return
                     }
                 }
@@ -83,16 +122,6 @@ struct HTTPSClient {
             }
         }
         return responsePromise.futureResult
-    }
-
-    private static func rejection(for error: Error) -> PinListRejection {
-        switch error {
-        case let rejection as PinListRejection: return rejection
-        case UpstreamFailure.timedOut: return .timeout
-        case UpstreamFailure.unreachable(let detail), UpstreamFailure.handshakeFailed(let detail): return .networkError(detail)
-        case UpstreamFailure.parentProxy(let error): return .networkError(error.description)
-        default: return .networkError("\(error)")
-        }
     }
 }
 
@@ -117,7 +146,7 @@ private final class ResponseCollector: ChannelInboundHandler {
             head = received
         case .body(let chunk):
             guard body.count + chunk.readableBytes <= maximumBodyBytes else {
-                finish(.failure(PinListRejection.invalid(.malformed("the list is larger than \(maximumBodyBytes) bytes"))))
+                finish(.failure(HTTPSClientError.bodyTooLarge(limit: maximumBodyBytes)))
                 context.close(promise: nil)
                 return
             }
@@ -136,12 +165,12 @@ private final class ResponseCollector: ChannelInboundHandler {
 
     func errorCaught(context: ChannelHandlerContext, error: Error) {
         // A body cut short (Content-Length not reached) surfaces here or as inactive.
-        finish(.failure(PinListRejection.networkError("\(error)")))
+        finish(.failure(HTTPSClientError.incomplete("\(error)")))
         context.close(promise: nil)
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        finish(.failure(PinListRejection.networkError("the server closed the connection before the response was complete")))
+        finish(.failure(HTTPSClientError.incomplete("the server closed the connection before the response was complete")))
         context.fireChannelInactive()
     }
 }

@@ -1,12 +1,13 @@
 import Foundation
 import NIOCore
 import NIOPosix
+import PinGateNIO
 import PinGateTLS
 import Synchronization
 
 /// A minimal HTTPS origin on loopback for `pingate demo`: answers every HTTP/1.1 request
 /// with a fixed body and counts the application bytes it receives.
-public final class DemoOrigin: Sendable {
+public final class LoopbackOrigin: Sendable {
     private let group: MultiThreadedEventLoopGroup
     private let channel: Channel
     private let received: ByteCount
@@ -27,7 +28,7 @@ public final class DemoOrigin: Sendable {
     }
 
     /// Serves `body` over TLS with `certificate`/`key` on 127.0.0.1, port 0.
-    public static func start(certificate: Certificate, key: PrivateKey, body: String) async throws -> DemoOrigin {
+    public static func start(certificate: Certificate, key: PrivateKey, body: String) async throws -> LoopbackOrigin {
         let context = try TLSContext.server(certificate: certificate, key: key)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let received = ByteCount()
@@ -43,7 +44,7 @@ public final class DemoOrigin: Sendable {
                     }
                 }
                 .bind(host: "127.0.0.1", port: 0).get()
-            return DemoOrigin(group: group, channel: channel, received: received)
+            return LoopbackOrigin(group: group, channel: channel, received: received)
         } catch {
             try? await group.shutdownGracefully()
             throw error
@@ -62,11 +63,11 @@ private final class DemoResponder: ChannelInboundHandler {
     typealias OutboundOut = ByteBuffer
 
     private let body: String
-    private let received: DemoOrigin.ByteCount
+    private let received: LoopbackOrigin.ByteCount
     private var head: [UInt8] = []
     private var answered = false
 
-    init(body: String, received: DemoOrigin.ByteCount) {
+    init(body: String, received: LoopbackOrigin.ByteCount) {
         self.body = body
         self.received = received
     }

@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import PinGateNIO
 
 /// A swift-log handler that writes each record as one JSON object per line: the
 /// decision log. Metadata values become JSON fields (numbers stay numbers), next to

@@ -33,11 +33,11 @@ final class TunnelRegistry: Sendable {
     /// Re-evaluates every tunnel against `list` and closes those it no longer trusts.
     /// Returns the verdicts of the closed ones.
     @discardableResult
-    func enforce(_ list: PinList, policy: PinPolicy, now: Date, logger: Logger) -> [Verdict] {
+    func enforce(_ list: PinList, policy: any DecisionPolicy, now: Date, logger: Logger) -> [Verdict] {
         let snapshot = tunnels.withLock { Array($0.values) }
         var closed: [Verdict] = []
         for tunnel in snapshot {
-            let verdict = policy.evaluate(host: tunnel.host, leaf: tunnel.leaf, chain: tunnel.chain, list: list, now: now)
+            let verdict = policy.verdict(host: tunnel.host, leaf: tunnel.leaf, chain: tunnel.chain, list: list, now: now)
             guard !verdict.isTrusted else { continue }
             closed.append(verdict)
             logger.notice("closing a live tunnel after a list update", metadata: [

@@ -1,5 +1,6 @@
 import Foundation
 import NIOCore
+import PinGateNIO
 import PinGateTLS
 
 /// An HTTPS GET through an HTTP proxy, as an app behind the gate makes it: CONNECT, then
@@ -24,17 +25,16 @@ public enum ProxiedFetch {
     /// GETs `url` through `proxy`, trusting `trust` for the TLS inside the tunnel.
     public static func get(_ url: URL, via proxy: ParentProxy, trust: TrustRoots, on group: EventLoopGroup,
                            timeout: TimeAmount = .seconds(20)) async -> Result {
-        var configuration = GateConfiguration()
-        configuration.upstreamProxy = proxy
-        configuration.upstreamConnectTimeout = timeout
-        configuration.upstreamHandshakeTimeout = timeout
+        var settings = TLSClientSettings()
+        settings.parentProxy = proxy
+        settings.connectTimeout = timeout
+        settings.handshakeTimeout = timeout
         do {
-            let connector = UpstreamConnector(configuration: configuration, tlsContext: try TLSContext.client(trustRoots: trust),
-                                              statistics: GateStatistics())
+            let connector = TLSClientConnector(settings: settings, context: try TLSContext.client(trustRoots: trust))
             let client = HTTPSClient(connector: connector, serverPins: [], timeout: timeout, maximumBodyBytes: 64 << 20)
-            let response = try await client.sendReportingCause(.GET, url, headers: [], body: nil, on: group.next()).get()
+            let response = try await client.send(.GET, url, headers: [], body: nil, on: group.next()).get()
             return Result(status: response.status, body: response.body)
-        } catch UpstreamFailure.parentProxy(let refusal) {
+        } catch HTTPSClientError.connection(.parentProxy(let refusal)) {
             return Result(proxyStatus: refusal.status, refusal: refusal.refusal, observedFingerprint: refusal.observedFingerprint,
                           error: refusal.description)
         } catch {

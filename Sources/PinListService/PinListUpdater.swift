@@ -1,6 +1,8 @@
 import Foundation
 import Logging
 import NIOCore
+import NIOHTTP1
+import PinGateNIO
 import PinGateTLS
 import PinList
 
@@ -89,7 +91,9 @@ public final class PinListUpdater: Sendable {
     private let now: @Sendable () -> Date
     private let state: NIOLoopBoundBox<State>
 
-    init(source: PinListSource, store: PinListStore, persistence: PinListPersistence?, connector: UpstreamConnector,
+    /// An updater for `source` that installs into `store`, persists with `persistence`, and
+    /// fetches through `connector`; its timers and state live on `eventLoop`.
+    public init(source: PinListSource, store: PinListStore, persistence: PinListPersistence?, connector: TLSClientConnector,
          eventLoop: EventLoop, logger: Logger, now: @escaping @Sendable () -> Date) {
         self.source = source
         self.store = store
@@ -200,7 +204,7 @@ public final class PinListUpdater: Sendable {
             case .failure(let rejection): return .rejected(rejection)
             }
         }.flatMapErrorThrowing { error in
-            let rejection = error as? PinListRejection ?? .networkError("\(error)")
+            let rejection = Self.rejection(for: error)
             self.store.recordFailure(rejection, at: self.now())
             self.logger.warning("fingerprint list update failed; the list in force stays", metadata: [
                 "source": "\(self.source.description)", "result": "\(rejection.token)", "error": "\(rejection)",
@@ -247,6 +251,18 @@ public final class PinListUpdater: Sendable {
             }
             return SignedListDocument(format: .wultraDynamic, source: url.absoluteString, body: response.body,
                                       challenge: challenge, signature: signature, receivedAt: self.now())
+        }
+    }
+
+    /// What a failed fetch means for the list: transport failures are network errors,
+    /// except a timeout and an oversized body, which have their own results.
+    private static func rejection(for error: Error) -> PinListRejection {
+        switch error {
+        case let rejection as PinListRejection: return rejection
+        case HTTPSClientError.timedOut, HTTPSClientError.connection(.timedOut): return .timeout
+        case HTTPSClientError.bodyTooLarge(let limit): return .invalid(.malformed("the list is larger than \(limit) bytes"))
+        case let failure as HTTPSClientError: return .networkError(failure.description)
+        default: return .networkError("\(error)")
         }
     }
 

@@ -1,3 +1,4 @@
+import PinGateNIO
 import PinList
 
 /// Why the gate refused a CONNECT, with everything the answer and the log need.
@@ -16,6 +17,16 @@ public enum Refusal: Sendable, Equatable {
     case listUnavailable(String)
     /// The gate itself failed, e.g. could not mint a leaf (500).
     case internalError(String)
+
+    /// The refusal for an upstream leg that did not come up.
+    init(_ failure: TLSClientError) {
+        switch failure {
+        case .timedOut(let detail): self = .upstreamTimeout(detail)
+        case .unreachable(let detail): self = .upstreamUnreachable(detail)
+        case .handshakeFailed(let detail): self = .upstreamHandshakeFailed(detail)
+        case .parentProxy(let error): self = .upstreamUnreachable(error.description)
+        }
+    }
 
     /// The HTTP status for the CONNECT answer.
     public var status: Int {

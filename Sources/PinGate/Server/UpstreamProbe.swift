@@ -1,5 +1,6 @@
 import NIOCore
 import NIOPosix
+import PinGateNIO
 import PinGateTLS
 
 /// Connects to a live TLS server the way the gate would and reports what it presented,
@@ -15,10 +16,9 @@ public enum UpstreamProbe {
         signal(SIGPIPE, SIG_IGN)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         do {
-            let connector = UpstreamConnector(
-                configuration: configuration,
-                tlsContext: try TLSContext.client(trustRoots: configuration.upstreamTrust),
-                statistics: GateStatistics())
+            let connector = UpstreamConnector(client: TLSClientConnector(
+                settings: configuration.upstreamClientSettings,
+                context: try TLSContext.client(trustRoots: configuration.upstreamTrust)))
             let eventLoop = group.next()
             let connection = try await connector.connect(
                 host: host, port: port, alpnOffer: configuration.upstreamALPNOffer, on: eventLoop, countRelayed: { _ in }
@@ -26,9 +26,9 @@ public enum UpstreamProbe {
             try? await connection.channel.close()
             try await group.shutdownGracefully()
             return connection.peer
-        } catch let failure as UpstreamFailure {
+        } catch let failure as TLSClientError {
             try? await group.shutdownGracefully()
-            throw ConfigurationError(failure.refusal.explanation(host: host, port: port))
+            throw ConfigurationError(Refusal(failure).explanation(host: host, port: port))
         } catch {
             try? await group.shutdownGracefully()
             throw error

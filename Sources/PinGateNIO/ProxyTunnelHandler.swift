@@ -1,7 +1,7 @@
 import NIOCore
 
 /// Why a parent proxy did not open the tunnel.
-public struct ParentProxyError: Error, CustomStringConvertible, Sendable {
+public struct ParentProxyError: Error, CustomStringConvertible, Sendable, Equatable {
     /// What the parent answered, or what went wrong.
     public let description: String
     /// The parent's HTTP status, when it answered.

@@ -1,15 +1,37 @@
 import Foundation
 import NIOCore
+import PinGate
+import PinList
 import Synchronization
 
-/// What the gate is: the pinning gate, or (for the MITM test harness) a Charles-like
-/// attacker that mints forged leaves from its own CA, forwards without pinning, and
-/// records what it could read.
-public enum GateRole: Sendable {
-    /// Pin, refuse, relay.
-    case gate
-    /// Intercept everything and record it in the log.
-    case attacker(InterceptionLog)
+/// The attacker's decision policy: with it, the gate's core becomes a Charles-like
+/// intercepting proxy. It mints forged leaves from its own CA (the core does that for
+/// any admitted tunnel), trusts whatever upstream it reaches, offers only HTTP/1.1 so
+/// what it intercepts stays readable, and records each tunnel's first request.
+public struct InterceptingDecisionPolicy: DecisionPolicy {
+    /// Where intercepted requests are recorded.
+    public let log: InterceptionLog
+
+    /// An attacker recording into `log`.
+    public init(log: InterceptionLog) {
+        self.log = log
+    }
+
+    /// Never: an attacker connects to anything.
+    public func refusalBeforeConnecting(host: String, port: Int, list: PinList?, now: Date) -> Verdict? { nil }
+
+    /// HTTP/1.1 only, whatever is configured: the recorder reads HTTP/1 heads.
+    public func upstreamALPNOffer(configured: [String]) -> [String] { ["http/1.1"] }
+
+    /// Trusted, whatever the upstream presented: that is the point of the attack.
+    public func verdict(host: String, leaf: LeafIdentity?, chain: PinPolicy.ChainCheck, list: PinList?, now: Date) -> Verdict {
+        .trusted(fingerprint: leaf?.certificateSHA256 ?? "none")
+    }
+
+    /// The recorder, reading the tunnel's first request head and body prefix.
+    public func makeTunnelInspectors(target: String) -> [ChannelHandler] {
+        [InterceptionRecorder(log: log, target: target)]
+    }
 }
 
 /// What an intercepting proxy read from a tunnel: the proof that interception worked.

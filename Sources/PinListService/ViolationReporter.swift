@@ -1,6 +1,8 @@
 import Foundation
 import Logging
 import NIOCore
+import NIOHTTP1
+import PinGateNIO
 import PinGateTLS
 import PinList
 import Synchronization
@@ -8,13 +10,19 @@ import Synchronization
 /// Sends TrustKit-style pin-failure reports (JSON, POSTed to each configured report URI)
 /// for report-only violations and enforced mismatches. The same report (host, port,
 /// chain, known pins, result) is sent at most once per `suppressionWindow`.
-final class ViolationReporter: Sendable {
+public final class ViolationReporter: Sendable {
     /// Counters: reports sent, suppressed as duplicates, and failed.
-    struct Counters: Sendable, Equatable {
-        var sent = 0
-        var suppressed = 0
-        var failed = 0
+    public struct Counters: Sendable, Equatable {
+        /// Reports POSTed and answered 2xx.
+        public var sent = 0
+        /// Reports not sent because the same one went out within the window.
+        public var suppressed = 0
+        /// Reports that failed to send.
+        public var failed = 0
     }
+
+    /// How many distinct reports are remembered for de-duplication.
+    static let rememberedReportsLimit = 4096
 
     private let uris: [URL]
     private let client: HTTPSClient
@@ -22,9 +30,13 @@ final class ViolationReporter: Sendable {
     private let logger: Logger
     private let suppressionWindow: TimeInterval
     private let lastSent = Mutex<[String: Date]>([:])
+
+    /// How many distinct reports are remembered now (at most `rememberedReportsLimit`).
+    var rememberedReports: Int { lastSent.withLock { $0.count } }
     private let counterState = Mutex(Counters())
 
-    init(uris: [URL], client: HTTPSClient, eventLoopGroup: EventLoopGroup, logger: Logger, suppressionWindow: TimeInterval = 86400) {
+    /// A reporter POSTing to `uris` with `client`, each distinct report at most once per `suppressionWindow`.
+    public init(uris: [URL], client: HTTPSClient, eventLoopGroup: EventLoopGroup, logger: Logger, suppressionWindow: TimeInterval = 86400) {
         self.uris = uris
         self.client = client
         self.eventLoopGroup = eventLoopGroup
@@ -32,16 +44,28 @@ final class ViolationReporter: Sendable {
         self.suppressionWindow = suppressionWindow
     }
 
-    var counters: Counters { counterState.withLock { $0 } }
+    /// The counters now.
+    public var counters: Counters { counterState.withLock { $0 } }
 
     /// Reports `verdict` for `host:port`, whose unexpired pins were `pins`.
-    func report(host: String, port: Int, verdict: Verdict, pins: [PinEntry], chain: [Certificate], now: Date) {
+    public func report(host: String, port: Int, verdict: Verdict, pins: [PinEntry], chain: [Certificate], now: Date) {
         guard !uris.isEmpty else { return }
         let knownPins = pins.map(\.reportText).sorted()
         let chainPEM = chain.compactMap { try? $0.pemString() }
         let key = ([host, "\(port)", verdict.reasonToken] + knownPins + chain.map(\.sha256Fingerprint)).joined(separator: "|")
+        let window = suppressionWindow
         let due = lastSent.withLock { sent -> Bool in
-            if let last = sent[key], now.timeIntervalSince(last) < suppressionWindow { return false }
+            if let last = sent[key], now.timeIntervalSince(last) < window { return false }
+            // Bounded memory: a stream of distinct reports (an attacker rotating forged
+            // leaves) must not grow this map without end. Forget what is past the window
+            // first; if that is not enough, forget the oldest half.
+            if sent.count >= Self.rememberedReportsLimit {
+                sent = sent.filter { now.timeIntervalSince($0.value) < window }
+                if sent.count >= Self.rememberedReportsLimit {
+                    let newest = sent.sorted { $0.value > $1.value }.prefix(Self.rememberedReportsLimit / 2)
+                    sent = Dictionary(uniqueKeysWithValues: newest.map { ($0.key, $0.value) })
+                }
+            }
             sent[key] = now
             return true
         }

@@ -4,8 +4,10 @@ import Logging
 import NIOCore
 import NIOPosix
 import PinGateCA
+import PinGateNIO
 import PinGateTLS
 import PinList
+import PinListService
 import Synchronization
 
 /// A running gate: the CONNECT listener and everything its connections share.
@@ -66,7 +68,7 @@ public final class PinGateServer: Sendable {
         metrics: GateMetrics = .discarding,
         refusalLogCapacity: Int = 100,
         decisionLogger: Logger? = nil,
-        role: GateRole = .gate,
+        decisionPolicy: (any DecisionPolicy)? = nil,
         now: @escaping @Sendable () -> Date = { Date() }
     ) async throws -> PinGateServer {
         // A write to a peer that has gone away must be an error, not the end of the process.
@@ -76,14 +78,15 @@ public final class PinGateServer: Sendable {
         let refusals = RefusalLog(capacity: refusalLogCapacity)
         let minter = try LeafMinter(ca: ca)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: max(1, configuration.eventLoopThreads))
-        let connector = UpstreamConnector(configuration: configuration, tlsContext: upstreamContext, statistics: statistics)
-        let policy = PinPolicy(pinsOnlyHosts: configuration.pinsOnlyHosts)
+        let connector = UpstreamConnector(client: TLSClientConnector(
+            settings: configuration.upstreamClientSettings, context: upstreamContext, onConnected: { statistics.upstreamConnectionOpened() }))
+        let policy = decisionPolicy ?? PinningDecisionPolicy(pinsOnlyHosts: configuration.pinsOnlyHosts)
         let tunnels = TunnelRegistry()
         var updater: PinListUpdater?
         do {
             if let listSource {
-                let listConnector = UpstreamConnector(
-                    configuration: configuration, tlsContext: try TLSContext.client(trustRoots: listSource.serverTrust), statistics: GateStatistics())
+                let listConnector = TLSClientConnector(
+                    settings: configuration.upstreamClientSettings, context: try TLSContext.client(trustRoots: listSource.serverTrust))
                 updater = PinListUpdater(
                     source: listSource, store: store, persistence: stateDirectory.map { PinListPersistence(stateDirectory: $0) },
                     connector: listConnector, eventLoop: group.next(), logger: logger, now: now)
@@ -102,15 +105,15 @@ public final class PinGateServer: Sendable {
             }
             var reporter: ViolationReporter?
             if !configuration.reportURIs.isEmpty {
-                let reportConnector = UpstreamConnector(
-                    configuration: configuration, tlsContext: try TLSContext.client(trustRoots: configuration.reportTrust), statistics: GateStatistics())
+                let reportConnector = TLSClientConnector(
+                    settings: configuration.upstreamClientSettings, context: try TLSContext.client(trustRoots: configuration.reportTrust))
                 reporter = ViolationReporter(
                     uris: configuration.reportURIs,
                     client: HTTPSClient(connector: reportConnector, serverPins: [], timeout: .seconds(10), maximumBodyBytes: 64 * 1024),
                     eventLoopGroup: group, logger: logger)
             }
             let environment = GateEnvironment(
-                role: role, configuration: configuration, store: store, policy: policy, minter: minter, connector: connector,
+                configuration: configuration, store: store, decisionPolicy: policy, minter: minter, connector: connector,
                 statistics: statistics, tunnels: tunnels, reporter: reporter, updater: updater,
                 refusals: refusals, decisionLogger: decisionLogger ?? logger, logger: logger, now: now)
             try await updater?.start().get()

@@ -14,15 +14,19 @@ public enum TLSHandlerError: Error, Equatable, Sendable {
 /// Drives a sans-IO `TLSConnection` inside a NIO pipeline: ciphertext from the socket
 /// goes in, plaintext goes up the pipeline; plaintext written down the pipeline is
 /// encrypted and goes out. close_notify maps to NIO's half-close in both directions.
-final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
-    typealias InboundIn = ByteBuffer
-    typealias InboundOut = ByteBuffer
-    typealias OutboundIn = ByteBuffer
-    typealias OutboundOut = ByteBuffer
+public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
+    /// Ciphertext from the socket.
+    public typealias InboundIn = ByteBuffer
+    /// Plaintext to the handlers behind.
+    public typealias InboundOut = ByteBuffer
+    /// Plaintext from the handlers behind.
+    public typealias OutboundIn = ByteBuffer
+    /// Ciphertext to the socket.
+    public typealias OutboundOut = ByteBuffer
 
     /// Asked at a server-side ClientHello pause with the client's ALPN offer; answers
     /// the ALPN protocol to select when the handshake resumes, or fails to abandon it.
-    typealias ClientHelloResponder = (_ offeredALPN: [String]?) -> EventLoopFuture<String?>
+    public typealias ClientHelloResponder = (_ offeredALPN: [String]?) -> EventLoopFuture<String?>
 
     private enum State {
         case handshaking
@@ -46,7 +50,7 @@ final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private var spareBuffer: ByteBuffer?
 
     /// Wraps `connection`; `handshakePromise` completes with the peer summary or the failure.
-    init(connection: TLSConnection, handshakePromise: EventLoopPromise<TLSPeerSummary>?, clientHelloResponder: ClientHelloResponder? = nil) {
+    public init(connection: TLSConnection, handshakePromise: EventLoopPromise<TLSPeerSummary>?, clientHelloResponder: ClientHelloResponder? = nil) {
         self.connection = connection
         self.handshakePromise = handshakePromise
         self.clientHelloResponder = clientHelloResponder
@@ -54,30 +58,30 @@ final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
 
     // MARK: inbound
 
-    func handlerAdded(context: ChannelHandlerContext) {
+    public func handlerAdded(context: ChannelHandlerContext) {
         if connection.role == .client && context.channel.isActive { advance(context: context) }
     }
 
-    func channelActive(context: ChannelHandlerContext) {
+    public func channelActive(context: ChannelHandlerContext) {
         context.fireChannelActive()
         if connection.role == .client { advance(context: context) }
     }
 
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+    public func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let ciphertext = unwrapInboundIn(data)
         guard state != .closed else { return }
         ciphertext.withUnsafeReadableBytes { connection.feedCiphertext($0) }
         advance(context: context)
     }
 
-    func channelReadComplete(context: ChannelHandlerContext) {
+    public func channelReadComplete(context: ChannelHandlerContext) {
         if producedPlaintext {
             producedPlaintext = false
             context.fireChannelReadComplete()
         }
     }
 
-    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+    public func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if let event = event as? ChannelEvent, event == .inputClosed {
             switch state {
             case .handshaking, .pausedAtClientHello:
@@ -92,7 +96,7 @@ final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
         context.fireUserInboundEventTriggered(event)
     }
 
-    func channelInactive(context: ChannelHandlerContext) {
+    public func channelInactive(context: ChannelHandlerContext) {
         if state != .active { handshakePromise?.fail(TLSHandlerError.closedDuringHandshake) }
         handshakePromise = nil
         state = .closed
@@ -100,7 +104,7 @@ final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
         context.fireChannelInactive()
     }
 
-    func errorCaught(context: ChannelHandlerContext, error: Error) {
+    public func errorCaught(context: ChannelHandlerContext, error: Error) {
         handshakePromise?.fail(error)
         handshakePromise = nil
         context.fireErrorCaught(error)
@@ -108,7 +112,7 @@ final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
 
     // MARK: outbound
 
-    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+    public func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
         let plaintext = unwrapOutboundIn(data)
         switch state {
         case .handshaking, .pausedAtClientHello:
@@ -120,7 +124,7 @@ final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
         }
     }
 
-    func flush(context: ChannelHandlerContext) {
+    public func flush(context: ChannelHandlerContext) {
         if state == .active {
             context.flush()
         } else {
@@ -128,7 +132,7 @@ final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
         }
     }
 
-    func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
+    public func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
         switch mode {
         case .output, .all:
             if state == .active && !sentCloseNotify {

@@ -1,15 +1,17 @@
 import Foundation
 import Logging
 import PinGateCA
+import PinGateNIO
 import PinList
+import PinListService
 
 /// What every connection of one gate shares: settings, the list in force, the policy,
 /// the leaf minter, the upstream connector, the counters, the logger and the clock.
 struct GateEnvironment: Sendable {
-    let role: GateRole
     let configuration: GateConfiguration
     let store: PinListStore
-    let policy: PinPolicy
+    /// What is decided for each CONNECT (the pinning gate, or the harness's attacker).
+    let decisionPolicy: any DecisionPolicy
     let minter: LeafMinter
     let connector: UpstreamConnector
     let statistics: GateStatistics

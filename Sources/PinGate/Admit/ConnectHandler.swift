@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import NIOCore
+import PinGateNIO
 import PinGateTLS
 import PinList
 import Synchronization
@@ -120,17 +121,14 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     private func decide(context: ChannelHandlerContext, request: ConnectRequest) {
-        let list = environment.store.list
-        let intercepting: Bool
-        if case .attacker = environment.role { intercepting = true } else { intercepting = false }
-        guard intercepting || environment.policy.isPinned(host: request.host, list: list, now: environment.now()) else {
+        let policy = environment.decisionPolicy
+        if let verdict = policy.refusalBeforeConnecting(host: request.host, port: request.port, list: environment.store.list, now: environment.now()) {
             // Deny by default, and without touching the network.
-            refuse(context: context, .verdict(.empty))
+            refuse(context: context, .verdict(verdict))
             return
         }
         state = .connectingUpstream
-        // An attacker keeps the intercepted traffic readable: HTTP/1.1 only.
-        connectUpstream(context: context, alpnOffer: intercepting ? ["http/1.1"] : environment.configuration.upstreamALPNOffer)
+        connectUpstream(context: context, alpnOffer: policy.upstreamALPNOffer(configured: environment.configuration.upstreamALPNOffer))
             .assumeIsolated().whenComplete { result in
                 switch result {
                 case .success(let connection):
@@ -155,14 +153,14 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                     self.admit(context: context, upstream: connection, verdict: verdict)
                 case .failure(let error):
                     guard self.state == .connectingUpstream else { return }
-                    let refusal = (error as? UpstreamFailure)?.refusal ?? .upstreamUnreachable("\(error)")
+                    let refusal = (error as? TLSClientError).map(Refusal.init) ?? .upstreamUnreachable("\(error)")
                     self.refuse(context: context, refusal)
                 }
             }
     }
 
     private func connectUpstream(context: ChannelHandlerContext, alpnOffer: [String]?) -> EventLoopFuture<UpstreamConnection> {
-        guard let request else { return context.eventLoop.makeFailedFuture(UpstreamFailure.unreachable("no request")) }
+        guard let request else { return context.eventLoop.makeFailedFuture(TLSClientError.unreachable("no request")) }
         let statistics = environment.statistics
         let bytes = tunnelBytes
         return environment.connector.connect(
@@ -174,11 +172,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     private func evaluate(_ connection: UpstreamConnection) -> Verdict {
-        if case .attacker = environment.role {
-            // The attacker trusts whatever it reaches: that is the point of the attack.
-            return .trusted(fingerprint: connection.leaf?.certificateSHA256 ?? "")
-        }
-        return environment.policy.evaluate(
+        return environment.decisionPolicy.verdict(
             host: request?.host ?? "",
             leaf: connection.leaf,
             chain: Self.chainCheck(connection),
@@ -273,9 +267,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             bytes.up.add($0, ordering: .relaxed)
         })
         var handlers: [ChannelHandler] = [IdleStateHandler(allTimeout: environment.configuration.idleTimeout), tls]
-        if case .attacker(let log) = environment.role {
-            handlers.append(InterceptionRecorder(log: log, target: request.authority))
-        }
+        handlers.append(contentsOf: environment.decisionPolicy.makeTunnelInspectors(target: request.authority))
         handlers.append(clientGlue)
         do {
             try context.pipeline.syncOperations.addHandlers(handlers, position: .last)

@@ -2,8 +2,9 @@ import Foundation
 
 /// Writes files the way secrets and state need: the directory private, the write atomic
 /// (temporary file, fsync, rename, fsync of the directory), and the mode set at creation
-/// so a key is never readable by others, not even for an instant. It lives in the base
-/// layer because both the CA and the pin store write state with it.
+/// so a key is never readable by others, not even for an instant. It is its own target,
+/// below the CA and the list service, because both write state with it, and it has
+/// nothing to do with TLS.
 public enum StateFiles {
     /// Why a state file could not be written.
     public struct WriteError: Error, CustomStringConvertible, Sendable {
@@ -58,11 +59,9 @@ public enum StateFiles {
             throw error
         }
         close(descriptor)
-        // Fault injection for the crash test: die exactly where a power cut hurts most,
-        // with the new bytes on disk under the temporary name and the rename not done.
-        if ProcessInfo.processInfo.environment["PINGATE_FAULT_INJECTION"] == "crash-before-rename" {
-            _exit(86)
-        }
+        // The crash test dies exactly here, where a power cut hurts most: the new bytes
+        // are on disk under the temporary name and the rename is not done.
+        FaultInjection.crashIfRequested(at: .beforeRename)
         guard rename(temporary, path) == 0 else {
             let error = failure(path, "rename")
             unlink(temporary)

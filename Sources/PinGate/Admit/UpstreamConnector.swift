@@ -1,0 +1,38 @@
+import NIOCore
+import PinGateNIO
+import PinGateTLS
+import PinList
+
+/// An upstream connection whose TLS handshake has completed, not yet relaying: its
+/// glue holds anything the server sent first until the tunnel is joined.
+struct UpstreamConnection: Sendable {
+    let channel: Channel
+    /// Bound to the channel's loop, the only place the glue may be touched.
+    let glue: NIOLoopBound<GlueHandler>
+    let peer: TLSPeerSummary
+    /// The leaf's two hashes, computed once: the verdict, the tunnel registry and the
+    /// logs all use them.
+    let leaf: LeafIdentity?
+    /// How long TCP connect plus TLS handshake took.
+    let handshakeDuration: TimeAmount
+}
+
+/// Opens a tunnel's upstream leg: TLS through the NIO binding's client connector, then
+/// an unpaired glue behind it that buffers what the server sends first. Nothing but the
+/// handshake is sent until the tunnel is joined.
+struct UpstreamConnector: Sendable {
+    let client: TLSClientConnector
+
+    /// TLS to `host:port` offering `alpnOffer`; fails with a `TLSClientError`.
+    func connect(host: String, port: Int, alpnOffer: [String]?, on eventLoop: EventLoop,
+                 countRelayed: @escaping GlueHandler.ByteCounter) -> EventLoopFuture<UpstreamConnection> {
+        client.connect(host: host, port: port, alpnOffer: alpnOffer, on: eventLoop) {
+            [GlueHandler(countRelayed: countRelayed)]
+        }.flatMapThrowing { client in
+            let glue = try client.channel.pipeline.syncOperations.handler(type: GlueHandler.self)
+            let leaf = client.peer.leaf.map { LeafIdentity(certificateSHA256: $0.sha256Fingerprint, spkiSHA256: $0.spkiSHA256) }
+            return UpstreamConnection(channel: client.channel, glue: NIOLoopBound(glue, eventLoop: eventLoop),
+                                      peer: client.peer, leaf: leaf, handshakeDuration: client.handshakeDuration)
+        }
+    }
+}

@@ -1,0 +1,52 @@
+import Foundation
+import NIOCore
+import PinList
+
+/// What a gate decides for each CONNECT. The core asks it three questions and acts on
+/// the answers; it never asks what kind of gate it is. The pinning gate runs with
+/// `PinningDecisionPolicy`; the MITM harness's attacker is the same core with a policy
+/// that trusts everything and records what it reads.
+public protocol DecisionPolicy: Sendable {
+    /// Asked before any connection is made. A verdict here refuses the CONNECT without
+    /// touching the network (deny by default); nil lets the gate connect upstream.
+    func refusalBeforeConnecting(host: String, port: Int, list: PinList?, now: Date) -> Verdict?
+
+    /// The ALPN protocols to offer upstream, given the configured offer.
+    func upstreamALPNOffer(configured: [String]) -> [String]
+
+    /// The verdict on an upstream whose handshake completed: its leaf's hashes (nil when
+    /// it sent none) and whether OpenSSL validated its chain and host name.
+    func verdict(host: String, leaf: LeafIdentity?, chain: PinPolicy.ChainCheck, list: PinList?, now: Date) -> Verdict
+
+    /// Handlers to put between the client's TLS and the relay of an admitted tunnel to
+    /// `target` (`host:port`). Called on the connection's event loop.
+    func makeTunnelInspectors(target: String) -> [ChannelHandler]
+}
+
+/// The gate's own policy: a host with no unexpired pin is refused before any connection
+/// (403 `empty`); otherwise the pin policy decides on the upstream's leaf and chain.
+public struct PinningDecisionPolicy: DecisionPolicy {
+    /// The pin policy (pins-only hosts, wildcard and report-only rules).
+    public let pins: PinPolicy
+
+    /// A policy whose pins alone decide for `pinsOnlyHosts`.
+    public init(pinsOnlyHosts: Set<String>) {
+        pins = PinPolicy(pinsOnlyHosts: pinsOnlyHosts)
+    }
+
+    /// `.empty` when the list has no unexpired pin for `host`.
+    public func refusalBeforeConnecting(host: String, port: Int, list: PinList?, now: Date) -> Verdict? {
+        pins.isPinned(host: host, list: list, now: now) ? nil : .empty
+    }
+
+    /// The configured offer, unchanged.
+    public func upstreamALPNOffer(configured: [String]) -> [String] { configured }
+
+    /// The pin policy's verdict.
+    public func verdict(host: String, leaf: LeafIdentity?, chain: PinPolicy.ChainCheck, list: PinList?, now: Date) -> Verdict {
+        pins.evaluate(host: host, leaf: leaf, chain: chain, list: list, now: now)
+    }
+
+    /// None: the gate relays what it admitted untouched.
+    public func makeTunnelInspectors(target: String) -> [ChannelHandler] { [] }
+}

@@ -1,0 +1,52 @@
+import Foundation
+import NIOCore
+import PinGateNIO
+import PinGateTLS
+
+/// Everything the gate's listener and connections need, settled before start.
+public struct GateConfiguration: Sendable {
+    /// The address to listen on for CONNECT requests.
+    public var listenHost: String = "127.0.0.1"
+    /// The port to listen on (0 picks a free port; tests use that).
+    public var listenPort: Int = 8080
+    /// Roots that upstream chains must reach.
+    public var upstreamTrust: TrustRoots = .system
+    /// `--resolve` overrides, looked up by host and port.
+    public var resolveOverrides: [ResolveOverride] = []
+    /// Hosts whose pin alone decides; their chain and hostname errors are ignored.
+    public var pinsOnlyHosts: Set<String> = []
+    /// ALPN protocols offered upstream on the first connection.
+    public var upstreamALPNOffer: [String] = ["h2", "http/1.1"]
+    /// How long the client may take to send its request head (408 after).
+    public var headTimeout: TimeAmount = .seconds(10)
+    /// The largest request head accepted (431 beyond).
+    public var maximumHeadBytes: Int = 16 * 1024
+    /// How long the TCP connect to an upstream may take (504 after).
+    public var upstreamConnectTimeout: TimeAmount = .seconds(10)
+    /// How long the upstream TLS handshake may take (504 after).
+    public var upstreamHandshakeTimeout: TimeAmount = .seconds(10)
+    /// A tunnel with no traffic either way for this long is closed.
+    public var idleTimeout: TimeAmount = .minutes(5)
+    /// A parent HTTP proxy that upstream connections go through (CONNECT), as in
+    /// corporate networks. The pin check still applies end to end.
+    public var upstreamProxy: ParentProxy?
+    /// Where pin-failure reports are POSTed (TrustKit-style JSON); empty: no reports.
+    public var reportURIs: [URL] = []
+    /// Roots the report collectors' chains must reach.
+    public var reportTrust: TrustRoots = .system
+    /// The event-loop thread count (default: one per core).
+    public var eventLoopThreads: Int = System.coreCount
+
+    /// The default configuration.
+    public init() {}
+
+    /// How upstream legs are dialled: timeouts, parent proxy, `--resolve` overrides.
+    public var upstreamClientSettings: TLSClientSettings {
+        var settings = TLSClientSettings()
+        settings.connectTimeout = upstreamConnectTimeout
+        settings.handshakeTimeout = upstreamHandshakeTimeout
+        settings.parentProxy = upstreamProxy
+        settings.resolveOverrides = resolveOverrides
+        return settings
+    }
+}

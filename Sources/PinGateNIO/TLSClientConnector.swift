@@ -1,0 +1,172 @@
+import NIOCore
+import NIOPosix
+import PinGateTLS
+
+/// A TLS client connection after its handshake, with whatever handlers the caller put
+/// behind the TLS handler.
+public struct TLSClientChannel: Sendable {
+    /// The connected channel: TLS handler first, the caller's handlers behind it.
+    public let channel: Channel
+    /// What the server presented and what the handshake settled.
+    public let peer: TLSPeerSummary
+    /// How long TCP connect (and the parent proxy's CONNECT) plus the TLS handshake took.
+    public let handshakeDuration: TimeAmount
+}
+
+/// Why a TLS client connection did not come up.
+public enum TLSClientError: Error, Sendable, CustomStringConvertible {
+    /// TCP connect or the TLS handshake took longer than allowed.
+    case timedOut(String)
+    /// The server could not be reached: refused, unresolvable, reset.
+    case unreachable(String)
+    /// The TLS handshake failed (the reason text is OpenSSL's).
+    case handshakeFailed(String)
+    /// The parent proxy did not open the tunnel.
+    case parentProxy(ParentProxyError)
+
+    /// The failure in words.
+    public var description: String {
+        switch self {
+        case .timedOut(let detail), .unreachable(let detail), .handshakeFailed(let detail): return detail
+        case .parentProxy(let error): return error.description
+        }
+    }
+}
+
+/// How a `TLSClientConnector` reaches servers.
+public struct TLSClientSettings: Sendable {
+    /// How long the TCP connect may take.
+    public var connectTimeout: TimeAmount = .seconds(10)
+    /// How long the TLS handshake may take once TCP is up.
+    public var handshakeTimeout: TimeAmount = .seconds(10)
+    /// A parent HTTP proxy to tunnel through (CONNECT); TLS still runs end to end.
+    public var parentProxy: ParentProxy?
+    /// curl-style `--resolve` overrides (not applied through a parent, which resolves names itself).
+    public var resolveOverrides: [ResolveOverride] = []
+
+    /// The defaults: 10 s connect, 10 s handshake, direct, no overrides.
+    public init() {}
+
+    /// The override address for `host:port`, if any.
+    public func resolveOverride(host: String, port: Int) -> String? {
+        resolveOverrides.first { $0.host == host && $0.port == port }?.address
+    }
+}
+
+/// Opens TCP to a server (honouring `--resolve` overrides, or through a parent proxy) on
+/// a given event loop, then runs the TLS client handshake with the engine: SNI = host
+/// (none for IP literals), the given ALPN offer, TLS 1.2 minimum, chain and hostname
+/// checked against the context's roots. It sends nothing but the handshake; callers put
+/// their own handlers behind the TLS handler (the gate a relay, the HTTPS client a codec).
+public struct TLSClientConnector: Sendable {
+    /// How servers are reached.
+    public let settings: TLSClientSettings
+    /// The client context: trust roots and protocol floor.
+    public let context: TLSContext
+    /// Called on the loop for every TCP connection that came up (the gate counts them).
+    public let onConnected: @Sendable () -> Void
+
+    /// A connector with `settings` and `context`.
+    public init(settings: TLSClientSettings, context: TLSContext, onConnected: @escaping @Sendable () -> Void = {}) {
+        self.settings = settings
+        self.context = context
+        self.onConnected = onConnected
+    }
+
+    /// TLS to `host:port`, with `makeHandlers()` (called on the loop) behind the TLS
+    /// handler. Fails with a `TLSClientError`.
+    public func connect(host: String, port: Int, alpnOffer: [String]?, on eventLoop: EventLoop,
+                        makeHandlers: @escaping @Sendable () -> [ChannelHandler]) -> EventLoopFuture<TLSClientChannel> {
+        // Handlers and TLS state belong to one loop: do all of it there.
+        guard eventLoop.inEventLoop else {
+            return eventLoop.flatSubmit {
+                self.connect(host: host, port: port, alpnOffer: alpnOffer, on: eventLoop, makeHandlers: makeHandlers)
+            }
+        }
+        let started = NIODeadline.now()
+        let handshakePromise = eventLoop.makePromise(of: TLSPeerSummary.self)
+        let connection: TLSConnection
+        do {
+            connection = try TLSConnection(clientOf: context, options: .init(expectedHost: host, alpnOffer: alpnOffer))
+        } catch {
+            handshakePromise.fail(error)
+            return eventLoop.makeFailedFuture(TLSClientError.handshakeFailed("\(error)"))
+        }
+        // The TLS connection is made here, on the loop, and handed to the initializer
+        // that runs on the same loop.
+        let tls = NIOLoopBound(TLSHandler(connection: connection, handshakePromise: handshakePromise), eventLoop: eventLoop)
+        let parent = settings.parentProxy
+        let target = Authority(host: host, port: port).description
+        let bootstrap = ClientBootstrap(group: eventLoop)
+            .connectTimeout(settings.connectTimeout)
+            .channelOption(.allowRemoteHalfClosure, value: true)
+            .channelOption(.tcpOption(.tcp_nodelay), value: 1)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    if parent != nil {
+                        // Through a parent proxy: CONNECT first, TLS (and the rest) once it answers 200.
+                        try channel.pipeline.syncOperations.addHandler(ProxyTunnelHandler(
+                            target: target,
+                            onFailure: { handshakePromise.fail($0) },
+                            makeHandlers: { [tls.value] + makeHandlers() }))
+                    } else {
+                        try channel.pipeline.syncOperations.addHandler(tls.value)
+                        try channel.pipeline.syncOperations.addHandlers(makeHandlers())
+                    }
+                }
+            }
+
+        let connected: EventLoopFuture<Channel>
+        if let parent {
+            // The parent resolves names; --resolve overrides do not reach it.
+            if IPAddressText.isIPLiteral(parent.host), let address = try? SocketAddress(ipAddress: parent.host, port: parent.port) {
+                connected = bootstrap.connect(to: address)
+            } else {
+                connected = bootstrap.connect(host: parent.host, port: parent.port)
+            }
+        } else if let address = settings.resolveOverride(host: host, port: port) ?? (IPAddressText.isIPLiteral(host) ? host : nil) {
+            do {
+                connected = bootstrap.connect(to: try SocketAddress(ipAddress: address, port: port))
+            } catch {
+                handshakePromise.fail(error)
+                return eventLoop.makeFailedFuture(TLSClientError.unreachable("bad address \(address): \(error)"))
+            }
+        } else {
+            connected = bootstrap.connect(host: host, port: port)
+        }
+
+        let handshakeTimeout = settings.handshakeTimeout
+        let onConnected = self.onConnected
+        return connected.flatMapError { error in
+            handshakePromise.fail(error)
+            return eventLoop.makeFailedFuture(Self.classifyConnectError(error))
+        }.flatMap { channel in
+            onConnected()
+            let timeout = eventLoop.scheduleTask(in: handshakeTimeout) {
+                handshakePromise.fail(TLSHandlerError.handshakeTimedOut)
+            }
+            return handshakePromise.futureResult.always { _ in timeout.cancel() }
+                .flatMapError { error in
+                    channel.close(promise: nil)
+                    return eventLoop.makeFailedFuture(Self.classifyHandshakeError(error, timeout: handshakeTimeout))
+                }
+                .map { peer in TLSClientChannel(channel: channel, peer: peer, handshakeDuration: .now() - started) }
+        }
+    }
+
+    private static func classifyConnectError(_ error: Error) -> TLSClientError {
+        if let channelError = error as? ChannelError, case .connectTimeout(let amount) = channelError {
+            return .timedOut("TCP connect took longer than \(amount.nanoseconds / 1_000_000) ms")
+        }
+        return .unreachable("\(error)")
+    }
+
+    private static func classifyHandshakeError(_ error: Error, timeout: TimeAmount) -> TLSClientError {
+        switch error {
+        case let failure as TLSClientError: return failure
+        case let parent as ParentProxyError: return .parentProxy(parent)
+        case TLSHandlerError.handshakeTimedOut: return .timedOut("TLS handshake took longer than \(timeout.nanoseconds / 1_000_000_000) s")
+        default: return .handshakeFailed("\(error)")
+        }
+    }
+}
