@@ -6,211 +6,217 @@ import PinGateTLS
 import PinList
 import Synchronization
 
-/// Drives one client connection from its first byte to an established tunnel or a
-/// refusal:
+/// Drives one client connection through `ConnectStateMachine`: it turns channel events,
+/// upstream results and timers into the machine's events, and the machine's actions into
+/// I/O. It decides nothing itself; the order (upstream handshake and verdict first, `200`
+/// and a minted leaf only for a trusted upstream) is the machine's.
 ///
-/// readingHead → (refused) | connectingUpstream → (refused) | handshakingClient → relaying
-///
-/// The upstream handshake and the pin verdict come first; only a trusted upstream gets a
-/// `200` and a minted leaf. A refused CONNECT is answered with the reason and closed;
-/// the upstream (if one was opened) saw the TLS handshake and nothing else.
+/// Pipeline: the handler sits first, next to the socket, and stays there until the
+/// tunnel is joined. Before the `200` it consumes the CONNECT head (and holds any bytes
+/// that follow it); after the `200` it passes the client's ciphertext on to the TLS
+/// handler it added behind itself, watches the handshake and its deadline, and leaves
+/// the pipeline only when the relay takes over. A refusal is answered on the CONNECT
+/// and the connection closed; the upstream (if one was opened) saw the TLS handshake and
+/// nothing else.
 final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ByteBuffer
     typealias OutboundOut = ByteBuffer
 
-    private enum State {
-        case readingHead
-        case connectingUpstream
-        case handshakingClient
-        case relaying
-        case done
-    }
-
-    /// Bytes a client may send after its head before the tunnel is up (an eager ClientHello).
-    private static let earlyBytesLimit = 64 * 1024
-
     private let environment: GateEnvironment
-    private var parser: ConnectRequestParser
-    private var state = State.readingHead
-    private var request: ConnectRequest?
-    private var earlyBytes: [UInt8] = []
-    private var headTimeout: Scheduled<Void>?
-    private var started = NIODeadline.now()
-    private var clientAddress = "unknown"
-    private var upstream: UpstreamConnection?
-    private var clientChannel: Channel?
-    private var clientALPN: String?
+    private var machine: ConnectStateMachine<UpstreamConnection>
+    /// The head timer (from connect to a complete head).
+    private var headTimer: Scheduled<Void>?
+    /// The client-handshake deadline (from the `200` to the join).
+    private var handshakeDeadline: Scheduled<Void>?
+    /// The paused client handshake waiting for a reopened upstream's ALPN choice.
+    private var pausedClientHello: EventLoopPromise<String?>?
+    /// For logs and the decision line.
+    private var connection = ConnectionFacts()
     private let tunnelBytes = TunnelBytes()
+
+    /// What the logs say about this connection; none of it steers anything.
+    private struct ConnectionFacts {
+        var started = NIODeadline.now()
+        var client = "unknown"
+        var clientALPN: String?
+    }
 
     init(environment: GateEnvironment) {
         self.environment = environment
-        self.parser = ConnectRequestParser(maximumHeadBytes: environment.configuration.maximumHeadBytes)
+        let configuration = environment.configuration
+        machine = ConnectStateMachine(
+            maximumHeadBytes: configuration.maximumHeadBytes,
+            limits: .init(headTimeoutSeconds: configuration.headTimeout.nanoseconds / 1_000_000_000))
     }
 
     // MARK: channel events
 
+    func handlerAdded(context: ChannelHandlerContext) {
+        // The child channel is usually active before its initializer runs.
+        if context.channel.isActive { started(context: context) }
+    }
+
     func channelActive(context: ChannelHandlerContext) {
-        started = .now()
-        clientChannel = context.channel
-        clientAddress = context.channel.remoteAddress.map(Self.describe) ?? "unknown"
-        headTimeout = context.eventLoop.assumeIsolated().scheduleTask(in: environment.configuration.headTimeout) {
-            guard self.state == .readingHead else { return }
-            self.refuse(context: context, .head(HeadRejection(
-                status: 408, reason: "request-timeout",
-                detail: "the CONNECT request head did not arrive within \(self.environment.configuration.headTimeout.nanoseconds / 1_000_000_000) s")))
-        }
+        if headTimer == nil { started(context: context) }
         context.fireChannelActive()
+    }
+
+    private func started(context: ChannelHandlerContext) {
+        guard headTimer == nil else { return }
+        connection.started = .now()
+        connection.client = context.channel.remoteAddress.flatMap(Authority.init)?.description ?? "unknown"
+        headTimer = context.eventLoop.assumeIsolated().scheduleTask(in: environment.configuration.headTimeout) {
+            self.perform(self.machine.headTimedOut(), context: context)
+        }
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let bytes = unwrapInboundIn(data)
-        switch state {
-        case .readingHead:
-            let outcome = bytes.withUnsafeReadableBytes { parser.feed($0) }
-            switch outcome {
-            case .needMoreBytes:
-                break
-            case .rejected(let rejection):
-                refuse(context: context, .head(rejection))
-            case .request(let parsed, let leftover):
-                headTimeout?.cancel()
-                request = parsed
-                earlyBytes = leftover
-                startUpstream(context: context, request: parsed)
-            }
-        case .connectingUpstream:
-            earlyBytes.append(contentsOf: bytes.readableBytesView)
-            if earlyBytes.count > Self.earlyBytesLimit { context.close(promise: nil) }
-        case .handshakingClient, .relaying, .done:
-            break
+        let action = bytes.withUnsafeReadableBytes { machine.bytesReceived($0) }
+        if case .forward = action {
+            context.fireChannelRead(data)
+        } else {
+            perform(action, context: context)
         }
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        headTimeout?.cancel()
-        if state == .readingHead || state == .connectingUpstream { state = .done }
+        cancelTimers()
+        perform(machine.clientClosed(), context: context)
         context.fireChannelInactive()
     }
 
     func errorCaught(context: ChannelHandlerContext, error: Error) {
-        environment.logger.debug("client connection error", metadata: ["client": "\(clientAddress)", "error": "\(error)"])
+        environment.logger.debug("client connection error", metadata: ["client": "\(connection.client)", "error": "\(error)"])
         context.close(promise: nil)
     }
 
-    // MARK: upstream and verdict
+    // MARK: actions
 
-    private func startUpstream(context: ChannelHandlerContext, request: ConnectRequest) {
-        // Direct mode: with a list source configured and nothing usable in force, wait
-        // (bounded) for the update that is fetching one, then decide.
-        if let updater = environment.updater, !environment.store.isUsable(at: environment.now()) {
-            state = .connectingUpstream
-            updater.requestDirectUpdate()
-            environment.store.waitForUsableList(on: context.eventLoop, timeout: updater.directWait, now: environment.now)
-                .assumeIsolated().whenSuccess { _ in
-                    guard self.state == .connectingUpstream else { return }
-                    guard self.environment.store.isUsable(at: self.environment.now()) else {
-                        self.refuse(context: context, .listUnavailable(self.environment.store.status.lastResult ?? "no list fetched yet"))
-                        return
-                    }
-                    self.decide(context: context, request: request)
-                }
-            return
+    private func perform(_ action: ConnectStateMachine<UpstreamConnection>.Action, context: ChannelHandlerContext) {
+        switch action {
+        case .none, .forward:
+            break
+        case .checkList(let request):
+            headTimer?.cancel()
+            perform(machine.checkedList(listReadiness(for: request)), context: context)
+        case .waitForList:
+            waitForList(context: context)
+        case .connectUpstream(let request):
+            connectUpstream(request, context: context)
+        case .refuse(let refusal, let request, let upstream):
+            upstream?.channel.close(promise: nil)
+            refuse(refusal, request: request, upstream: upstream, context: context)
+        case .admit(let request, let upstream, let verdict, let early):
+            admit(request, upstream: upstream, verdict: verdict, early: early, context: context)
+        case .reconnectUpstream(let request, let offer, let previous):
+            previous.channel.close(promise: nil)
+            reconnectUpstream(request, offer: offer, context: context)
+        case .resumeClientHandshake(let upstream):
+            watchUntilJoined(upstream, context: context)
+            let promise = pausedClientHello
+            pausedClientHello = nil
+            promise?.succeed(upstream.peer.alpn)
+        case .join(let request, let upstream, _):
+            join(request, upstream: upstream, context: context)
+        case .closeEarly(let reason, let upstream):
+            closeEarly(reason, upstream: upstream, context: context)
+        case .closeUpstream(let upstream):
+            upstream.channel.close(promise: nil)
         }
-        decide(context: context, request: request)
     }
 
-    private func decide(context: ChannelHandlerContext, request: ConnectRequest) {
-        let policy = environment.decisionPolicy
-        if let verdict = policy.refusalBeforeConnecting(host: request.host, port: request.port, list: environment.store.list, now: environment.now()) {
-            // Deny by default, and without touching the network.
-            refuse(context: context, .verdict(verdict))
-            return
-        }
-        state = .connectingUpstream
-        connectUpstream(context: context, alpnOffer: policy.upstreamALPNOffer(configured: environment.configuration.upstreamALPNOffer))
-            .assumeIsolated().whenComplete { result in
-                switch result {
-                case .success(let connection):
-                    guard self.state == .connectingUpstream else {
-                        connection.channel.close(promise: nil) // the client left meanwhile
-                        return
-                    }
-                    self.environment.statistics.metrics.upstreamHandshake(nanoseconds: connection.handshakeDuration.nanoseconds)
-                    let verdict = self.evaluate(connection)
-                    self.reportIfPinFailure(verdict, connection: connection)
-                    guard verdict.isTrusted else {
-                        connection.channel.close(promise: nil)
-                        self.refuse(context: context, .verdict(verdict), upstream: connection)
-                        return
-                    }
-                    if case .reportOnlyViolation = verdict {
-                        self.environment.statistics.reportOnlyViolation()
-                        self.environment.logger.warning("report-only pin violation: allowed", metadata: [
-                            "host": "\(self.request?.host ?? "-")", "observed_fingerprint": "\(verdict.observedFingerprint ?? "-")",
-                        ])
-                    }
-                    self.admit(context: context, upstream: connection, verdict: verdict)
-                case .failure(let error):
-                    guard self.state == .connectingUpstream else { return }
-                    let refusal = (error as? TLSClientError).map(Refusal.init) ?? .upstreamUnreachable("\(error)")
-                    self.refuse(context: context, refusal)
+    // MARK: list and upstream
+
+    private func listReadiness(for request: ConnectRequest) -> ConnectStateMachine<UpstreamConnection>.ListReadiness {
+        // Direct mode: with a list source configured and nothing usable in force, the
+        // CONNECT waits (bounded) for the update that is fetching one.
+        if environment.updater != nil, !environment.store.isUsable(at: environment.now()) { return .updating }
+        return .usable(refusal: refusalBeforeConnecting(request))
+    }
+
+    private func refusalBeforeConnecting(_ request: ConnectRequest) -> Verdict? {
+        environment.decisionPolicy.refusalBeforeConnecting(
+            host: request.host, port: request.port, list: environment.store.list, now: environment.now())
+    }
+
+    private func waitForList(context: ChannelHandlerContext) {
+        guard let updater = environment.updater, let request = machine.request else { return }
+        updater.requestDirectUpdate()
+        environment.store.waitForUsableList(on: context.eventLoop, timeout: updater.directWait, now: environment.now)
+            .assumeIsolated().whenSuccess { _ in
+                let outcome: ConnectStateMachine<UpstreamConnection>.ListWaitOutcome
+                if self.environment.store.isUsable(at: self.environment.now()) {
+                    outcome = .usable(refusal: self.refusalBeforeConnecting(request))
+                } else {
+                    outcome = .unavailable(self.environment.store.status.lastResult ?? "no list fetched yet")
                 }
+                self.perform(self.machine.listWaitEnded(outcome), context: context)
             }
     }
 
-    private func connectUpstream(context: ChannelHandlerContext, alpnOffer: [String]?) -> EventLoopFuture<UpstreamConnection> {
-        guard let request else { return context.eventLoop.makeFailedFuture(TLSClientError.unreachable("no request")) }
+    private func connectUpstream(_ request: ConnectRequest, context: ChannelHandlerContext) {
+        let offer = environment.decisionPolicy.upstreamALPNOffer(configured: environment.configuration.upstreamALPNOffer)
+        openUpstream(request, offer: offer, context: context).assumeIsolated().whenComplete { result in
+            switch result {
+            case .success(let upstream):
+                self.environment.statistics.metrics.upstreamHandshake(nanoseconds: upstream.handshakeDuration.nanoseconds)
+                let verdict = self.verdict(on: upstream, for: request)
+                self.reportIfPinFailure(verdict, request: request, upstream: upstream)
+                self.perform(self.machine.upstreamConnected(upstream, verdict: verdict), context: context)
+            case .failure(let error):
+                let refusal = (error as? TLSClientError).map(Refusal.init) ?? .upstreamUnreachable("\(error)")
+                self.perform(self.machine.upstreamFailed(refusal), context: context)
+            }
+        }
+    }
+
+    private func openUpstream(_ request: ConnectRequest, offer: [String]?, context: ChannelHandlerContext) -> EventLoopFuture<UpstreamConnection> {
         let statistics = environment.statistics
         let bytes = tunnelBytes
         return environment.connector.connect(
-            host: request.host, port: request.port, alpnOffer: alpnOffer, on: context.eventLoop,
+            host: request.host, port: request.port, alpnOffer: offer, on: context.eventLoop,
             countRelayed: {
                 statistics.relayed(up: 0, down: $0)
                 bytes.down.add($0, ordering: .relaxed)
             })
     }
 
-    private func evaluate(_ connection: UpstreamConnection) -> Verdict {
-        return environment.decisionPolicy.verdict(
-            host: request?.host ?? "",
-            leaf: connection.leaf,
-            chain: Self.chainCheck(connection),
-            list: environment.store.list,
-            now: environment.now())
+    private func verdict(on upstream: UpstreamConnection, for request: ConnectRequest) -> Verdict {
+        environment.decisionPolicy.verdict(
+            host: request.host, leaf: upstream.leaf, chain: Self.chainCheck(upstream), list: environment.store.list, now: environment.now())
     }
 
     /// Pin failures (enforced or report-only) go to the report URIs, TrustKit style.
-    private func reportIfPinFailure(_ verdict: Verdict, connection: UpstreamConnection) {
-        guard let reporter = environment.reporter, let request else { return }
+    private func reportIfPinFailure(_ verdict: Verdict, request: ConnectRequest, upstream: UpstreamConnection) {
+        guard let reporter = environment.reporter else { return }
         switch verdict {
         case .untrusted, .reportOnlyViolation:
             let now = environment.now()
             reporter.report(host: request.host, port: request.port, verdict: verdict,
                             pins: environment.store.list?.unexpiredEntries(for: request.host, at: now) ?? [],
-                            chain: connection.peer.chain, now: now)
+                            chain: upstream.peer.chain, now: now)
         default:
             break
         }
     }
 
-    private static func chainCheck(_ connection: UpstreamConnection) -> PinPolicy.ChainCheck {
-        .init(valid: connection.peer.chainAndHostnameValid, reason: connection.peer.verifyReason)
+    private static func chainCheck(_ upstream: UpstreamConnection) -> PinPolicy.ChainCheck {
+        .init(valid: upstream.peer.chainAndHostnameValid, reason: upstream.peer.verifyReason)
     }
 
     // MARK: refusal
 
-    private func refuse(context: ChannelHandlerContext, _ refusal: Refusal, upstream: UpstreamConnection? = nil) {
-        guard state != .done else { return }
-        state = .done
-        headTimeout?.cancel()
+    private func refuse(_ refusal: Refusal, request: ConnectRequest?, upstream: UpstreamConnection?, context: ChannelHandlerContext) {
+        cancelTimers()
         environment.statistics.recordDecision(refusal.reason)
-        logDecision(verdict: "refused", reason: refusal.reason, observed: refusal.observedFingerprint, upstream: upstream)
+        logDecision(verdict: "refused", reason: refusal.reason, observed: refusal.observedFingerprint, request: request, upstream: upstream)
         let host = request?.host ?? "-"
         let port = request?.port ?? 0
         environment.refusals.record(.init(
-            time: environment.now(), client: clientAddress, host: host, port: port, reason: refusal.reason,
-            observedFingerprint: refusal.observedFingerprint, expectedFingerprints: expectedFingerprints(for: refusal)))
+            time: environment.now(), client: connection.client, host: host, port: port, reason: refusal.reason,
+            observedFingerprint: refusal.observedFingerprint, expectedFingerprints: expectedFingerprints(for: refusal, request: request)))
         var buffer = context.channel.allocator.buffer(capacity: 512)
         buffer.writeBytes(refusal.httpResponse(host: host, port: port))
         context.writeAndFlush(wrapOutboundOut(buffer)).assumeIsolated().whenComplete { _ in
@@ -218,135 +224,174 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         }
     }
 
-    // MARK: tunnel
-
     /// The pins the refused host had, for the refusal log.
-    private func expectedFingerprints(for refusal: Refusal) -> [String] {
+    private func expectedFingerprints(for refusal: Refusal, request: ConnectRequest?) -> [String] {
         if case .verdict(.untrusted(_, let expected)) = refusal { return expected }
         guard let request else { return [] }
         return environment.store.list?.unexpiredEntries(for: request.host, at: environment.now()).map(\.fingerprint) ?? []
     }
 
-    private func admit(context: ChannelHandlerContext, upstream connection: UpstreamConnection, verdict: Verdict) {
-        guard let request else { return }
-        let serverConnection: TLSConnection
-        do {
-            let leaf = try environment.minter.leaf(for: request.host, now: environment.now())
-            serverConnection = try TLSConnection(
-                serverOf: leaf.context,
-                options: .init(preferredALPN: connection.peer.alpn, pauseWhenPreferredALPNMissing: true))
-        } catch {
-            connection.channel.close(promise: nil)
-            refuse(context: context, .internalError("cannot mint a leaf for \(request.host): \(error)"))
-            return
-        }
-        state = .handshakingClient
-        upstream = connection
-        watchUpstreamBeforeJoin(connection)
-        environment.statistics.recordDecision(verdict.reasonToken, allowed: true)
-        environment.statistics.tunnelOpened()
+    // MARK: admission
+
+    private func admit(_ request: ConnectRequest, upstream: UpstreamConnection, verdict: Verdict, early: [UInt8], context: ChannelHandlerContext) {
+        // The client's side first: a leaf for the host and a TLS handler behind this one.
+        // Only when that is in place is the 200 sent; until then a failure can still be
+        // answered as a refusal.
         let statistics = environment.statistics
         let bytes = tunnelBytes
+        let handshake = context.eventLoop.makePromise(of: TLSPeerSummary.self)
+        do {
+            let leaf = try environment.minter.leaf(for: request.host, now: environment.now())
+            let serverConnection = try TLSConnection(
+                serverOf: leaf.context,
+                options: .init(preferredALPN: upstream.peer.alpn, pauseWhenPreferredALPNMissing: true))
+            let tls = TLSHandler(connection: serverConnection, handshakePromise: handshake) { offer in
+                // Paused at the ClientHello: the client did not offer the upstream's protocol.
+                let promise = context.eventLoop.makePromise(of: String?.self)
+                self.pausedClientHello = promise
+                self.perform(self.machine.clientOfferNeedsNewUpstream(offer), context: context)
+                return promise.futureResult
+            }
+            let clientGlue = GlueHandler(countRelayed: {
+                statistics.relayed(up: $0, down: 0)
+                bytes.up.add($0, ordering: .relaxed)
+            })
+            var handlers: [ChannelHandler] = [IdleStateHandler(allTimeout: environment.configuration.idleTimeout), tls]
+            handlers.append(contentsOf: environment.decisionPolicy.makeTunnelInspectors(target: request.authority))
+            handlers.append(clientGlue)
+            try context.pipeline.syncOperations.addHandlers(handlers, position: .last)
+        } catch {
+            handshake.fail(error)
+            perform(machine.admissionFailed(.internalError("cannot set up TLS for \(request.host): \(error)")), context: context)
+            return
+        }
+        if case .reportOnlyViolation = verdict {
+            environment.statistics.reportOnlyViolation()
+            environment.logger.warning("report-only pin violation: allowed", metadata: [
+                "host": "\(request.host)", "observed_fingerprint": "\(verdict.observedFingerprint ?? "-")",
+            ])
+        }
+        statistics.recordDecision(verdict.reasonToken, allowed: true)
+        statistics.tunnelOpened()
+        watchUntilJoined(upstream, context: context)
+        // One decision line per CONNECT: for an admitted one, written when it ends, with
+        // its bytes and whatever upstream it ended with.
         context.channel.closeFuture.assumeIsolated().whenComplete { _ in
             statistics.tunnelClosed()
-            self.upstream?.channel.close(promise: nil)
-            // One decision line per CONNECT: for a tunnel, written when it ends, with its bytes.
-            self.logDecision(verdict: "allowed", reason: verdict.reasonToken, observed: verdict.observedFingerprint, upstream: self.upstream)
+            let finalUpstream: UpstreamConnection?
+            if case .relaying(_, let joined) = self.machine.state { finalUpstream = joined } else { finalUpstream = upstream }
+            finalUpstream?.channel.close(promise: nil)
+            self.logDecision(verdict: "allowed", reason: verdict.reasonToken, observed: verdict.observedFingerprint,
+                             request: request, upstream: finalUpstream)
         }
 
         var established = context.channel.allocator.buffer(capacity: 64)
         established.writeString("HTTP/1.1 200 Connection established\r\n\r\n")
+        // Written from this handler's place at the head of the pipeline, so it goes out
+        // in clear, before (not through) the TLS handler behind.
         context.writeAndFlush(wrapOutboundOut(established), promise: nil)
-
-        let handshake = context.eventLoop.makePromise(of: TLSPeerSummary.self)
-        let tls = TLSHandler(connection: serverConnection, handshakePromise: handshake) { offer in
-            self.reconnectForClientOffer(context: context, offer: offer)
-        }
-        let clientGlue = GlueHandler(countRelayed: {
-            statistics.relayed(up: $0, down: 0)
-            bytes.up.add($0, ordering: .relaxed)
-        })
-        var handlers: [ChannelHandler] = [IdleStateHandler(allTimeout: environment.configuration.idleTimeout), tls]
-        handlers.append(contentsOf: environment.decisionPolicy.makeTunnelInspectors(target: request.authority))
-        handlers.append(clientGlue)
-        do {
-            try context.pipeline.syncOperations.addHandlers(handlers, position: .last)
-        } catch {
-            context.close(promise: nil)
-            return
+        handshakeDeadline = context.eventLoop.assumeIsolated().scheduleTask(in: environment.configuration.clientHandshakeTimeout) {
+            self.perform(self.machine.clientHandshakeDeadlinePassed(), context: context)
         }
         handshake.futureResult.assumeIsolated().whenComplete { result in
             switch result {
             case .success(let client):
-                guard let upstream = self.upstream else { return }
-                self.state = .relaying
-                GlueHandler.join(clientGlue, upstream.glue.value)
-                if let leaf = upstream.leaf {
-                    self.environment.tunnels.add(.init(host: request.host, port: request.port, leaf: leaf,
-                                                       chain: Self.chainCheck(upstream), channel: context.channel))
-                }
-                self.clientALPN = client.alpn
+                self.connection.clientALPN = client.alpn
+                self.perform(self.machine.clientHandshakeSucceeded(), context: context)
             case .failure(let error):
-                self.environment.statistics.clientHandshakeFailed()
-                self.environment.logger.notice("client TLS handshake failed", metadata: [
-                    "client": "\(self.clientAddress)", "host": "\(request.host)", "error": "\(error)",
-                ])
-                self.upstream?.channel.close(promise: nil)
-                context.close(promise: nil)
+                self.perform(self.machine.clientHandshakeFailed("\(error)"), context: context)
             }
         }
-        // Hand any bytes the client sent early (a ClientHello that did not wait for the
-        // 200) to the TLS handler, then step out of the pipeline: from here on the
-        // channel is TLS and glue only.
-        let early = earlyBytes
-        earlyBytes = []
+        // A ClientHello that did not wait for the 200 goes to the TLS handler now.
         if !early.isEmpty {
             var buffer = context.channel.allocator.buffer(capacity: early.count)
             buffer.writeBytes(early)
             context.fireChannelRead(wrapInboundOut(buffer))
             context.fireChannelReadComplete()
         }
-        context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
     }
 
-    /// Until the tunnel is joined, an upstream that goes away takes the client with it.
-    private func watchUpstreamBeforeJoin(_ connection: UpstreamConnection) {
-        connection.channel.closeFuture.assumeIsolated().whenComplete { _ in
-            guard self.state == .handshakingClient, self.upstream?.channel === connection.channel else { return }
-            self.clientChannel?.close(promise: nil)
+    /// Until the join, an upstream that goes away takes the client with it.
+    private func watchUntilJoined(_ upstream: UpstreamConnection, context: ChannelHandlerContext) {
+        upstream.channel.closeFuture.assumeIsolated().whenComplete { _ in
+            self.perform(self.machine.upstreamClosed(upstream), context: context)
         }
     }
 
-    /// The client cannot speak the protocol the upstream chose (e.g. it offered only
-    /// `http/1.1` and the upstream picked `h2`): open a fresh upstream with the client's
-    /// exact offer, pin-check that one too, and resume the client handshake with its choice.
-    private func reconnectForClientOffer(context: ChannelHandlerContext, offer: [String]?) -> EventLoopFuture<String?> {
-        let previous = upstream
-        upstream = nil
-        previous?.channel.close(promise: nil)
-        return connectUpstream(context: context, alpnOffer: offer).assumeIsolated().flatMapThrowing { connection in
-            let verdict = self.evaluate(connection)
-            guard verdict.isTrusted, self.state == .handshakingClient else {
-                connection.channel.close(promise: nil)
-                self.environment.statistics.recordDecision(verdict.reasonToken)
-                self.environment.logger.notice("refused the upstream re-opened for the client's ALPN offer", metadata: [
-                    "host": "\(self.request?.host ?? "-")", "reason": "\(verdict.reasonToken)",
-                    "observed_fingerprint": "\(verdict.observedFingerprint ?? "-")",
-                ])
-                throw TLSHandlerError.abandonedAtClientHello(verdict.reasonToken)
+    /// The client cannot speak the protocol the upstream chose (it offered only
+    /// `http/1.1` and the upstream picked `h2`): a new upstream with the client's exact
+    /// offer, pin-checked like the first.
+    private func reconnectUpstream(_ request: ConnectRequest, offer: [String]?, context: ChannelHandlerContext) {
+        openUpstream(request, offer: offer, context: context).assumeIsolated().whenComplete { result in
+            switch result {
+            case .success(let upstream):
+                let verdict = self.verdict(on: upstream, for: request)
+                self.perform(self.machine.upstreamConnected(upstream, verdict: verdict), context: context)
+            case .failure(let error):
+                let refusal = (error as? TLSClientError).map(Refusal.init) ?? .upstreamUnreachable("\(error)")
+                self.perform(self.machine.upstreamFailed(refusal), context: context)
             }
-            self.upstream = connection
-            self.watchUpstreamBeforeJoin(connection)
-            return connection.peer.alpn
-        }.nonisolated()
+        }
+    }
+
+    private func join(_ request: ConnectRequest, upstream: UpstreamConnection, context: ChannelHandlerContext) {
+        cancelTimers()
+        guard let clientGlue = try? context.pipeline.syncOperations.handler(type: GlueHandler.self) else {
+            context.close(promise: nil)
+            return
+        }
+        GlueHandler.join(clientGlue, upstream.glue.value)
+        if let leaf = upstream.leaf {
+            environment.tunnels.add(.init(host: request.host, port: request.port, leaf: leaf,
+                                          chain: Self.chainCheck(upstream), channel: context.channel))
+        }
+        // From here on the channel is TLS and relay only.
+        context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
+    }
+
+    private func closeEarly(_ reason: ConnectStateMachine<UpstreamConnection>.EarlyClose, upstream: UpstreamConnection?,
+                            context: ChannelHandlerContext) {
+        cancelTimers()
+        upstream?.channel.close(promise: nil)
+        let host = machine.request?.host ?? "-"
+        switch reason {
+        case .clientHandshakeFailed(let error):
+            environment.statistics.clientHandshakeFailed()
+            environment.logger.notice("client TLS handshake failed", metadata: [
+                "client": "\(connection.client)", "host": "\(host)", "error": "\(error)",
+            ])
+        case .clientHandshakeTimedOut:
+            environment.statistics.clientHandshakeTimedOut()
+            environment.logger.notice("client TLS handshake did not finish in time; closing both legs", metadata: [
+                "client": "\(connection.client)", "host": "\(host)",
+                "timeout_s": "\(environment.configuration.clientHandshakeTimeout.nanoseconds / 1_000_000_000)",
+            ])
+        case .reconnectRefused(let reason):
+            environment.logger.notice("refused the upstream re-opened for the client's ALPN offer", metadata: [
+                "client": "\(connection.client)", "host": "\(host)", "reason": "\(reason)",
+            ])
+        case .upstreamClosed, .tooManyEarlyBytes:
+            break
+        }
+        if let paused = pausedClientHello {
+            pausedClientHello = nil
+            paused.fail(TLSHandlerError.abandonedAtClientHello("\(reason)"))
+        }
+        context.close(promise: nil)
+    }
+
+    private func cancelTimers() {
+        headTimer?.cancel()
+        handshakeDeadline?.cancel()
+        handshakeDeadline = nil
     }
 
     // MARK: log
 
     /// The decision log: one structured line per CONNECT verdict.
-    private func logDecision(verdict: String, reason: String, observed: String?, upstream: UpstreamConnection?) {
+    private func logDecision(verdict: String, reason: String, observed: String?, request: ConnectRequest?, upstream: UpstreamConnection?) {
         var metadata: Logger.Metadata = [
-            "client": "\(clientAddress)",
+            "client": "\(connection.client)",
             "host": "\(request?.host ?? "-")",
             "port": "\(request?.port ?? 0)",
             "verdict": "\(verdict)",
@@ -354,18 +399,13 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             "observed_fingerprint": "\(observed ?? "-")",
             "bytes_up": "\(tunnelBytes.up.load(ordering: .relaxed))",
             "bytes_down": "\(tunnelBytes.down.load(ordering: .relaxed))",
-            "duration_ms": "\((NIODeadline.now() - started).nanoseconds / 1_000_000)",
+            "duration_ms": "\((NIODeadline.now() - connection.started).nanoseconds / 1_000_000)",
         ]
         if let upstream {
             metadata["upstream_handshake_ms"] = "\(upstream.handshakeDuration.nanoseconds / 1_000_000)"
-            metadata["alpn"] = "\(clientALPN ?? upstream.peer.alpn ?? "-")"
+            metadata["alpn"] = "\(connection.clientALPN ?? upstream.peer.alpn ?? "-")"
         }
         environment.decisionLogger.log(level: verdict == "allowed" ? .info : .notice, "connect decision", metadata: metadata)
-    }
-
-    private static func describe(_ address: SocketAddress) -> String {
-        guard let ip = address.ipAddress, let port = address.port else { return "\(address)" }
-        return ip.contains(":") ? "[\(ip)]:\(port)" : "\(ip):\(port)"
     }
 }
 

@@ -17,10 +17,26 @@ struct UpstreamConnection: Sendable {
     let handshakeDuration: TimeAmount
 }
 
+extension UpstreamConnection: Equatable {
+    /// The same connection: the same channel (the rest is what its handshake produced).
+    static func == (lhs: UpstreamConnection, rhs: UpstreamConnection) -> Bool {
+        lhs.channel === rhs.channel
+    }
+}
+
+/// Opens tunnels' upstream legs. The gate uses `UpstreamConnector`; the handler's
+/// socket-free tests hand it upstreams that are embedded channels.
+protocol UpstreamDialer: Sendable {
+    /// TLS to `host:port` offering `alpnOffer`, with an unpaired glue counting into
+    /// `countRelayed` behind it; fails with a `TLSClientError`.
+    func connect(host: String, port: Int, alpnOffer: [String]?, on eventLoop: EventLoop,
+                 countRelayed: @escaping GlueHandler.ByteCounter) -> EventLoopFuture<UpstreamConnection>
+}
+
 /// Opens a tunnel's upstream leg: TLS through the NIO binding's client connector, then
 /// an unpaired glue behind it that buffers what the server sends first. Nothing but the
 /// handshake is sent until the tunnel is joined.
-struct UpstreamConnector: Sendable {
+struct UpstreamConnector: UpstreamDialer {
     let client: TLSClientConnector
 
     /// TLS to `host:port` offering `alpnOffer`; fails with a `TLSClientError`.

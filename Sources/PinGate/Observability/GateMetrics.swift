@@ -12,6 +12,8 @@ public final class GateMetrics: Sendable {
     private let listEntries: Gauge
     private let listEarliestExpiry: Gauge
     private let upstreamHandshakeTimer: CoreMetrics.Timer
+    private let clientHandshakeFailures: Counter
+    private let clientHandshakeTimeouts: Counter
     private let tunnels = Mutex<[String: Counter]>([:])
     private let updates = Mutex<[String: Counter]>([:])
 
@@ -24,6 +26,8 @@ public final class GateMetrics: Sendable {
         listEntries = Gauge(label: "pingate_pin_list_entries", factory: factory)
         listEarliestExpiry = Gauge(label: "pingate_pin_list_earliest_expiry_seconds", factory: factory)
         upstreamHandshakeTimer = CoreMetrics.Timer(label: "pingate_upstream_handshake_seconds", factory: factory)
+        clientHandshakeFailures = Counter(label: "pingate_client_handshakes_failed_total", dimensions: [("cause", "error")], factory: factory)
+        clientHandshakeTimeouts = Counter(label: "pingate_client_handshakes_failed_total", dimensions: [("cause", "timeout")], factory: factory)
     }
 
     /// Metrics that go nowhere.
@@ -48,6 +52,8 @@ public final class GateMetrics: Sendable {
         if down > 0 { bytesDown.increment(by: down) }
     }
     func upstreamHandshake(nanoseconds: Int64) { upstreamHandshakeTimer.recordNanoseconds(nanoseconds) }
+    func clientHandshakeFailed() { clientHandshakeFailures.increment() }
+    func clientHandshakeTimedOut() { clientHandshakeTimeouts.increment() }
 
     func listUpdate(result: String, count: Int = 1) {
         let counter = updates.withLock { counters in

@@ -17,6 +17,8 @@ public final class GateStatistics: Sendable {
         public var upstreamConnections: Int = 0
         /// Client-side TLS handshakes that failed after a 200.
         public var clientHandshakeFailures: Int = 0
+        /// Client-side TLS handshakes that did not finish within the deadline after a 200.
+        public var clientHandshakeTimeouts: Int = 0
         /// Live tunnels closed because a list update no longer trusts them, by reason.
         public var tunnelsClosedByUpdate: [String: Int] = [:]
         /// Connections allowed under report-only pins although no pin matched.
@@ -53,7 +55,14 @@ public final class GateStatistics: Sendable {
         metrics.tunnelClosed()
     }
     func upstreamConnectionOpened() { state.withLock { $0.upstreamConnections += 1 } }
-    func clientHandshakeFailed() { state.withLock { $0.clientHandshakeFailures += 1 } }
+    func clientHandshakeFailed() {
+        state.withLock { $0.clientHandshakeFailures += 1 }
+        metrics.clientHandshakeFailed()
+    }
+    func clientHandshakeTimedOut() {
+        state.withLock { $0.clientHandshakeTimeouts += 1 }
+        metrics.clientHandshakeTimedOut()
+    }
     func tunnelClosedByUpdate(_ reason: String) { state.withLock { $0.tunnelsClosedByUpdate[reason, default: 0] += 1 } }
     func reportOnlyViolation() { state.withLock { $0.reportOnlyViolations += 1 } }
     func relayed(up: Int, down: Int) {

@@ -25,6 +25,10 @@ public struct GateConfiguration: Sendable {
     public var upstreamConnectTimeout: TimeAmount = .seconds(10)
     /// How long the upstream TLS handshake may take (504 after).
     public var upstreamHandshakeTimeout: TimeAmount = .seconds(10)
+    /// How long a client may take, after the `200`, to finish its TLS handshake with the
+    /// minted leaf; past it both legs are closed (a quiet client must not hold an
+    /// upstream TLS connection until the idle timeout).
+    public var clientHandshakeTimeout: TimeAmount = .seconds(10)
     /// A tunnel with no traffic either way for this long is closed.
     public var idleTimeout: TimeAmount = .minutes(5)
     /// A parent HTTP proxy that upstream connections go through (CONNECT), as in

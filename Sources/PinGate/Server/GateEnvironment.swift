@@ -13,7 +13,7 @@ struct GateEnvironment: Sendable {
     /// What is decided for each CONNECT (the pinning gate, or the harness's attacker).
     let decisionPolicy: any DecisionPolicy
     let minter: LeafMinter
-    let connector: UpstreamConnector
+    let connector: any UpstreamDialer
     let statistics: GateStatistics
     let tunnels: TunnelRegistry
     /// Present when report URIs are configured.

@@ -25,6 +25,8 @@ final class TestOrigin: Sendable {
         var tcpConnections = 0
         var handshakes = 0
         var applicationBytes = 0
+        /// TCP connections that have closed again (from either end).
+        var closedConnections = 0
     }
 
     private let group: MultiThreadedEventLoopGroup
@@ -62,6 +64,7 @@ final class TestOrigin: Sendable {
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     box.counters.withLock { $0.tcpConnections += 1 }
+                    channel.closeFuture.whenComplete { _ in box.counters.withLock { $0.closedConnections += 1 } }
                     guard let context = box.context.withLock({ $0 }) else { throw TestFailure("no certificate") }
                     let connection = try TLSConnection(serverOf: context, options: .init(preferredALPN: alpn, pauseWhenPreferredALPNMissing: false))
                     let handshake = channel.eventLoop.makePromise(of: TLSPeerSummary.self)
