@@ -32,6 +32,7 @@ enum AdminPage {
         \(card("bytes up", counters.bytesUp))
         \(card("bytes down", counters.bytesDown))
         \(card("client handshake failures", counters.clientHandshakeFailures))
+        \(card("client handshake timeouts", counters.clientHandshakeTimeouts))
         </div>
         <table><tr><th>reason</th><th>count</th></tr>
         """

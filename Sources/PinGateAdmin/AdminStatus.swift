@@ -47,6 +47,8 @@ public struct AdminSnapshot: Sendable, Codable {
         public var bytesUp: Int
         public var bytesDown: Int
         public var clientHandshakeFailures: Int
+        /// Client TLS handshakes cut at the deadline after the `200`.
+        public var clientHandshakeTimeouts: Int
         public var upstreamConnections: Int
         public var tunnelsClosedByUpdate: [String: Int]
         public var reportOnlyViolations: Int
@@ -97,6 +99,7 @@ public struct AdminSnapshot: Sendable, Codable {
             counters: Counters(
                 openTunnels: stats.openTunnels, tunnelsByReason: stats.connectsByReason, bytesUp: stats.bytesUp,
                 bytesDown: stats.bytesDown, clientHandshakeFailures: stats.clientHandshakeFailures,
+                clientHandshakeTimeouts: stats.clientHandshakeTimeouts,
                 upstreamConnections: stats.upstreamConnections, tunnelsClosedByUpdate: stats.tunnelsClosedByUpdate,
                 reportOnlyViolations: stats.reportOnlyViolations))
         var reason: String?

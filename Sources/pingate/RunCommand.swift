@@ -65,6 +65,9 @@ struct RunCommand: AsyncParsableCommand {
     @Option(name: .long, help: "Decision log (one JSON line per CONNECT): stderr (default), a file path, or off.")
     var decisionLog: String?
 
+    @Option(name: .long, help: "Seconds a client has, after the 200, to finish its TLS handshake with the gate (default 10); then both legs are closed.")
+    var clientHandshakeTimeout: Int?
+
     @Option(name: .long, help: "Log level: trace, debug, info, notice, warning, error.")
     var logLevel: String?
 
@@ -90,6 +93,10 @@ struct RunCommand: AsyncParsableCommand {
             configuration.upstreamProxy = try ParentProxy(parsing: parent)
         }
         if let idle = file?.idleTimeoutSeconds { configuration.idleTimeout = .seconds(Int64(idle)) }
+        if let seconds = clientHandshakeTimeout ?? file?.clientHandshakeTimeoutSeconds {
+            guard seconds > 0 else { throw ConfigurationError("the client handshake timeout must be at least 1 s, got \(seconds)") }
+            configuration.clientHandshakeTimeout = .seconds(Int64(seconds))
+        }
         if let upstream = file?.upstreamTimeoutSeconds {
             configuration.upstreamConnectTimeout = .seconds(Int64(upstream))
             configuration.upstreamHandshakeTimeout = .seconds(Int64(upstream))

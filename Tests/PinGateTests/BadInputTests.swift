@@ -83,6 +83,26 @@ struct BadInputTests {
         #expect(origin.observed.applicationBytes == 0)
     }
 
+    @Test("a client that goes quiet after the 200 is cut at the client-handshake deadline: both legs closed, counted")
+    func quietClientAfterAdmission() async throws {
+        let scenario = try await PinnedOriginScenario.start(behaviour: .echo) { $0.clientHandshakeTimeout = .milliseconds(500) }
+        let (gate, origin) = (scenario.gate, scenario.origin)
+        let started = Date()
+        // CONNECT, then nothing: the client never starts its TLS handshake.
+        let answer = try await Self.exchange(gate.port, Array("CONNECT \(scenario.target) HTTP/1.1\r\n\r\n".utf8))
+        let elapsed = Date().timeIntervalSince(started)
+        try await Task.sleep(nanoseconds: 100_000_000) // the upstream's close reaches the origin
+        let stats = gate.statistics
+        let observed = origin.observed
+        await scenario.stop()
+        #expect(answer == "HTTP/1.1 200 Connection established\r\n\r\n")
+        #expect(elapsed >= 0.45 && elapsed < 5, "closed after \(elapsed) s")
+        #expect(stats.clientHandshakeTimeouts == 1)
+        #expect(stats.openTunnels == 0)
+        #expect(observed.handshakes == 1 && observed.closedConnections == 1, "the upstream leg was closed too: \(observed)")
+        #expect(observed.applicationBytes == 0)
+    }
+
     @Test("an idle tunnel is closed after the idle timeout")
     func idleTimeout() async throws {
         let scenario = try await PinnedOriginScenario.start(behaviour: .echo, alpn: nil) { $0.idleTimeout = .milliseconds(400) }
