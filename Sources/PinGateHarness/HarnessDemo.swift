@@ -24,7 +24,7 @@ public enum HarnessDemo {
         let originLeaf = try CertificateBuilder.serverLeaf(
             names: [.dns(host)], subjectKey: originKey, issuer: originCA, issuerKey: caKey,
             notBefore: Date().addingTimeInterval(-60), notAfter: Date().addingTimeInterval(86400))
-        let origin = try await LoopbackOrigin.start(certificate: originLeaf, key: originKey, body: "welcome to the pinned demo origin\n")
+        let origin = try await LoopbackOrigin.start(certificate: originLeaf, key: originKey, behaviour: .http(body: "welcome to the pinned demo origin\n"))
         do {
             let report = try await run(host: host, origin: origin, originLeaf: originLeaf, originCAPath: originCAPath, logger: logger)
             await origin.stop()

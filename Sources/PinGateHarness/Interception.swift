@@ -1,6 +1,7 @@
 import Foundation
 import NIOCore
 import PinGate
+import PinGateNIO
 import PinList
 import Synchronization
 
@@ -73,6 +74,7 @@ final class InterceptionRecorder: ChannelInboundHandler {
     private let log: InterceptionLog
     private let target: String
     private var seen: [UInt8] = []
+    private var scanner = HTTPHeadScanner()
     private var recorded = false
 
     init(log: InterceptionLog, target: String) {
@@ -94,17 +96,16 @@ final class InterceptionRecorder: ChannelInboundHandler {
     }
 
     private func recordIfComplete(final: Bool) {
-        let text = String(decoding: seen, as: UTF8.self)
-        guard let headEnd = text.range(of: "\r\n\r\n") else {
-            if final { record(method: "?", path: "?", host: "?", body: text) }
+        guard let end = scanner.end(in: seen) else {
+            if final { record(method: "?", path: "?", host: "?", body: String(decoding: seen, as: UTF8.self)) }
             return
         }
-        let head = text[..<headEnd.lowerBound]
-        let lines = head.components(separatedBy: "\r\n")
+        let head = String(decoding: seen[..<end.headEnd], as: UTF8.self)
+        let lines = head.split(omittingEmptySubsequences: false, whereSeparator: \.isNewline).map(String.init)
         let requestLine = lines.first?.split(separator: " ") ?? []
         let hostHeader = lines.dropFirst().first { $0.lowercased().hasPrefix("host:") }
             .map { String($0.dropFirst(5)).trimmingCharacters(in: .whitespaces) } ?? ""
-        let body = String(text[headEnd.upperBound...].prefix(64))
+        let body = String(decoding: seen[end.bodyStart...].prefix(64), as: UTF8.self)
         let length = lines.dropFirst().first { $0.lowercased().hasPrefix("content-length:") }
             .flatMap { Int($0.dropFirst(15).trimmingCharacters(in: .whitespaces)) } ?? 0
         // Wait a little for the body's first bytes when one is announced.

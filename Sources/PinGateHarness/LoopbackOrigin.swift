@@ -5,50 +5,94 @@ import PinGateNIO
 import PinGateTLS
 import Synchronization
 
-/// A minimal HTTPS origin on loopback for `pingate demo`: answers every HTTP/1.1 request
-/// with a fixed body and counts the application bytes it receives.
+/// A real TLS origin on 127.0.0.1, port 0, built on the gate's own TLS engine: the
+/// pinned server of `pingate demo` and of the tests. It counts what reaches it (TCP
+/// connections, finished handshakes, application bytes, closes), which is how the demo
+/// and the tests prove that a refused CONNECT forwarded nothing.
 public final class LoopbackOrigin: Sendable {
+    /// What the origin does with a decrypted connection.
+    public enum Behaviour: Sendable {
+        /// Answers the first HTTP/1.1 request head with 200 and this body, then closes.
+        case http(body: String)
+        /// Echoes every plaintext byte back; closes its output when the client closes its.
+        case echo
+        /// On the first bytes from the client, sends `bytes` bytes (as fast as TCP takes
+        /// them), then closes its output.
+        case stream(bytes: Int)
+    }
+
+    /// What has reached the origin.
+    public struct Counters: Sendable, Equatable {
+        /// TCP connections accepted.
+        public var tcpConnections = 0
+        /// TLS handshakes that completed.
+        public var handshakes = 0
+        /// Decrypted application bytes received.
+        public var applicationBytes = 0
+        /// TCP connections that have closed again (from either end).
+        public var closedConnections = 0
+    }
+
+    /// The shared counters and the server context presented, for the per-connection handlers.
+    fileprivate final class State: Sendable {
+        let counters = Mutex(Counters())
+        let context: Mutex<TLSContext>
+
+        init(context: TLSContext) {
+            self.context = Mutex(context)
+        }
+    }
+
     private let group: MultiThreadedEventLoopGroup
     private let channel: Channel
-    private let received: ByteCount
-
-    final class ByteCount: Sendable {
-        let value = Atomic<Int>(0)
-    }
+    private let state: State
 
     /// The bound port.
     public var port: Int { channel.localAddress?.port ?? 0 }
-    /// Application bytes received so far.
-    public var applicationBytesReceived: Int { received.value.load(ordering: .relaxed) }
+    /// What has reached the origin so far.
+    public var observed: Counters { state.counters.withLock { $0 } }
 
-    private init(group: MultiThreadedEventLoopGroup, channel: Channel, received: ByteCount) {
+    private init(group: MultiThreadedEventLoopGroup, channel: Channel, state: State) {
         self.group = group
         self.channel = channel
-        self.received = received
+        self.state = state
     }
 
-    /// Serves `body` over TLS with `certificate`/`key` on 127.0.0.1, port 0.
-    public static func start(certificate: Certificate, key: PrivateKey, body: String) async throws -> LoopbackOrigin {
-        let context = try TLSContext.server(certificate: certificate, key: key)
+    /// Serves `behaviour` over TLS with `certificate`/`key` on 127.0.0.1, port 0,
+    /// selecting `alpn` when the client offers it.
+    public static func start(certificate: Certificate, key: PrivateKey, behaviour: Behaviour,
+                             alpn: String? = "http/1.1") async throws -> LoopbackOrigin {
+        let state = State(context: try TLSContext.server(certificate: certificate, key: key))
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-        let received = ByteCount()
         do {
             let channel = try await ServerBootstrap(group: group)
+                .childChannelOption(.allowRemoteHalfClosure, value: true)
                 .childChannelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
-                        let connection = try TLSConnection(serverOf: context, options: .init(preferredALPN: "http/1.1", pauseWhenPreferredALPNMissing: false))
+                        state.counters.withLock { $0.tcpConnections += 1 }
+                        channel.closeFuture.whenComplete { _ in state.counters.withLock { $0.closedConnections += 1 } }
+                        let context = state.context.withLock { $0 }
+                        let connection = try TLSConnection(serverOf: context, options: .init(preferredALPN: alpn, pauseWhenPreferredALPNMissing: false))
+                        let handshake = channel.eventLoop.makePromise(of: TLSPeerSummary.self)
+                        handshake.futureResult.whenSuccess { _ in state.counters.withLock { $0.handshakes += 1 } }
                         try channel.pipeline.syncOperations.addHandlers([
-                            TLSHandler(connection: connection, handshakePromise: nil),
-                            DemoResponder(body: body, received: received),
+                            TLSHandler(connection: connection, handshakePromise: handshake),
+                            OriginHandler(behaviour: behaviour, state: state),
                         ])
                     }
                 }
                 .bind(host: "127.0.0.1", port: 0).get()
-            return LoopbackOrigin(group: group, channel: channel, received: received)
+            return LoopbackOrigin(group: group, channel: channel, state: state)
         } catch {
             try? await group.shutdownGracefully()
             throw error
         }
+    }
+
+    /// From now on, new connections are served with `certificate`/`key` (a rotation).
+    public func present(certificate: Certificate, key: PrivateKey) throws {
+        let context = try TLSContext.server(certificate: certificate, key: key)
+        state.context.withLock { $0 = context }
     }
 
     /// Stops serving.
@@ -58,38 +102,67 @@ public final class LoopbackOrigin: Sendable {
     }
 }
 
-private final class DemoResponder: ChannelInboundHandler {
+/// Serves the origin's behaviour over the decrypted stream.
+private final class OriginHandler: ChannelInboundHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
 
-    private let body: String
-    private let received: LoopbackOrigin.ByteCount
-    private var head: [UInt8] = []
-    private var answered = false
+    /// A head that has not ended within this many bytes is answered anyway.
+    private static let maximumHead = 16 * 1024
 
-    init(body: String, received: LoopbackOrigin.ByteCount) {
-        self.body = body
-        self.received = received
+    private let behaviour: LoopbackOrigin.Behaviour
+    private let state: LoopbackOrigin.State
+    private var head: [UInt8] = []
+    private var scanner = HTTPHeadScanner()
+    private var answered = false
+    private var streaming = false
+
+    init(behaviour: LoopbackOrigin.Behaviour, state: LoopbackOrigin.State) {
+        self.behaviour = behaviour
+        self.state = state
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let buffer = unwrapInboundIn(data)
-        received.value.add(buffer.readableBytes, ordering: .relaxed)
-        guard !answered else { return }
-        head.append(contentsOf: buffer.readableBytesView)
-        // Answer once the head is complete; a body that follows is read and ignored.
-        let complete = head.count >= 4 && head.indices.dropFirst(3).contains { head[$0 - 3...$0].elementsEqual("\r\n\r\n".utf8) }
-        guard complete || head.count > 16 * 1024 else { return }
-        answered = true
-        var response = context.channel.allocator.buffer(capacity: 160 + body.utf8.count)
-        response.writeString("HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n\(body)")
-        context.writeAndFlush(wrapOutboundOut(response)).assumeIsolated().whenComplete { _ in
+        state.counters.withLock { $0.applicationBytes += buffer.readableBytes }
+        switch behaviour {
+        case .echo:
+            context.writeAndFlush(wrapOutboundOut(buffer), promise: nil)
+        case .stream(let total):
+            guard !streaming else { return }
+            streaming = true
+            let chunk = ByteBuffer(repeating: 0x5A, count: 1 << 20)
+            var sent = 0
+            while sent < total {
+                let size = min(chunk.readableBytes, total - sent)
+                context.write(wrapOutboundOut(chunk.getSlice(at: 0, length: size) ?? chunk), promise: nil)
+                sent += size
+            }
+            context.flush()
             context.close(mode: .output, promise: nil)
+        case .http(let body):
+            guard !answered else { return }
+            head.append(contentsOf: buffer.readableBytesView)
+            // Answer once the head is complete; a body that follows is read and ignored.
+            guard scanner.end(in: head) != nil || head.count > Self.maximumHead else { return }
+            answered = true
+            head = []
+            var response = context.channel.allocator.buffer(capacity: 160 + body.utf8.count)
+            response.writeString("HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n\(body)")
+            context.writeAndFlush(wrapOutboundOut(response)).assumeIsolated().whenComplete { _ in
+                context.close(mode: .output, promise: nil)
+            }
         }
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        if let event = event as? ChannelEvent, event == .inputClosed { context.close(promise: nil) }
+        if let event = event as? ChannelEvent, event == .inputClosed {
+            switch behaviour {
+            case .echo: context.close(mode: .output, promise: nil)
+            case .http: context.close(promise: nil)
+            case .stream: break // keeps writing until done, then closes its output
+            }
+        }
     }
 
     func errorCaught(context: ChannelHandlerContext, error: Error) {

@@ -26,6 +26,7 @@ final class ProxyTunnelHandler: ChannelInboundHandler, RemovableChannelHandler {
     private let onFailure: (Error) -> Void
     private let makeHandlers: () throws -> [ChannelHandler]
     private var received: [UInt8] = []
+    private var scanner = HTTPHeadScanner()
     private var done = false
 
     /// `makeHandlers` builds what replaces this handler once the tunnel is open.
@@ -53,7 +54,7 @@ final class ProxyTunnelHandler: ChannelInboundHandler, RemovableChannelHandler {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         guard !done else { return }
         received.append(contentsOf: unwrapInboundIn(data).readableBytesView)
-        guard let end = Self.endOfHead(received) else {
+        guard let end = scanner.end(in: received)?.bodyStart else {
             if received.count > Self.maximumHead { fail(context: context, "the parent proxy's answer head is over 16 KiB") }
             return
         }
@@ -107,13 +108,5 @@ final class ProxyTunnelHandler: ChannelInboundHandler, RemovableChannelHandler {
         done = true
         onFailure(ParentProxyError(description: message))
         context.close(promise: nil)
-    }
-
-    private static func endOfHead(_ bytes: [UInt8]) -> Int? {
-        guard bytes.count >= 4 else { return nil }
-        for index in 3..<bytes.count where bytes[index] == 0x0A && bytes[index - 1] == 0x0D && bytes[index - 2] == 0x0A && bytes[index - 3] == 0x0D {
-            return index + 1
-        }
-        return nil
     }
 }

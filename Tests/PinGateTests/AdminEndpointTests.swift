@@ -5,6 +5,7 @@ import PinGateTLS
 import PinList
 import Testing
 @testable import PinGate
+import PinGateHarness
 @testable import PinGateAdmin
 @testable import PinListService
 @testable import PinGateNIO
@@ -20,7 +21,7 @@ struct AdminEndpointTests {
         let pki = try TestPKI(directory: directory)
         let host = "admin.pingate.test"
         let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
-        let origin = try await TestOrigin.start(identity: leaf, behaviour: .http(body: "hello admin"))
+        let origin = try await LoopbackOrigin.start(identity: leaf, behaviour: .http(body: "hello admin"))
         let listPath = try directory.write("pins-v2.json", String(decoding: try pki.signedV2(sequence: 4, pins: [TestPKI.pin(host, leaf)]), as: UTF8.self))
         var source = PinListSource(location: .file(listPath), keys: [try pki.signer.publicKey()])
         source.directWait = .seconds(2)

@@ -1,5 +1,6 @@
 import Foundation
 import PinGateTestSupport
+import PinGateHarness
 import PinGateTLS
 import Testing
 
@@ -46,7 +47,7 @@ struct CommandLineTests {
         let pki = try TestPKI(directory: directory)
         let host = "workflow.pingate.test"
         let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
-        let origin = try await TestOrigin.start(identity: leaf, behaviour: .http(body: "through the gate"))
+        let origin = try await LoopbackOrigin.start(identity: leaf, behaviour: .http(body: "through the gate"))
         var gateToStop: RunningGate?
         defer {
             // Backstop for an early exit; the normal path stops both below.
@@ -210,7 +211,7 @@ struct ListCommandLineTests {
         let pki = try TestPKI(directory: directory)
         let host = "v2.pingate.test"
         let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
-        let origin = try await TestOrigin.start(identity: leaf, behaviour: .http(body: "v2 ok"))
+        let origin = try await LoopbackOrigin.start(identity: leaf, behaviour: .http(body: "v2 ok"))
         _ = try await TestProcess.run(Self.pingate, ["keygen", "--out", directory.file("signer")])
         let sign = try await TestProcess.run(Self.pingate, [
             "sign", "--format", "v2", "--sequence", "3", "--key", directory.file("signer.key"),
@@ -256,7 +257,7 @@ struct ListCommandLineTests {
         let host = "url.pingate.test"
         let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
         let listIdentity = try pki.leaf([.dns("lists.pingate.test")], issuer: pki.originCA, file: "lists")
-        let origin = try await TestOrigin.start(identity: leaf, behaviour: .http(body: "from url"))
+        let origin = try await LoopbackOrigin.start(identity: leaf, behaviour: .http(body: "from url"))
         let listServer = try await TestListServer.start(identity: listIdentity, behaviour: .serve(try pki.signedV2(sequence: 12, pins: [TestPKI.pin(host, leaf)])))
         let config = try directory.write("pingate.yml", """
         listen: 127.0.0.1:0

@@ -3,6 +3,7 @@ import PinGateTestSupport
 import Testing
 import PinGateTLS
 @testable import PinGate
+import PinGateHarness
 
 /// The gate end to end: real curl, real TLS origins (nginx and the gate's own engine),
 /// real certificates minted now, all on loopback.
@@ -69,7 +70,7 @@ struct EndToEndTests {
         let pki = try TestPKI(directory: directory)
         let genuine = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
         let forged = try pki.leaf([.dns(Self.host)], issuer: pki.attackerCA, file: "forged")
-        let attacker = try await TestOrigin.start(identity: forged, behaviour: .http(body: "intercepted"))
+        let attacker = try await LoopbackOrigin.start(identity: forged, behaviour: .http(body: "intercepted"))
         let gate = try await GateFixture.start(pki: pki, listPath: try pki.signedList([(Self.host, genuine.fingerprint)]),
                                                resolve: ["\(Self.host):\(attacker.port)"])
         let result = try await curlThroughGate(gate, "https://\(Self.host):\(attacker.port)/secret", ["-d", "password=hunter2"])
@@ -92,7 +93,7 @@ struct EndToEndTests {
         defer { directory.remove() }
         let pki = try TestPKI(directory: directory)
         let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
-        let origin = try await TestOrigin.start(identity: leaf, behaviour: .http(body: "hello"))
+        let origin = try await LoopbackOrigin.start(identity: leaf, behaviour: .http(body: "hello"))
         let gate = try await GateFixture.start(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
                                                resolve: ["unknown.pingate.test:\(origin.port)"])
         let result = try await curlThroughGate(gate, "https://unknown.pingate.test:\(origin.port)/")
@@ -125,7 +126,7 @@ struct EndToEndTests {
         defer { directory.remove() }
         let pki = try TestPKI(directory: directory)
         let rogue = try pki.leaf([.dns(Self.host)], issuer: pki.rogueCA, file: "rogue")
-        let origin = try await TestOrigin.start(identity: rogue, behaviour: .http(body: "pins-only ok"))
+        let origin = try await LoopbackOrigin.start(identity: rogue, behaviour: .http(body: "pins-only ok"))
         let list = try pki.signedList([(Self.host, rogue.fingerprint)])
         let resolve = ["\(Self.host):\(origin.port)"]
 

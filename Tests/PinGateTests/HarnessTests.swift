@@ -17,7 +17,7 @@ struct HarnessTests {
         let directory: TemporaryDirectory
         let pki: TestPKI
         let leaf: TestPKI.Identity
-        let origin: TestOrigin
+        let origin: LoopbackOrigin
         let host: String
         var url: URL { URL(string: "https://\(host):\(origin.port)/login")! }
 
@@ -25,7 +25,7 @@ struct HarnessTests {
             let directory = try TemporaryDirectory()
             let pki = try TestPKI(directory: directory)
             let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
-            let origin = try await TestOrigin.start(identity: leaf, behaviour: .http(body: "logged in"))
+            let origin = try await LoopbackOrigin.start(identity: leaf, behaviour: .http(body: "logged in"))
             return Target(directory: directory, pki: pki, leaf: leaf, origin: origin, host: host)
         }
 

@@ -5,6 +5,7 @@ import PinGateTLS
 import PinList
 import Testing
 @testable import PinGate
+import PinGateHarness
 @testable import PinListService
 
 /// The list lifecycle against a real HTTPS list server on loopback: updates reach new
@@ -18,9 +19,9 @@ struct ListLifecycleTests {
         let pki: TestPKI
         let listServer: TestListServer
         let listIdentity: TestPKI.Identity
-        let originA: TestOrigin
+        let originA: LoopbackOrigin
         let leafA: TestPKI.Identity
-        let originB: TestOrigin
+        let originB: LoopbackOrigin
         let leafB: TestPKI.Identity
         static let hostA = "a.pingate.test"
         static let hostB = "b.pingate.test"
@@ -32,8 +33,8 @@ struct ListLifecycleTests {
             let leafB = try pki.leaf([.dns(hostB)], issuer: pki.originCA, file: "b")
             let listIdentity = try pki.leaf([.dns("lists.pingate.test")], issuer: pki.originCA, file: "lists")
             let listServer = try await TestListServer.start(identity: listIdentity, behaviour: .serve(try initialPins(pki, leafA, leafB)))
-            let originA = try await TestOrigin.start(identity: leafA, behaviour: .http(body: "A"), alpn: nil)
-            let originB = try await TestOrigin.start(identity: leafB, behaviour: .echo, alpn: nil)
+            let originA = try await LoopbackOrigin.start(identity: leafA, behaviour: .http(body: "A"), alpn: nil)
+            let originB = try await LoopbackOrigin.start(identity: leafB, behaviour: .echo, alpn: nil)
             return Setup(directory: directory, pki: pki, listServer: listServer, listIdentity: listIdentity,
                          originA: originA, leafA: leafA, originB: originB, leafB: leafB)
         }

@@ -4,6 +4,7 @@ import PinGateTLS
 import PinList
 import Testing
 @testable import PinGate
+import PinGateHarness
 
 /// Report-only pins: the traffic passes, and a TrustKit-style report reaches the collector.
 @Suite("Report-only pins")
@@ -16,7 +17,7 @@ struct ReportOnlyTests {
         let host = "soft.pingate.test"
         let expected = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "expected")
         let presented = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "presented")
-        let origin = try await TestOrigin.start(identity: presented, behaviour: .http(body: "passed"))
+        let origin = try await LoopbackOrigin.start(identity: presented, behaviour: .http(body: "passed"))
         let collectorIdentity = try pki.leaf([.dns("reports.pingate.test")], issuer: pki.originCA, file: "reports")
         let collector = try await TestListServer.start(identity: collectorIdentity, behaviour: .status(204))
         let expires = Int64(Date().timeIntervalSince1970) + 86400

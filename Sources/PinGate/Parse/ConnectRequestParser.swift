@@ -1,3 +1,4 @@
+import PinGateNIO
 import PinGateTLS
 import PinList
 
@@ -12,7 +13,7 @@ public struct ConnectRequest: Sendable, Equatable {
 
     /// `host:port`, with brackets around IPv6, as it would appear in a request line.
     public var authority: String {
-        host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
+        Authority(host: host, port: port).description
     }
 }
 
@@ -45,7 +46,7 @@ public struct ConnectRequestParser: Sendable {
     /// The largest accepted request head, blank line included.
     public let maximumHeadBytes: Int
     private var buffer: [UInt8] = []
-    private var scanFrom = 0
+    private var scanner = HTTPHeadScanner()
     private var finished = false
 
     /// A parser accepting heads of at most `maximumHeadBytes` (16 KiB by default).
@@ -57,7 +58,7 @@ public struct ConnectRequestParser: Sendable {
     public mutating func feed<Bytes: Collection>(_ bytes: Bytes) -> Outcome where Bytes.Element == UInt8 {
         guard !finished else { return .needMoreBytes }
         buffer.append(contentsOf: bytes)
-        guard let (headEnd, bodyStart) = findEndOfHead() else {
+        guard let (headEnd, bodyStart) = scanner.end(in: buffer).map({ ($0.headEnd, $0.bodyStart) }) else {
             if buffer.count > maximumHeadBytes { return finish(.rejected(Self.tooLarge)) }
             return .needMoreBytes
         }
@@ -76,25 +77,6 @@ public struct ConnectRequestParser: Sendable {
         finished = true
         buffer = []
         return outcome
-    }
-
-    /// Finds the blank line that ends the head: returns where the head's text ends and
-    /// where the bytes after it begin.
-    private mutating func findEndOfHead() -> (Int, Int)? {
-        var index = max(0, scanFrom)
-        while index < buffer.count {
-            if buffer[index] == UInt8(ascii: "\n") {
-                // "\n\n" or "\n\r\n" ends the head.
-                if index + 1 < buffer.count, buffer[index + 1] == UInt8(ascii: "\n") { return (index, index + 2) }
-                if index + 2 < buffer.count, buffer[index + 1] == UInt8(ascii: "\r"), buffer[index + 2] == UInt8(ascii: "\n") {
-                    return (index, index + 3)
-                }
-            }
-            index += 1
-        }
-        // Rescan the last two bytes next time: the terminator may straddle two reads.
-        scanFrom = max(0, buffer.count - 2)
-        return nil
     }
 
     private static func parseHead(_ head: ArraySlice<UInt8>) -> Result<ConnectRequest, HeadRejection> {

@@ -1,6 +1,7 @@
 import Foundation
 import PinGateTestSupport
 @testable import PinGate
+import PinGateHarness
 
 /// The most common setup: a fresh test PKI, a leaf for `host` from the origin CA, a TLS
 /// origin serving it on port 0, and an in-process gate whose signed list pins that leaf
@@ -10,7 +11,7 @@ struct PinnedOriginScenario {
     let pki: TestPKI
     let host: String
     let leaf: TestPKI.Identity
-    let origin: TestOrigin
+    let origin: LoopbackOrigin
     let gate: GateFixture
 
     /// `host:port` as a client CONNECTs to it.
@@ -18,14 +19,14 @@ struct PinnedOriginScenario {
 
     static func start(
         host: String = "origin.pingate.test",
-        behaviour: TestOrigin.Behaviour,
+        behaviour: LoopbackOrigin.Behaviour,
         alpn: String? = "http/1.1",
         configure: (inout GateConfiguration) -> Void = { _ in }
     ) async throws -> PinnedOriginScenario {
         let directory = try TemporaryDirectory()
         let pki = try TestPKI(directory: directory)
         let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
-        let origin = try await TestOrigin.start(identity: leaf, behaviour: behaviour, alpn: alpn)
+        let origin = try await LoopbackOrigin.start(identity: leaf, behaviour: behaviour, alpn: alpn)
         let gate = try await GateFixture.start(pki: pki, listPath: try pki.signedList([(host, leaf.fingerprint)]),
                                                resolve: ["\(host):\(origin.port)"], configure: configure)
         return PinnedOriginScenario(directory: directory, pki: pki, host: host, leaf: leaf, origin: origin, gate: gate)

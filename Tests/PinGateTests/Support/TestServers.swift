@@ -1,0 +1,67 @@
+import Foundation
+import PinGateTestSupport
+import NIOCore
+import NIOPosix
+import Synchronization
+import PinGateTLS
+@testable import PinGate
+@testable import PinGateNIO
+import PinGateHarness
+
+/// The tests' origin is the harness's loopback origin, started from a test identity.
+extension LoopbackOrigin {
+    static func start(identity: TestPKI.Identity, behaviour: Behaviour, alpn: String? = "http/1.1") async throws -> LoopbackOrigin {
+        try await start(certificate: identity.certificate, key: identity.key, behaviour: behaviour, alpn: alpn)
+    }
+
+    /// From now on, new connections are served with `identity` (a certificate rotation).
+    func present(_ identity: TestPKI.Identity) throws {
+        try present(certificate: identity.certificate, key: identity.key)
+    }
+}
+
+/// A TCP listener that accepts and never answers: upstream handshake timeouts.
+final class SilentServer: Sendable {
+    private let group: MultiThreadedEventLoopGroup
+    private let channel: Channel
+    var port: Int { channel.localAddress?.port ?? 0 }
+
+    private init(group: MultiThreadedEventLoopGroup, channel: Channel) {
+        self.group = group
+        self.channel = channel
+    }
+
+    static func start() async throws -> SilentServer {
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let channel = try await ServerBootstrap(group: group)
+            .childChannelInitializer { $0.eventLoop.makeSucceededVoidFuture() }
+            .bind(host: "127.0.0.1", port: 0).get()
+        return SilentServer(group: group, channel: channel)
+    }
+
+    func stop() async {
+        try? await channel.close()
+        try? await group.shutdownGracefully()
+    }
+}
+
+/// A port on 127.0.0.1 that was free a moment ago and has nothing listening now.
+func closedLoopbackPort() throws -> Int {
+    let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    guard descriptor >= 0 else { throw TestFailure("socket() failed") }
+    defer { close(descriptor) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_port = 0
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    let bound = withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+    }
+    guard bound == 0 else { throw TestFailure("bind() failed") }
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let named = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(descriptor, $0, &length) }
+    }
+    guard named == 0 else { throw TestFailure("getsockname() failed") }
+    return Int(UInt16(bigEndian: address.sin_port))
+}
