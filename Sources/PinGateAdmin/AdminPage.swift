@@ -27,8 +27,8 @@ enum AdminPage {
         <h2>Counters</h2>
         <div class="grid">
         \(card("open tunnels", counters.openTunnels))
-        \(card("allowed", counters.tunnelsByReason.filter { $0.key == "trusted" || $0.key == "report-only-violation" }.values.reduce(0, +)))
-        \(card("refused", counters.tunnelsByReason.filter { $0.key != "trusted" && $0.key != "report-only-violation" }.values.reduce(0, +)))
+        \(card("allowed", counters.tunnelsByReason.filter { DecisionReason(rawValue: $0.key)?.isAllowed == true }.values.reduce(0, +)))
+        \(card("refused", counters.tunnelsByReason.filter { DecisionReason(rawValue: $0.key)?.isAllowed != true }.values.reduce(0, +)))
         \(card("bytes up", counters.bytesUp))
         \(card("bytes down", counters.bytesDown))
         \(card("client handshake failures", counters.clientHandshakeFailures))
@@ -63,7 +63,7 @@ enum AdminPage {
         """
         for refusal in snapshot.refusals {
             html += "<tr><td>\(iso(refusal.time))</td><td>\(escape(refusal.client))</td><td>\(escape(refusal.host)):\(refusal.port)</td>"
-            html += "<td><code>\(escape(refusal.reason))</code></td><td><code>\(escape(refusal.observedFingerprint ?? "-"))</code></td>"
+            html += "<td><code>\(escape(refusal.reason.rawValue))</code></td><td><code>\(escape(refusal.observedFingerprint ?? "-"))</code></td>"
             html += "<td><code>\(escape(refusal.expectedFingerprints.joined(separator: " ")))</code></td></tr>\n"
         }
         html += """

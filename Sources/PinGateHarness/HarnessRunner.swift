@@ -130,7 +130,7 @@ public enum HarnessRunner {
             clientDetail = status == 0 ? "the app SUCCEEDED through an intercepting proxy" : "app exited \(status)"
             if status == 0 && !output.isEmpty { clientDetail += ": \(output)" }
             let last = gate.refusals.entries.last
-            refusal = last?.reason
+            refusal = last?.reason.rawValue
             observed = last?.observedFingerprint
         } else {
             let result = await ProxiedFetch.get(configuration.target, via: ParentProxy(host: "127.0.0.1", port: gate.port),
@@ -144,11 +144,12 @@ public enum HarnessRunner {
         }
         let intercepted = interceptions.all.count - interceptedBefore
         let leaked = attacker.statistics.snapshot.bytesUp - bytesBefore
-        let passed = clientFailed && refusal == "pin-mismatch" && intercepted == 0 && leaked == 0
+        let refusedForPin = refusal.flatMap(DecisionReason.init(rawValue:)) == .pinMismatch
+        let passed = clientFailed && refusedForPin && intercepted == 0 && leaked == 0
         var detail = clientDetail
         if let observed { detail += "; observed \(observed)" }
         detail += "; attacker read \(leaked) application bytes"
-        if clientFailed && refusal != "pin-mismatch" { detail += "; expected Pingate-Refusal: pin-mismatch, got \(refusal ?? "none")" }
+        if clientFailed && !refusedForPin { detail += "; expected Pingate-Refusal: pin-mismatch, got \(refusal ?? "none")" }
         return LegResult(name: "attack", expectation: expectation, passed: passed, detail: detail, refusal: refusal,
                          observedFingerprint: observed, interceptedRequests: intercepted, appExitStatus: appStatus,
                          durationMilliseconds: elapsed(since: started))

@@ -64,10 +64,10 @@ struct BadInputTests {
         #expect(after.hasPrefix("HTTP/1.1 403 Forbidden\r\n"))
         let stats = gate.statistics
         await gate.stop()
-        #expect(stats.count("bad-request") == 1)
-        #expect(stats.count("header-too-large") == 1)
-        #expect(stats.count("request-timeout") == 1)
-        #expect(stats.count("empty") == 1)
+        #expect(stats.count(.badRequest) == 1)
+        #expect(stats.count(.headerTooLarge) == 1)
+        #expect(stats.count(.requestTimeout) == 1)
+        #expect(stats.count(.empty) == 1)
     }
 
     @Test("garbage instead of a ClientHello after the 200: the tunnel is dropped, counted, nothing reaches the origin")

@@ -116,8 +116,8 @@ struct ConnectHandlerTests {
         #expect(answer.contains("Pingate-Refusal: empty\r\n"))
         #expect(harness.dialer.dials.isEmpty)
         #expect(!harness.client.isActive)
-        #expect(harness.environment.statistics.snapshot.count("empty") == 1)
-        #expect(harness.environment.refusals.entries.last?.reason == "empty")
+        #expect(harness.environment.statistics.snapshot.count(.empty) == 1)
+        #expect(harness.environment.refusals.entries.last?.reason == .empty)
     }
 
     @Test("a head that never completes gets 408 when the virtual clock passes the head timeout")

@@ -69,7 +69,7 @@ struct ConnectRequestParserTests {
     func malformed(text: String) {
         let rejection = Self.rejection(text)
         #expect(rejection?.status == 400, "\(text.debugDescription) → \(String(describing: rejection))")
-        #expect(rejection?.reason == "bad-request")
+        #expect(rejection?.reason == .badRequest)
     }
 
     @Test("invalid UTF-8 is malformed")
@@ -87,7 +87,7 @@ struct ConnectRequestParserTests {
     func otherMethods(method: String) {
         let rejection = Self.rejection("\(method) http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n")
         #expect(rejection?.status == 405)
-        #expect(rejection?.reason == "method-not-allowed")
+        #expect(rejection?.reason == .methodNotAllowed)
         #expect(rejection?.detail.contains("only HTTPS via CONNECT") == true)
     }
 
@@ -100,7 +100,7 @@ struct ConnectRequestParserTests {
         while outcome == .needMoreBytes {
             outcome = parser.feed(Array("X-Filler: \(String(repeating: "b", count: 1000))\r\n".utf8))
         }
-        #expect(outcome == .rejected(HeadRejection(status: 431, reason: "header-too-large", detail: "the request head exceeds 16 KiB")))
+        #expect(outcome == .rejected(HeadRejection(status: 431, reason: .headerTooLarge, detail: "the request head exceeds 16 KiB")))
     }
 
     @Test("a head of exactly the limit is accepted")

@@ -77,7 +77,7 @@ struct ConnectStateMachineTests {
             Issue.record("expected 408, got \(action)")
             return
         }
-        #expect(rejection.status == 408 && rejection.reason == "request-timeout")
+        #expect(rejection.status == 408 && rejection.reason == .requestTimeout)
         #expect(rejection.detail.contains("3 s"))
         var parsed = Self.connecting()
         #expect(parsed.headTimedOut() == .none)
@@ -217,11 +217,11 @@ struct ConnectStateMachineTests {
     func reconnectRefused() {
         var untrusted = Self.handshaking()
         _ = untrusted.clientOfferNeedsNewUpstream(nil)
-        #expect(untrusted.upstreamConnected(8, verdict: Self.mismatch) == .closeEarly(.reconnectRefused("pin-mismatch"), upstream: 8))
+        #expect(untrusted.upstreamConnected(8, verdict: Self.mismatch) == .closeEarly(.reconnectRefused(.pinMismatch), upstream: 8))
 
         var failing = Self.handshaking()
         _ = failing.clientOfferNeedsNewUpstream(nil)
-        #expect(failing.upstreamFailed(.upstreamUnreachable("reset")) == .closeEarly(.reconnectRefused("upstream-unreachable"), upstream: nil))
+        #expect(failing.upstreamFailed(.upstreamUnreachable("reset")) == .closeEarly(.reconnectRefused(.upstreamUnreachable), upstream: nil))
 
         var late = Self.handshaking()
         _ = late.clientOfferNeedsNewUpstream(nil)

@@ -51,7 +51,7 @@ struct EndToEndTests {
             // upstream with the client's exact offer.
             #expect(nginx.accessLogProtocols() == ["HTTP/2.0", "HTTP/1.1"])
             let stats = gate.statistics
-            #expect(stats.count("trusted") == 2)
+            #expect(stats.count(.trusted) == 2)
             #expect(stats.upstreamConnections == 3) // h2: one; http/1.1 client: first (h2) + reconnect
             #expect(stats.bytesDown >= 2 * payload.count)
         } catch {
@@ -84,7 +84,7 @@ struct EndToEndTests {
         let seen = attacker.observed
         #expect(seen.handshakes == 1, "the gate did reach the attacker and finish a handshake")
         #expect(seen.applicationBytes == 0, "not one application byte may reach the attacker")
-        #expect(gate.statistics.count("pin-mismatch") == 1)
+        #expect(gate.statistics.count(.pinMismatch) == 1)
     }
 
     @Test("unknown host: 403 empty, and no upstream connection at all")

@@ -74,7 +74,7 @@ struct WebSocketTests {
         await gate.stop()
         #expect(result.status == 0, "\(result.stderr)")
         #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "True True")
-        #expect(stats.count("trusted") == 1)
+        #expect(stats.count(.trusted) == 1)
         #expect(stats.bytesDown > 16_384)
     }
 }

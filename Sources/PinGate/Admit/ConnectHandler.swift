@@ -271,7 +271,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                 "host": "\(request.host)", "observed_fingerprint": "\(verdict.observedFingerprint ?? "-")",
             ])
         }
-        statistics.recordDecision(verdict.reasonToken, allowed: true)
+        statistics.recordDecision(DecisionReason(verdict))
         statistics.tunnelOpened()
         watchUntilJoined(upstream, context: context)
         // One decision line per CONNECT: for an admitted one, written when it ends, with
@@ -281,7 +281,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             let finalUpstream: UpstreamConnection?
             if case .relaying(_, let joined) = self.machine.state { finalUpstream = joined } else { finalUpstream = upstream }
             finalUpstream?.channel.close(promise: nil)
-            self.logDecision(verdict: "allowed", reason: verdict.reasonToken, observed: verdict.observedFingerprint,
+            self.logDecision(verdict: "allowed", reason: DecisionReason(verdict), observed: verdict.observedFingerprint,
                              request: request, upstream: finalUpstream)
         }
 
@@ -389,13 +389,13 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     // MARK: log
 
     /// The decision log: one structured line per CONNECT verdict.
-    private func logDecision(verdict: String, reason: String, observed: String?, request: ConnectRequest?, upstream: UpstreamConnection?) {
+    private func logDecision(verdict: String, reason: DecisionReason, observed: String?, request: ConnectRequest?, upstream: UpstreamConnection?) {
         var metadata: Logger.Metadata = [
             "client": "\(connection.client)",
             "host": "\(request?.host ?? "-")",
             "port": "\(request?.port ?? 0)",
             "verdict": "\(verdict)",
-            "reason": "\(reason)",
+            "reason": "\(reason.rawValue)",
             "observed_fingerprint": "\(observed ?? "-")",
             "bytes_up": "\(tunnelBytes.up.load(ordering: .relaxed))",
             "bytes_down": "\(tunnelBytes.down.load(ordering: .relaxed))",

@@ -66,7 +66,7 @@ struct ConnectStateMachine<Upstream: Equatable> {
         /// The upstream closed before the tunnel was joined.
         case upstreamClosed
         /// The upstream reopened for the client's ALPN offer was refused or failed.
-        case reconnectRefused(String)
+        case reconnectRefused(DecisionReason)
         /// The client sent more than `Limits.earlyBytes` before the tunnel was up.
         case tooManyEarlyBytes
     }
@@ -183,7 +183,7 @@ struct ConnectStateMachine<Upstream: Equatable> {
         guard case .readingHead = state else { return .none }
         state = .closed
         return .refuse(.head(HeadRejection(
-            status: 408, reason: "request-timeout",
+            status: 408, reason: .requestTimeout,
             detail: "the CONNECT request head did not arrive within \(limits.headTimeoutSeconds) s")), request: nil, upstream: nil)
     }
 
@@ -239,7 +239,7 @@ struct ConnectStateMachine<Upstream: Equatable> {
             guard verdict.isTrusted else {
                 // The 200 is long sent: all that is left is to end the client's handshake.
                 state = .closed
-                return .closeEarly(.reconnectRefused(verdict.reasonToken), upstream: upstream)
+                return .closeEarly(.reconnectRefused(DecisionReason(verdict)), upstream: upstream)
             }
             // The tunnel stays logged under the verdict it was admitted on; the new leg
             // passed the same policy.

@@ -24,8 +24,8 @@ public final class GateStatistics: Sendable {
         /// Connections allowed under report-only pins although no pin matched.
         public var reportOnlyViolations: Int = 0
 
-        /// The count for one reason token.
-        public func count(_ reason: String) -> Int { connectsByReason[reason, default: 0] }
+        /// The count for one reason.
+        public func count(_ reason: DecisionReason) -> Int { connectsByReason[reason.rawValue, default: 0] }
     }
 
     private let state = Mutex(Snapshot())
@@ -40,9 +40,9 @@ public final class GateStatistics: Sendable {
     /// A copy of every counter now.
     public var snapshot: Snapshot { state.withLock { $0 } }
 
-    func recordDecision(_ reason: String, allowed: Bool = false) {
-        state.withLock { $0.connectsByReason[reason, default: 0] += 1 }
-        metrics.decision(allowed: allowed, reason: reason)
+    func recordDecision(_ reason: DecisionReason) {
+        state.withLock { $0.connectsByReason[reason.rawValue, default: 0] += 1 }
+        metrics.decision(allowed: reason.isAllowed, reason: reason.rawValue)
     }
 
     func tunnelOpened() {
@@ -63,7 +63,7 @@ public final class GateStatistics: Sendable {
         state.withLock { $0.clientHandshakeTimeouts += 1 }
         metrics.clientHandshakeTimedOut()
     }
-    func tunnelClosedByUpdate(_ reason: String) { state.withLock { $0.tunnelsClosedByUpdate[reason, default: 0] += 1 } }
+    func tunnelClosedByUpdate(_ reason: DecisionReason) { state.withLock { $0.tunnelsClosedByUpdate[reason.rawValue, default: 0] += 1 } }
     func reportOnlyViolation() { state.withLock { $0.reportOnlyViolations += 1 } }
     func relayed(up: Int, down: Int) {
         state.withLock {

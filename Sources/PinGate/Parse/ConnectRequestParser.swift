@@ -21,8 +21,8 @@ public struct ConnectRequest: Sendable, Equatable {
 public struct HeadRejection: Error, Sendable, Equatable {
     /// The HTTP status to answer with.
     public let status: Int
-    /// The machine-readable reason token (`Pingate-Refusal`).
-    public let reason: String
+    /// The machine-readable reason (`Pingate-Refusal`).
+    public let reason: DecisionReason
     /// What went wrong, for the response body and the log.
     public let detail: String
 }
@@ -71,7 +71,7 @@ public struct ConnectRequestParser: Sendable {
         }
     }
 
-    private static let tooLarge = HeadRejection(status: 431, reason: "header-too-large", detail: "the request head exceeds 16 KiB")
+    private static let tooLarge = HeadRejection(status: 431, reason: .headerTooLarge, detail: "the request head exceeds 16 KiB")
 
     private mutating func finish(_ outcome: Outcome) -> Outcome {
         finished = true
@@ -105,7 +105,7 @@ public struct ConnectRequestParser: Sendable {
         }
         guard parts[0] == "CONNECT" else {
             return .failure(HeadRejection(
-                status: 405, reason: "method-not-allowed",
+                status: 405, reason: .methodNotAllowed,
                 detail: "pingate forwards only HTTPS via CONNECT; plain HTTP (\(parts[0])) cannot be pinned, so it is refused"))
         }
         return parseAuthority(parts[1])
@@ -160,6 +160,6 @@ public struct ConnectRequestParser: Sendable {
     }
 
     private static func bad(_ detail: String) -> HeadRejection {
-        HeadRejection(status: 400, reason: "bad-request", detail: detail)
+        HeadRejection(status: 400, reason: .badRequest, detail: detail)
     }
 }

@@ -41,16 +41,16 @@ public enum Refusal: Sendable, Equatable {
         }
     }
 
-    /// The machine-readable reason token sent in `Pingate-Refusal`.
-    public var reason: String {
+    /// The machine-readable reason, sent in `Pingate-Refusal`.
+    public var reason: DecisionReason {
         switch self {
         case .head(let rejection): return rejection.reason
-        case .verdict(let verdict): return verdict.reasonToken
-        case .upstreamTimeout: return "upstream-timeout"
-        case .upstreamUnreachable: return "upstream-unreachable"
-        case .upstreamHandshakeFailed: return "upstream-tls-failed"
-        case .listUnavailable: return "list-unavailable"
-        case .internalError: return "internal-error"
+        case .verdict(let verdict): return DecisionReason(verdict)
+        case .upstreamTimeout: return .upstreamTimeout
+        case .upstreamUnreachable: return .upstreamUnreachable
+        case .upstreamHandshakeFailed: return .upstreamTLSFailed
+        case .listUnavailable: return .listUnavailable
+        case .internalError: return .internalError
         }
     }
 
@@ -93,7 +93,7 @@ public enum Refusal: Sendable, Equatable {
     public func httpResponse(host: String, port: Int) -> [UInt8] {
         let body = explanation(host: host, port: port) + "\n"
         var head = "HTTP/1.1 \(status) \(Self.reasonPhrase(status))\r\n"
-        head += "Pingate-Refusal: \(reason)\r\n"
+        head += "Pingate-Refusal: \(reason.rawValue)\r\n"
         if let observed = observedFingerprint, !observed.isEmpty {
             head += "Pingate-Observed-Fingerprint: \(observed)\r\n"
         }

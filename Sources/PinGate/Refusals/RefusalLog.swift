@@ -14,8 +14,8 @@ public final class RefusalLog: Sendable {
         public var host: String
         /// The CONNECT port.
         public var port: Int
-        /// The reason token (`Pingate-Refusal`).
-        public var reason: String
+        /// The reason (`Pingate-Refusal`).
+        public var reason: DecisionReason
         /// The certificate fingerprint the upstream presented, if one was seen.
         public var observedFingerprint: String?
         /// The host's unexpired pins at the time, if any.

@@ -94,7 +94,7 @@ public final class PinGateServer: Sendable {
             store.onInstall { list in
                 metrics.listInForce(entries: list.entries.count, earliestExpiry: list.earliestExpiry(after: now()))
                 for verdict in tunnels.enforce(list, policy: policy, now: now(), logger: logger) {
-                    statistics.tunnelClosedByUpdate(verdict.reasonToken)
+                    statistics.tunnelClosedByUpdate(DecisionReason(verdict))
                 }
             }
             store.onResult { metrics.listUpdate(result: $0) }

@@ -1,0 +1,54 @@
+import PinList
+
+/// Why a CONNECT was allowed or refused: one case per reason, its raw value the token
+/// that goes on the wire (`Pingate-Refusal`), into the decision log, the refusal log,
+/// `/status` and `/metrics`. Code compares these cases, never the strings.
+public enum DecisionReason: String, Sendable, Hashable, CaseIterable, Codable {
+    /// A pin matched (and the chain and host name passed, unless pins-only).
+    case trusted
+    /// No pin matched, but the host's pins are report-only: allowed and reported.
+    case reportOnlyViolation = "report-only-violation"
+    /// The upstream's certificate matched none of the host's pins.
+    case pinMismatch = "pin-mismatch"
+    /// The upstream's certificate or key is on the list's revocation list.
+    case revoked
+    /// The host has no unexpired pin (deny by default; nothing was dialled).
+    case empty
+    /// The chain or host name failed validation.
+    case chainInvalid = "chain-invalid"
+    /// The request head was malformed (400).
+    case badRequest = "bad-request"
+    /// Not a CONNECT (405).
+    case methodNotAllowed = "method-not-allowed"
+    /// The head did not arrive in time (408).
+    case requestTimeout = "request-timeout"
+    /// The head was over the size limit (431).
+    case headerTooLarge = "header-too-large"
+    /// The upstream did not connect or finish its handshake in time (504).
+    case upstreamTimeout = "upstream-timeout"
+    /// The upstream could not be reached (502).
+    case upstreamUnreachable = "upstream-unreachable"
+    /// The upstream's TLS handshake failed (502).
+    case upstreamTLSFailed = "upstream-tls-failed"
+    /// No usable list is in force (503).
+    case listUnavailable = "list-unavailable"
+    /// The gate itself failed (500).
+    case internalError = "internal-error"
+
+    /// The reason a verdict stands for.
+    public init(_ verdict: Verdict) {
+        switch verdict {
+        case .trusted: self = .trusted
+        case .reportOnlyViolation: self = .reportOnlyViolation
+        case .untrusted: self = .pinMismatch
+        case .revoked: self = .revoked
+        case .empty: self = .empty
+        case .chainInvalid: self = .chainInvalid
+        }
+    }
+
+    /// True for the reasons a tunnel is admitted on.
+    public var isAllowed: Bool {
+        self == .trusted || self == .reportOnlyViolation
+    }
+}
