@@ -34,6 +34,7 @@ import PinGateNIO
 /// decision-log: stderr           # JSON line per CONNECT: stderr, a file path, or off
 /// refusal-log-size: 100          # refusals kept for GET /refusals
 /// idle-timeout-seconds: 300
+/// drain-timeout-seconds: 30     # on SIGTERM/SIGINT: how long open tunnels may finish
 /// log-level: info
 /// ```
 struct ConfigFile: Decodable {
@@ -86,6 +87,7 @@ struct ConfigFile: Decodable {
     var reportURIs: [String]?
     var reportCA: [String]?
     var idleTimeoutSeconds: Int?
+    var drainTimeoutSeconds: Int?
     var upstreamTimeoutSeconds: Int?
     var logLevel: String?
 
@@ -102,6 +104,7 @@ struct ConfigFile: Decodable {
         case reportURIs = "report-uris"
         case reportCA = "report-ca"
         case idleTimeoutSeconds = "idle-timeout-seconds"
+        case drainTimeoutSeconds = "drain-timeout-seconds"
         case upstreamTimeoutSeconds = "upstream-timeout-seconds"
         case logLevel = "log-level"
     }
