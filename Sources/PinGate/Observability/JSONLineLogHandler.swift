@@ -53,12 +53,12 @@ public struct JSONLineLogHandler: LogHandler {
         }
     }
 
-    /// `date` as RFC 3339 UTC with milliseconds, `2026-11-22T06:00:00.123Z` (what
-    /// `ISO8601DateFormatter` with fractional seconds writes). Built by hand: a Foundation
+    /// `date` as RFC 3339 UTC with milliseconds, `2026-11-22T06:00:00.123Z`: what
+    /// `ISO8601DateFormatter` with fractional seconds writes, rounding included. Built by hand: a Foundation
     /// formatter per line was the decision log's main cost, and a shared one is not
     /// documented as safe across threads.
     static func timestamp(_ date: Date) -> String {
-        let milliseconds = Int64((date.timeIntervalSince1970 * 1000).rounded(.down))
+        let milliseconds = Int64((date.timeIntervalSince1970 * 1000).rounded())
         var seconds = time_t(milliseconds.floorDivided(by: 1000))
         let fraction = Int(milliseconds - Int64(seconds) * 1000)
         var parts = tm()
