@@ -195,8 +195,9 @@ public final class PinListUpdater: Service, Sendable {
             } onCancel: {
                 sleep.cancel()
             }
-            // Cut short: the schedule changed (re-read it) or the loop is ending.
-            guard slept, due != nil else { continue }
+            // Cut short (the schedule changed, or the loop is ending), or woken by the
+            // one-day bound before a later due date: go round and re-read the schedule.
+            guard slept, let due, now() >= due else { continue }
             let fire = schedule.withLock { schedule -> Bool in
                 guard schedule.generation == generation, !schedule.stopped else { return false }
                 schedule.nextUpdate = nil

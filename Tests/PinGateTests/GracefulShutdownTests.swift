@@ -1,7 +1,12 @@
 import Foundation
+import PinGateCA
 import PinGateTestSupport
 import PinGateTLS
+import PinList
+import ServiceLifecycle
 import Testing
+@testable import PinGate
+@testable import PinListService
 
 /// `pingate run` stopped by SIGTERM: it stops accepting at once, lets open tunnels finish
 /// up to the drain timeout, closes the rest, and exits 0.
@@ -247,4 +252,44 @@ func loopbackConnectionRefused(port: Int) -> Bool {
         $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
     }
     return connected != 0 && errno == ECONNREFUSED
+}
+
+/// The gate and the updater as services of a `ServiceGroup`, in this process.
+@Suite("Services")
+struct ServiceGroupTests {
+    @Test("in a ServiceGroup the updater re-reads its file on schedule; a graceful shutdown ends the schedule and the gate")
+    func groupRunsAndStops() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let listPath = try pki.signedList([("group.pingate.test", String(repeating: "A", count: 43) + "=")])
+        var source = PinListSource(location: .file(listPath), keys: [try pki.signer.publicKey()])
+        source.schedule = UpdateSchedule(periodicInterval: 0.1, expirationThreshold: 0, minimumInterval: 0.1)
+        var configuration = GateConfiguration()
+        configuration.listenPort = 0
+        configuration.eventLoopThreads = 1
+        let (ca, _) = try LocalCA.loadOrCreate(stateDirectory: directory.file("state"))
+        let server = try await PinGateServer.start(configuration: configuration, store: PinListStore(nil), ca: ca,
+                                                   logger: GateFixture.quietLogger, listSource: source)
+        let updater = try #require(server.updater)
+        let group = ServiceGroup(services: [server, updater], logger: GateFixture.quietLogger)
+        let running = Task { try await group.run() }
+
+        // The first read came from start(); the schedule's re-reads find the same list.
+        for _ in 0..<250 where (server.store.status.updatesByResult["unchanged"] ?? 0) < 2 {
+            try await Task.sleep(nanoseconds: 20_000_000)
+        }
+        #expect((server.store.status.updatesByResult["unchanged"] ?? 0) >= 2, "\(server.store.status)")
+
+        let port = server.port
+        let stopping = Date()
+        await group.triggerGracefulShutdown()
+        try await running.value
+        #expect(Date().timeIntervalSince(stopping) < 5)
+        #expect(loopbackConnectionRefused(port: port))
+        let settled = server.store.status.updatesByResult["unchanged"] ?? 0
+        try await Task.sleep(nanoseconds: 300_000_000)
+        #expect(server.store.status.updatesByResult["unchanged"] == settled, "the schedule kept running after the shutdown")
+        try await server.shutdown() // a second stop waits for the first and returns
+    }
 }
