@@ -5,11 +5,16 @@ import NIOHTTP1
 import NIOPosix
 import PinGate
 import Prometheus
+import ServiceLifecycle
 import Synchronization
 
 /// The admin endpoint: a small HTTP/1.1 server beside the gate, on the gate's event
 /// loops, answering the routes of `AdminRoute`.
-public final class AdminServer: Sendable {
+///
+/// As a `Service`, `run()` serves until a graceful shutdown (or cancellation) and then
+/// closes the endpoint. It must stop before the gate stops the event loops it runs on,
+/// so it comes after the gate in a `ServiceGroup` (groups stop services last-first).
+public final class AdminServer: Service, Sendable {
     private let channel: Channel
     /// The Prometheus registry behind `/metrics` (the gate's swift-metrics go into it).
     public let registry: PrometheusCollectorRegistry
@@ -61,6 +66,15 @@ public final class AdminServer: Sendable {
     /// Stops the endpoint.
     public func close() async {
         try? await channel.close()
+    }
+
+    /// Serves until a graceful shutdown or cancellation, then closes the listener.
+    public func run() async throws {
+        await withTaskCancellationOrGracefulShutdownHandler {
+            try? await self.channel.closeFuture.get()
+        } onCancelOrGracefulShutdown: {
+            self.channel.close(promise: nil)
+        }
     }
 }
 

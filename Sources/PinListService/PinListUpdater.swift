@@ -2,9 +2,12 @@ import Foundation
 import Logging
 import NIOCore
 import NIOHTTP1
+import NIOPosix
 import PinGateNIO
 import PinGateTLS
 import PinList
+import ServiceLifecycle
+import Synchronization
 
 /// Where the list comes from and how it is checked and refreshed.
 public struct PinListSource: Sendable {
@@ -64,9 +67,14 @@ public struct PinListSource: Sendable {
 
 /// Keeps the list in force fresh: loads the persisted list at start (verified again),
 /// fetches at once when nothing usable is in force (direct mode), then on the Wultra
-/// schedule (silent mode); retries failures with backoff. All its state lives on one
-/// event loop.
-public final class PinListUpdater: Sendable {
+/// schedule (silent mode); retries failures with backoff. Its fetch state lives on one
+/// event loop; file reads, verification and the fsync of persisting run on a thread
+/// pool, never on that loop.
+///
+/// As a `Service`, `run()` is the silent schedule: it sleeps until the next update is
+/// due and ends on graceful shutdown. Without `run()` nothing is fetched on a schedule
+/// (direct updates and `updateNow()` still work).
+public final class PinListUpdater: Service, Sendable {
     /// The outcome of one update attempt.
     public enum Outcome: Sendable, Equatable {
         case installed(sequence: Int64?)
@@ -75,10 +83,17 @@ public final class PinListUpdater: Sendable {
 
     private struct State {
         var inFlight: EventLoopFuture<Outcome>?
-        var timer: Scheduled<Void>?
         var failuresInRow = 0
         var lastDirectRequest: Date?
+    }
+
+    /// When the next silent update is due, shared with `run()`'s loop. Each change bumps
+    /// `generation` and cancels the loop's sleep, so the loop re-reads the due date
+    /// instead of sleeping towards one that no longer holds.
+    private struct Schedule {
         var nextUpdate: Date?
+        var generation = 0
+        var sleep: Task<Void, Error>?
         var stopped = false
     }
 
@@ -90,17 +105,21 @@ public final class PinListUpdater: Sendable {
     private let logger: Logger
     private let now: @Sendable () -> Date
     private let state: NIOLoopBoundBox<State>
+    private let schedule = Mutex(Schedule())
+    private let threadPool: NIOThreadPool
 
     /// An updater for `source` that installs into `store`, persists with `persistence`, and
-    /// fetches through `connector`; its timers and state live on `eventLoop`.
+    /// fetches through `connector`; its fetch state lives on `eventLoop`, its blocking
+    /// file work runs on `threadPool`.
     public init(source: PinListSource, store: PinListStore, persistence: PinListPersistence?, connector: TLSClientConnector,
-         eventLoop: EventLoop, logger: Logger, now: @escaping @Sendable () -> Date) {
+         eventLoop: EventLoop, threadPool: NIOThreadPool = .singleton, logger: Logger, now: @escaping @Sendable () -> Date) {
         self.source = source
         self.store = store
         self.persistence = persistence
         self.client = HTTPSClient(connector: connector, serverPins: source.serverPins,
                                        timeout: source.fetchTimeout, maximumBodyBytes: source.maximumBytes)
         self.eventLoop = eventLoop
+        self.threadPool = threadPool
         self.logger = logger
         self.now = now
         self.state = NIOLoopBoundBox.makeBoxSendingValue(State(), eventLoop: eventLoop)
@@ -111,15 +130,16 @@ public final class PinListUpdater: Sendable {
 
     /// When the next scheduled update is due.
     public var nextUpdate: EventLoopFuture<Date?> {
-        eventLoop.submit { self.state.value.nextUpdate }
+        eventLoop.makeSucceededFuture(schedule.withLock { $0.nextUpdate })
     }
 
     /// Loads what is persisted (or the fallback), then updates at once if that is not
     /// usable (direct mode), else schedules the next silent update. Completes when the
     /// direct update has finished, or after `directWait` if it is still running.
     public func start() -> EventLoopFuture<Void> {
-        eventLoop.flatSubmit {
+        threadPool.runIfActive(eventLoop: eventLoop) {
             self.loadPersistedOrFallback()
+        }.flatMap {
             guard !self.store.isUsable(at: self.now()) else {
                 self.scheduleNext(after: nil)
                 return self.eventLoop.makeSucceededVoidFuture()
@@ -134,11 +154,57 @@ public final class PinListUpdater: Sendable {
         }
     }
 
-    /// Stops scheduling further updates.
+    /// Stops scheduling further updates (and ends `run()`).
     public func stop() {
-        eventLoop.execute {
-            self.state.value.stopped = true
-            self.state.value.timer?.cancel()
+        let sleep = schedule.withLock { schedule -> Task<Void, Error>? in
+            schedule.stopped = true
+            schedule.generation += 1
+            return schedule.sleep
+        }
+        sleep?.cancel()
+    }
+
+    /// The silent schedule: sleeps until the next update is due, starts it, and sleeps
+    /// again until the update has set the next due date. Ends on graceful shutdown, on
+    /// cancellation, or after `stop()`.
+    public func run() async throws {
+        try await cancelWhenGracefulShutdown {
+            try await self.runSchedule()
+        }
+    }
+
+    private func runSchedule() async throws {
+        while !Task.isCancelled {
+            let (due, generation, stopped) = schedule.withLock { ($0.nextUpdate, $0.generation, $0.stopped) }
+            if stopped { return }
+            // No due date: an update is running (or start() has not finished); its
+            // completion sets one and wakes this loop. A day is just an upper bound.
+            let seconds = due.map { max(0, $0.timeIntervalSince(now())) } ?? 86_400
+            let sleep = Task { try await Task.sleep(for: .nanoseconds(Int64(min(seconds, 86_400) * 1e9))) }
+            let current = schedule.withLock { schedule -> Bool in
+                guard schedule.generation == generation else { return false }
+                schedule.sleep = sleep
+                return true
+            }
+            guard current else {
+                sleep.cancel()
+                continue
+            }
+            let slept = await withTaskCancellationHandler {
+                (try? await sleep.value) != nil
+            } onCancel: {
+                sleep.cancel()
+            }
+            // Cut short (the schedule changed, or the loop is ending), or woken by the
+            // one-day bound before a later due date: go round and re-read the schedule.
+            guard slept, let due, now() >= due else { continue }
+            let fire = schedule.withLock { schedule -> Bool in
+                guard schedule.generation == generation, !schedule.stopped else { return false }
+                schedule.nextUpdate = nil
+                schedule.generation += 1
+                return true
+            }
+            if fire { _ = updateNow() }
         }
     }
 
@@ -196,8 +262,12 @@ public final class PinListUpdater: Sendable {
     }
 
     private func fetchAndInstall() -> EventLoopFuture<Outcome> {
-        fetchDocument().map { document in
-            let result = self.store.install(document, keys: self.source.keys, persistence: self.persistence, now: self.now())
+        fetchDocument().flatMap { document in
+            // Verification and the fsync of persisting block: off the event loop.
+            self.threadPool.runIfActive(eventLoop: self.eventLoop) {
+                self.store.install(document, keys: self.source.keys, persistence: self.persistence, now: self.now())
+            }
+        }.map { result in
             self.log(result)
             switch result {
             case .success(let list): return .installed(sequence: list.metadata.sequence)
@@ -216,7 +286,7 @@ public final class PinListUpdater: Sendable {
     private func fetchDocument() -> EventLoopFuture<SignedListDocument> {
         switch source.location {
         case .file(let path):
-            return eventLoop.submit {
+            return threadPool.runIfActive(eventLoop: eventLoop) {
                 do {
                     return try SignedListDocument.read(file: path, format: self.source.format, receivedAt: self.now())
                 } catch {
@@ -267,7 +337,6 @@ public final class PinListUpdater: Sendable {
     }
 
     private func scheduleNext(after outcome: Outcome?) {
-        guard !state.value.stopped else { return }
         let delay: TimeInterval
         switch outcome {
         case .rejected?:
@@ -277,11 +346,14 @@ public final class PinListUpdater: Sendable {
             state.value.failuresInRow = 0
             delay = source.schedule.delay(after: store.list, now: now())
         }
-        state.value.timer?.cancel()
-        state.value.nextUpdate = now().addingTimeInterval(delay)
-        state.value.timer = eventLoop.scheduleTask(in: .nanoseconds(Int64(delay * 1e9))) {
-            _ = self.updateNow()
+        let due = now().addingTimeInterval(delay)
+        let sleep = schedule.withLock { schedule -> Task<Void, Error>? in
+            guard !schedule.stopped else { return nil }
+            schedule.nextUpdate = due
+            schedule.generation += 1
+            return schedule.sleep
         }
+        sleep?.cancel() // wakes run() to sleep towards the new due date
     }
 
     private func log(_ result: Result<PinList, PinListRejection>) {

@@ -35,6 +35,7 @@ import PinGateNIO
 /// refusal-log-size: 100          # refusals kept for GET /refusals
 /// idle-timeout-seconds: 300
 /// client-handshake-timeout-seconds: 10
+/// drain-timeout-seconds: 30     # on SIGTERM/SIGINT: how long open tunnels may finish
 /// log-level: info
 /// ```
 struct ConfigFile: Decodable {
@@ -88,6 +89,7 @@ struct ConfigFile: Decodable {
     var reportCA: [String]?
     var idleTimeoutSeconds: Int?
     var clientHandshakeTimeoutSeconds: Int?
+    var drainTimeoutSeconds: Int?
     var upstreamTimeoutSeconds: Int?
     var logLevel: String?
 
@@ -105,6 +107,7 @@ struct ConfigFile: Decodable {
         case reportCA = "report-ca"
         case idleTimeoutSeconds = "idle-timeout-seconds"
         case clientHandshakeTimeoutSeconds = "client-handshake-timeout-seconds"
+        case drainTimeoutSeconds = "drain-timeout-seconds"
         case upstreamTimeoutSeconds = "upstream-timeout-seconds"
         case logLevel = "log-level"
     }

@@ -8,6 +8,8 @@ import PinGateTLS
 import PinList
 import PinListService
 import PinGateNIO
+import ServiceLifecycle
+import UnixSignals
 
 /// `pingate attack`: a Charles-like intercepting proxy, for proving that clients fail closed.
 struct AttackCommand: AsyncParsableCommand {
@@ -31,14 +33,17 @@ struct AttackCommand: AsyncParsableCommand {
         var configuration = GateConfiguration()
         (configuration.listenHost, configuration.listenPort) = try RunCommand.parseHostPort(listen)
         configuration.resolveOverrides = try resolve.map(ResolveOverride.init(parsing:))
+        // A test tool: a short drain keeps the harness's teardown quick.
+        configuration.drainTimeout = .seconds(2)
         let state = PathText.resolve(stateDir ?? FileManager.default.temporaryDirectory.appendingPathComponent("pingate-attacker").path)
         let (ca, _) = try LocalCA.loadOrCreate(stateDirectory: state)
         let log = InterceptionLog()
-        let signals = SignalWatcher(signals: [SIGINT, SIGTERM])
+        // Trapped before starting, so a stop that arrives during start-up is not fatal and
+        // is honoured once the group runs (as in `pingate run`).
+        let earlyStops = await UnixSignalsSequence(trapping: .sigterm, .sigint)
         let server = try await PinGateServer.start(configuration: configuration, store: PinListStore(nil), ca: ca, logger: logger,
                                                    decisionPolicy: InterceptingDecisionPolicy(log: log))
         logger.notice("attacker CA (trust it only in a control client)", metadata: ["certificate": "\(LocalCA.Paths(stateDirectory: state).certificate)"])
-        signals.onSignal { _ in server.stopListening() }
         let reporter = Task {
             var shown = 0
             while !Task.isCancelled {
@@ -53,10 +58,18 @@ struct AttackCommand: AsyncParsableCommand {
                 try? await Task.sleep(nanoseconds: 100_000_000)
             }
         }
-        try await server.waitUntilClosed()
-        reporter.cancel()
-        try await server.shutdown()
-        signals.cancel()
+        let group = ServiceGroup(services: [server], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        let startupStop = Task {
+            for await _ in earlyStops {
+                await group.triggerGracefulShutdown()
+                return
+            }
+        }
+        defer {
+            startupStop.cancel()
+            reporter.cancel()
+        }
+        try await group.run()
     }
 }
 

@@ -7,9 +7,10 @@ import PinGateAdmin
 import PinGateCA
 import PinGateTLS
 import PinList
-import Synchronization
 import PinListService
 import PinGateNIO
+import ServiceLifecycle
+import UnixSignals
 
 /// `pingate run`: start the gate.
 struct RunCommand: AsyncParsableCommand {
@@ -71,6 +72,9 @@ struct RunCommand: AsyncParsableCommand {
     @Option(name: .long, help: "Log level: trace, debug, info, notice, warning, error.")
     var logLevel: String?
 
+    @Option(name: .long, help: "On SIGTERM/SIGINT, how long open tunnels may take to finish before they are closed (default 30).")
+    var drainTimeout: Int?
+
     func run() async throws {
         let file = try config.map(ConfigFile.load)
         var configuration = GateConfiguration()
@@ -96,6 +100,10 @@ struct RunCommand: AsyncParsableCommand {
         if let seconds = clientHandshakeTimeout ?? file?.clientHandshakeTimeoutSeconds {
             guard seconds > 0 else { throw ConfigurationError("the client handshake timeout must be at least 1 s, got \(seconds)") }
             configuration.clientHandshakeTimeout = .seconds(Int64(seconds))
+        }
+        if let drain = drainTimeout ?? file?.drainTimeoutSeconds {
+            guard drain >= 0 else { throw ConfigurationError("the drain timeout must be 0 or more seconds, got \(drain)") }
+            configuration.drainTimeout = .seconds(Int64(drain))
         }
         if let upstream = file?.upstreamTimeoutSeconds {
             configuration.upstreamConnectTimeout = .seconds(Int64(upstream))
@@ -142,10 +150,11 @@ struct RunCommand: AsyncParsableCommand {
         let decisionLogger = try Self.makeDecisionLogger(decisionLog ?? file?.decisionLog ?? "stderr", fallback: logger)
         let (metrics, registry) = AdminServer.makeMetrics()
 
-        // Watch for SIGINT/SIGTERM before starting, so a stop request that arrives
-        // during start-up is honoured as soon as the server is up.
-        let signals = SignalWatcher(signals: [SIGINT, SIGTERM])
-        let reload = SignalWatcher(signals: [SIGHUP])
+        // Trap the signals before starting: from here on SIGHUP (whose default action
+        // ends the process) is a reload, and a SIGINT/SIGTERM that arrives before the
+        // service group has set up its own handlers is still honoured (below).
+        let hangups = await UnixSignalsSequence(trapping: .sighup)
+        let earlyStops = await UnixSignalsSequence(trapping: .sigterm, .sigint)
         let server = try await PinGateServer.start(
             configuration: configuration, store: store, ca: ca, logger: logger,
             listSource: listSource, stateDirectory: stateDirectory, metrics: metrics,
@@ -159,20 +168,23 @@ struct RunCommand: AsyncParsableCommand {
                 throw ConfigurationError("cannot start the admin endpoint on \(admin.host):\(admin.port): \(error)")
             }
         }
-        signals.onSignal { signal in
-            logger.info("stopping", metadata: ["signal": "\(signal)"])
-            server.stopListening()
+        // A group stops its services last-first: the SIGHUP watcher and the updater go
+        // first, then the admin endpoint (it runs on the gate's event loops), and the gate
+        // last, draining its connections before it stops those loops.
+        var services: [any Service] = [server]
+        if let adminServer { services.append(adminServer) }
+        if let updater = server.updater { services.append(updater) }
+        services.append(ListReloadOnHangup(signals: hangups, updater: server.updater, logger: logger))
+        let group = ServiceGroup(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        let startupStop = Task {
+            for await signal in earlyStops {
+                logger.info("stopping", metadata: ["signal": "\(signal)"])
+                await group.triggerGracefulShutdown()
+                return
+            }
         }
-        // SIGHUP: fetch (or re-read) the list now instead of waiting for the schedule.
-        reload.onSignal { _ in
-            logger.info("list update requested (SIGHUP)")
-            _ = server.updater?.updateNow()
-        }
-        try await server.waitUntilClosed()
-        await adminServer?.close()
-        try await server.shutdown()
-        signals.cancel()
-        reload.cancel()
+        defer { startupStop.cancel() }
+        try await group.run()
     }
 
     /// The list source from flags and config. A local file is verified now, and start-up
@@ -248,47 +260,21 @@ struct RunCommand: AsyncParsableCommand {
     }
 }
 
-/// Turns SIGINT/SIGTERM into a graceful stop. A signal that arrives before a handler
-/// is set is remembered and delivered when it is.
-final class SignalWatcher: Sendable {
-    private struct State {
-        var handler: (@Sendable (Int32) -> Void)?
-        var pending: Int32?
-    }
+/// SIGHUP: fetch (or re-read) the list now instead of waiting for the schedule. Ends
+/// with the service group.
+struct ListReloadOnHangup: Service {
+    let signals: UnixSignalsSequence
+    let updater: PinListUpdater?
+    let logger: Logger
 
-    private let state = Mutex(State())
-    // Dispatch sources are thread-safe; they are set once here and only cancelled later.
-    nonisolated(unsafe) private var sources: [DispatchSourceSignal] = []
-
-    init(signals: [Int32]) {
-        sources = signals.map { number in
-            signal(number, SIG_IGN) // the dispatch source sees it instead of the default action
-            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-            source.setEventHandler { [weak self] in self?.deliver(number) }
-            source.resume()
-            return source
+    func run() async throws {
+        for await _ in signals.cancelOnGracefulShutdown() {
+            guard let updater else {
+                logger.notice("SIGHUP ignored: no fingerprint list source to re-read")
+                continue
+            }
+            logger.info("list update requested (SIGHUP)")
+            _ = updater.updateNow()
         }
-    }
-
-    /// Sets the handler; runs it at once if a signal already arrived.
-    func onSignal(_ handler: @escaping @Sendable (Int32) -> Void) {
-        let pending: Int32? = state.withLock { state in
-            state.handler = handler
-            defer { state.pending = nil }
-            return state.pending
-        }
-        if let pending { handler(pending) }
-    }
-
-    private func deliver(_ number: Int32) {
-        let handler: (@Sendable (Int32) -> Void)? = state.withLock { state in
-            if state.handler == nil { state.pending = number }
-            return state.handler
-        }
-        handler?(number)
-    }
-
-    func cancel() {
-        sources.forEach { $0.cancel() }
     }
 }

@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import PinGateNIO
+import Synchronization
 
 /// A swift-log handler that writes each record as one JSON object per line: the
 /// decision log. Metadata values become JSON fields (numbers stay numbers), next to
@@ -30,7 +31,7 @@ public struct JSONLineLogHandler: LogHandler {
 
     public func log(event: LogEvent) {
         var object: [String: Any] = [
-            "ts": ISO8601DateFormatter.withFractionalSeconds.string(from: Date()),
+            "ts": Self.timestamp(Date()),
             "level": event.level.rawValue,
             "message": event.message.description,
         ]
@@ -52,40 +53,74 @@ public struct JSONLineLogHandler: LogHandler {
         }
     }
 
-    /// Serializes writes from many threads into whole lines.
-    private final class LineSink: @unchecked Sendable {
-        private let lock = NSLock()
-        private let handle: FileHandle
+    /// `date` as RFC 3339 UTC with milliseconds, `2026-11-22T06:00:00.123Z`: what
+    /// `ISO8601DateFormatter` with fractional seconds writes, rounding included. Built by hand: a Foundation
+    /// formatter per line was the decision log's main cost, and a shared one is not
+    /// documented as safe across threads.
+    static func timestamp(_ date: Date) -> String {
+        let milliseconds = Int64((date.timeIntervalSince1970 * 1000).rounded())
+        var seconds = time_t(milliseconds.floorDivided(by: 1000))
+        let fraction = Int(milliseconds - Int64(seconds) * 1000)
+        var parts = tm()
+        gmtime_r(&seconds, &parts)
+        func pad(_ value: Int32, _ width: Int) -> String {
+            let digits = String(value)
+            return String(repeating: "0", count: max(0, width - digits.count)) + digits
+        }
+        return "\(pad(parts.tm_year + 1900, 4))-\(pad(parts.tm_mon + 1, 2))-\(pad(parts.tm_mday, 2))T"
+            + "\(pad(parts.tm_hour, 2)):\(pad(parts.tm_min, 2)):\(pad(parts.tm_sec, 2)).\(pad(Int32(fraction), 3))Z"
+    }
+
+    /// Serializes writes from many threads into whole lines: one `write(2)` loop per
+    /// line under a lock, so lines from different connections never interleave.
+    private final class LineSink: Sendable {
+        private let descriptor: Mutex<Int32>
+        private let ownsDescriptor: Bool
 
         init(_ destination: Destination) throws {
             switch destination {
             case .standardError:
-                handle = FileHandle.standardError
+                descriptor = Mutex(STDERR_FILENO)
+                ownsDescriptor = false
             case .file(let path):
-                if !FileManager.default.fileExists(atPath: path) {
-                    guard FileManager.default.createFile(atPath: path, contents: nil, attributes: [.posixPermissions: 0o640]) else {
-                        throw ConfigurationError("cannot create decision log \(path)")
-                    }
+                // Created 0640 if missing; appended to, so several runs share one log.
+                let opened = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o640)
+                guard opened >= 0 else {
+                    throw ConfigurationError("cannot open decision log \(path): \(String(cString: strerror(errno)))")
                 }
-                guard let opened = FileHandle(forWritingAtPath: path) else { throw ConfigurationError("cannot open decision log \(path)") }
-                opened.seekToEndOfFile()
-                handle = opened
+                descriptor = Mutex(opened)
+                ownsDescriptor = true
             }
         }
 
+        deinit {
+            if ownsDescriptor { descriptor.withLock { _ = close($0) } }
+        }
+
         func write(_ data: Data) {
-            lock.lock()
-            defer { lock.unlock() }
-            handle.write(data)
+            descriptor.withLock { descriptor in
+                data.withUnsafeBytes { buffer in
+                    guard var next = buffer.baseAddress else { return }
+                    var remaining = buffer.count
+                    while remaining > 0 {
+                        let written = Glibc.write(descriptor, next, remaining)
+                        if written < 0 {
+                            if errno == EINTR { continue }
+                            return // a log that cannot be written must not stop the gate
+                        }
+                        next += written
+                        remaining -= written
+                    }
+                }
+            }
         }
     }
 }
 
-extension ISO8601DateFormatter {
-    /// `2026-11-22T06:00:00.123Z`.
-    static var withFractionalSeconds: ISO8601DateFormatter {
-        let formatter = ISO8601DateFormatter()
-        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
-        return formatter
+private extension Int64 {
+    /// Division rounding towards minus infinity (dates before 1970 stay correct).
+    func floorDivided(by divisor: Int64) -> Int64 {
+        let quotient = self / divisor
+        return (self % divisor != 0 && (self < 0) != (divisor < 0)) ? quotient - 1 : quotient
     }
 }

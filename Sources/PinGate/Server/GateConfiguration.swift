@@ -31,6 +31,9 @@ public struct GateConfiguration: Sendable {
     public var clientHandshakeTimeout: TimeAmount = .seconds(10)
     /// A tunnel with no traffic either way for this long is closed.
     public var idleTimeout: TimeAmount = .minutes(5)
+    /// On a graceful shutdown (SIGTERM, SIGINT), how long open connections may take to
+    /// finish after the listener closed; whatever is still open then is closed.
+    public var drainTimeout: TimeAmount = .seconds(30)
     /// A parent HTTP proxy that upstream connections go through (CONNECT), as in
     /// corporate networks. The pin check still applies end to end.
     public var upstreamProxy: ParentProxy?

@@ -8,10 +8,15 @@ import PinGateNIO
 import PinGateTLS
 import PinList
 import PinListService
+import ServiceLifecycle
 import Synchronization
 
 /// A running gate: the CONNECT listener and everything its connections share.
-public final class PinGateServer: Sendable {
+///
+/// As a `Service` (in a `ServiceGroup`), `run()` lasts until a graceful shutdown, then
+/// stops accepting, drains open connections for up to `GateConfiguration.drainTimeout`,
+/// closes the rest and stops the event loops.
+public final class PinGateServer: Service, Sendable {
     /// The settings it was started with.
     public let configuration: GateConfiguration
     /// The fingerprint list in force (replaceable while running).
@@ -34,11 +39,21 @@ public final class PinGateServer: Sendable {
     let reporter: ViolationReporter?
     private let group: MultiThreadedEventLoopGroup
     private let listener: Channel
-    private let shutdownStarted = Mutex(false)
+    private let connections: ConnectionTracker
+    private let logger: Logger
+    private let shutdownState = Mutex(ShutdownState.running)
+
+    /// Where the one shutdown is; callers that come while it runs wait for its result.
+    private enum ShutdownState {
+        case running
+        case stopping(waiters: [CheckedContinuation<Void, Error>])
+        case stopped(Result<Void, Error>)
+    }
 
     private init(configuration: GateConfiguration, store: PinListStore, statistics: GateStatistics, refusals: RefusalLog,
                  ca: LocalCA, minter: LeafMinter, updater: PinListUpdater?, reporter: ViolationReporter?,
-                 group: MultiThreadedEventLoopGroup, listener: Channel, startedAt: Date) {
+                 group: MultiThreadedEventLoopGroup, listener: Channel, connections: ConnectionTracker, logger: Logger,
+                 startedAt: Date) {
         self.configuration = configuration
         self.store = store
         self.statistics = statistics
@@ -50,6 +65,8 @@ public final class PinGateServer: Sendable {
         self.reporter = reporter
         self.group = group
         self.listener = listener
+        self.connections = connections
+        self.logger = logger
     }
 
     /// Starts listening. The upstream trust roots are loaded now, so a bad `--upstream-ca`
@@ -82,6 +99,7 @@ public final class PinGateServer: Sendable {
             settings: configuration.upstreamClientSettings, context: upstreamContext, onConnected: { statistics.upstreamConnectionOpened() }))
         let policy = decisionPolicy ?? PinningDecisionPolicy(pinsOnlyHosts: configuration.pinsOnlyHosts)
         let tunnels = TunnelRegistry()
+        let connections = ConnectionTracker()
         var updater: PinListUpdater?
         do {
             if let listSource {
@@ -123,7 +141,11 @@ public final class PinGateServer: Sendable {
                 .childChannelOption(.allowRemoteHalfClosure, value: true)
                 .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
                 .childChannelInitializer { channel in
-                    channel.eventLoop.makeCompletedFuture {
+                    guard connections.add(channel) else {
+                        // Accepted while the listener was closing for a shutdown.
+                        return channel.close()
+                    }
+                    return channel.eventLoop.makeCompletedFuture {
                         try channel.pipeline.syncOperations.addHandler(ConnectHandler(environment: environment))
                     }
                 }
@@ -136,7 +158,7 @@ public final class PinGateServer: Sendable {
             ])
             return PinGateServer(configuration: configuration, store: store, statistics: statistics, refusals: refusals,
                                  ca: ca, minter: minter, updater: updater, reporter: reporter, group: group, listener: listener,
-                                 startedAt: now())
+                                 connections: connections, logger: logger, startedAt: now())
         } catch {
             updater?.stop()
             try? await group.shutdownGracefully()
@@ -150,27 +172,98 @@ public final class PinGateServer: Sendable {
     /// The bound port.
     public var port: Int { listener.localAddress?.port ?? 0 }
 
+    /// How many client connections are open (any state, not only relaying tunnels).
+    public var openConnections: Int { connections.count }
+
     /// Waits until the listener closes.
     public func waitUntilClosed() async throws {
         try await listener.closeFuture.get()
     }
 
     /// Stops accepting connections; `waitUntilClosed()` returns after this. Safe from any
-    /// thread and more than once (e.g. from a signal handler).
+    /// thread and more than once.
     public func stopListening() {
         listener.close(promise: nil)
     }
 
-    /// Stops listening, closes every connection and stops the event loops. Only the first
-    /// call does the work; later calls return at once.
-    public func shutdown() async throws {
-        let first = shutdownStarted.withLock { started in
-            defer { started = true }
-            return !started
+    /// Serves until a graceful shutdown (or until the listener is closed otherwise), then
+    /// drains for up to `configuration.drainTimeout` and shuts down. Cancellation skips
+    /// the drain: connections are closed at once.
+    public func run() async throws {
+        try await withTaskCancellationOrGracefulShutdownHandler {
+            try await self.waitUntilClosed()
+        } onCancelOrGracefulShutdown: {
+            // Stop accepting at once; the drain below waits for the open connections.
+            self.stopListening()
         }
-        guard first else { return }
+        try await shutdown(drainTimeout: Task.isCancelled ? .zero : configuration.drainTimeout)
+    }
+
+    /// Stops listening, closes every connection and stops the event loops: `shutdown()`
+    /// with no drain. Only the first call does the work; later calls wait for it.
+    public func shutdown() async throws {
+        try await shutdown(drainTimeout: .zero)
+    }
+
+    /// Stops listening at once, lets open connections finish for up to `drainTimeout`,
+    /// closes those still open, then stops the updater's work and the event loops. Only
+    /// the first call does the work; later calls wait for it to finish.
+    public func shutdown(drainTimeout: TimeAmount) async throws {
+        let first = shutdownState.withLock { state -> Bool in
+            guard case .running = state else { return false }
+            state = .stopping(waiters: [])
+            return true
+        }
+        guard first else {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, Error>) in
+                let finished = shutdownState.withLock { state -> Result<Void, Error>? in
+                    switch state {
+                    case .running: return .success(()) // cannot happen: only the first call starts it
+                    case .stopping(let waiters):
+                        state = .stopping(waiters: waiters + [continuation])
+                        return nil
+                    case .stopped(let result): return result
+                    }
+                }
+                if let finished { continuation.resume(with: finished) }
+            }
+            return
+        }
+        let result: Result<Void, Error>
+        do {
+            try await drainAndStop(drainTimeout: drainTimeout)
+            result = .success(())
+        } catch {
+            result = .failure(error)
+        }
+        let waiters = shutdownState.withLock { state -> [CheckedContinuation<Void, Error>] in
+            defer { state = .stopped(result) }
+            if case .stopping(let waiters) = state { return waiters }
+            return []
+        }
+        waiters.forEach { $0.resume(with: result) }
+        try result.get()
+    }
+
+    private func drainAndStop(drainTimeout: TimeAmount) async throws {
         updater?.stop()
         try? await listener.close()
+        let open = connections.count
+        if open > 0, drainTimeout > .zero {
+            logger.info("draining open connections", metadata: [
+                "connections": "\(open)", "timeout_seconds": "\(Double(drainTimeout.nanoseconds) / 1e9)",
+            ])
+        }
+        let eventLoop = group.next()
+        let drained = try await connections.drain(on: eventLoop, timeout: drainTimeout).get()
+        if !drained {
+            let closed = connections.closeAll()
+            if drainTimeout > .zero {
+                logger.notice("drain timeout: closing the connections still open", metadata: ["connections": "\(closed)"])
+            }
+            // Closing is quick; this bounds it anyway so a stuck close cannot hang the exit.
+            _ = try await connections.drain(on: eventLoop, timeout: .seconds(2)).get()
+        }
         try await group.shutdownGracefully()
     }
 

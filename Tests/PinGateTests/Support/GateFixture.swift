@@ -13,6 +13,8 @@ struct GateFixture {
     let server: PinGateServer
     let caPath: String
     let directory: TemporaryDirectory
+    /// The updater's silent schedule, run as `pingate run`'s service group would.
+    let schedule: Task<Void, Never>?
 
     var port: Int { server.port }
     var statistics: GateStatistics.Snapshot { server.statistics.snapshot }
@@ -40,10 +42,13 @@ struct GateFixture {
         let server = try await PinGateServer.start(
             configuration: configuration, store: PinListStore(list), ca: ca, logger: quietLogger,
             listSource: listSource, stateDirectory: listSource == nil ? nil : state)
-        return GateFixture(server: server, caPath: LocalCA.Paths(stateDirectory: state).certificate, directory: directory)
+        let schedule = server.updater.map { updater in Task { _ = try? await updater.run() } }
+        return GateFixture(server: server, caPath: LocalCA.Paths(stateDirectory: state).certificate, directory: directory,
+                           schedule: schedule)
     }
 
     func stop() async {
+        schedule?.cancel()
         try? await server.shutdown()
         directory.remove()
     }

@@ -15,8 +15,11 @@ final class NginxOrigin {
         self.process = process
     }
 
-    /// Starts nginx serving `files` (name → bytes) over TLS with `certificatePath`/`keyPath`.
-    static func start(certificatePath: String, keyPath: String, files: [String: Data]) async throws -> NginxOrigin {
+    /// Starts nginx serving `files` (name → bytes) over TLS with `certificatePath`/`keyPath`;
+    /// `http2: false` offers only HTTP/1.1, `serverDirectives` go into the `server` block
+    /// (e.g. `limit_rate 128k;` to keep downloads in flight).
+    static func start(certificatePath: String, keyPath: String, files: [String: Data], http2: Bool = true,
+                      serverDirectives: String = "") async throws -> NginxOrigin {
         let directory = try TemporaryDirectory()
         let root = directory.file("www")
         try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
@@ -32,7 +35,7 @@ final class NginxOrigin {
             worker_processes 1;
             pid \(directory.file("nginx.pid"));
             error_log \(directory.file("error.log")) warn;
-            events { worker_connections 128; }
+            events { worker_connections 512; }
             http {
                 log_format proto '$server_protocol $status $body_bytes_sent $request_uri';
                 access_log \(directory.file("access.log")) proto;
@@ -43,10 +46,11 @@ final class NginxOrigin {
                 scgi_temp_path \(directory.file("tmp-scgi"));
                 types { application/octet-stream bin; text/plain txt; }
                 server {
-                    listen 127.0.0.1:\(port) ssl http2;
+                    listen 127.0.0.1:\(port) ssl\(http2 ? " http2" : "");
                     ssl_certificate \(certificatePath);
                     ssl_certificate_key \(keyPath);
                     root \(root);
+                    \(serverDirectives)
                 }
             }
             """

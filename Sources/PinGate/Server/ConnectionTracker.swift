@@ -1,0 +1,75 @@
+import NIOCore
+import Synchronization
+
+/// Every client connection the listener accepted and that is still open, whatever its
+/// state (reading its head, connecting upstream, relaying). A graceful shutdown needs
+/// all of them: to know when the last one has gone, and to close the stragglers at the
+/// drain deadline. (`TunnelRegistry` holds only relaying tunnels, for list updates.)
+final class ConnectionTracker: Sendable {
+    private struct State {
+        var channels: [ObjectIdentifier: Channel] = [:]
+        /// False once draining began: a connection accepted in the race with closing the
+        /// listener is closed at once instead of extending the drain.
+        var accepting = true
+        /// Completed when `channels` becomes empty while draining.
+        var drained: [EventLoopPromise<Void>] = []
+    }
+
+    private let state = Mutex(State())
+
+    /// Tracks `channel` until it closes. Returns false (and the caller should close the
+    /// channel) when the gate no longer accepts connections.
+    func add(_ channel: Channel) -> Bool {
+        let key = ObjectIdentifier(channel)
+        let accepted = state.withLock { state -> Bool in
+            guard state.accepting else { return false }
+            state.channels[key] = channel
+            return true
+        }
+        guard accepted else { return false }
+        channel.closeFuture.whenComplete { _ in self.remove(key) }
+        return true
+    }
+
+    /// How many connections are open.
+    var count: Int { state.withLock { $0.channels.count } }
+
+    /// Stops admitting new connections, then succeeds with true once every tracked
+    /// connection has closed, or with false when `timeout` passes first.
+    func drain(on eventLoop: EventLoop, timeout: TimeAmount) -> EventLoopFuture<Bool> {
+        let promise = eventLoop.makePromise(of: Void.self)
+        let empty = state.withLock { state -> Bool in
+            state.accepting = false
+            if state.channels.isEmpty { return true }
+            state.drained.append(promise)
+            return false
+        }
+        if empty { promise.succeed(()) }
+        let result = eventLoop.makePromise(of: Bool.self)
+        let deadline = eventLoop.scheduleTask(in: timeout) { result.succeed(false) }
+        promise.futureResult.whenSuccess {
+            deadline.cancel()
+            result.succeed(true)
+        }
+        // Whichever comes first wins; the other completion is a harmless no-op.
+        return result.futureResult
+    }
+
+    /// Closes every open connection now; returns how many there were.
+    @discardableResult
+    func closeAll() -> Int {
+        let open = state.withLock { Array($0.channels.values) }
+        for channel in open { channel.close(promise: nil) }
+        return open.count
+    }
+
+    private func remove(_ key: ObjectIdentifier) {
+        let waiters = state.withLock { state -> [EventLoopPromise<Void>] in
+            state.channels.removeValue(forKey: key)
+            guard state.channels.isEmpty else { return [] }
+            defer { state.drained = [] }
+            return state.drained
+        }
+        for waiter in waiters { waiter.succeed(()) }
+    }
+}

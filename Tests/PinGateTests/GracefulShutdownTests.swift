@@ -1,0 +1,295 @@
+import Foundation
+import PinGateCA
+import PinGateTestSupport
+import PinGateTLS
+import PinList
+import ServiceLifecycle
+import Testing
+@testable import PinGate
+@testable import PinListService
+
+/// `pingate run` stopped by SIGTERM: it stops accepting at once, lets open tunnels finish
+/// up to the drain timeout, closes the rest, and exits 0.
+@Suite("Graceful shutdown")
+struct GracefulShutdownTests {
+    static let host = "drain.pingate.test"
+
+    /// 100 downloads through one client process: CONNECT, TLS with the gate's CA, a GET,
+    /// and the SHA-256 of each body. `inflight` is created once all of them are in the
+    /// middle of their body at the same time; one line per download goes to stdout.
+    static let downloadScript = """
+    import hashlib, os, socket, ssl, sys, threading
+    gate_port, target, ca, path, inflight, count = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6])
+    host = target.split(":")[0]
+    context = ssl.create_default_context(cafile=ca)
+    context.set_alpn_protocols(["http/1.1"])
+    lock = threading.Lock()
+    transferring = [0]
+    results = [None] * count
+
+    def fetch(index):
+        counted = False
+        try:
+            raw = socket.create_connection(("127.0.0.1", gate_port), timeout=30)
+            raw.sendall(f"CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode())
+            head = b""
+            while b"\\r\\n\\r\\n" not in head:
+                byte = raw.recv(1)
+                if not byte: raise Exception(f"proxy closed after {head!r}")
+                head += byte
+            if not head.startswith(b"HTTP/1.1 200"): raise Exception(f"proxy said {head!r}")
+            tls = context.wrap_socket(raw, server_hostname=host)
+            tls.sendall(f"GET /{path} HTTP/1.1\\r\\nHost: {host}\\r\\nConnection: close\\r\\n\\r\\n".encode())
+            data = b""
+            while b"\\r\\n\\r\\n" not in data:
+                chunk = tls.recv(65536)
+                if not chunk: raise Exception("closed before the response head")
+                data += chunk
+            response, body = data.split(b"\\r\\n\\r\\n", 1)
+            length = next(int(line.split(b":")[1]) for line in response.split(b"\\r\\n") if line.lower().startswith(b"content-length:"))
+            digest = hashlib.sha256(body)
+            received = len(body)
+            while received < length:
+                if not counted and received > 0:
+                    counted = True
+                    with lock:
+                        transferring[0] += 1
+                        if transferring[0] == count: open(inflight, "w").close()
+                chunk = tls.recv(65536)
+                if not chunk: break
+                digest.update(chunk)
+                received += len(chunk)
+            results[index] = f"{received} {digest.hexdigest()}"
+            tls.close()
+        except Exception as error:
+            results[index] = f"error {error!r}"
+
+    threads = [threading.Thread(target=fetch, args=(index,)) for index in range(count)]
+    for thread in threads: thread.start()
+    for thread in threads: thread.join()
+    print("\\n".join(results))
+    """
+
+    @Test("SIGTERM with 100 transferring tunnels: every download completes byte-exact, new CONNECTs are refused, exit 0")
+    func drainsOpenTunnels() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
+        // 768 KiB at 128 KiB/s: each download takes about 6 s, long enough for all 100 to
+        // be mid-body when the signal comes.
+        let body = Data((0..<(768 << 10)).map { _ in UInt8.random(in: 0...255) })
+        let expected = SHA256Digest.hash(body).map { String(format: "%02x", $0) }.joined()
+        try await Self.withOrigin(leaf, files: ["body.bin": body], directives: "limit_rate 128k;") { origin in
+        let listPath = try pki.signedList([(Self.host, leaf.fingerprint)])
+        guard let gate = try await RunningGate.start([
+            "--listen", "127.0.0.1:0", "--state-dir", directory.file("state"), "--pins", listPath,
+            "--pins-key", pki.signerPublicKeyPath, "--upstream-ca", pki.upstreamTrustPath,
+            "--resolve", "\(Self.host):\(origin.port):127.0.0.1", "--drain-timeout", "20", "--decision-log", "off",
+        ]) else {
+            Issue.record("the gate did not start")
+            return
+        }
+        defer { if gate.process.isRunning { kill(gate.process.processIdentifier, SIGKILL) } }
+
+        let inflight = directory.file("inflight")
+        let target = "\(Self.host):\(origin.port)"
+        let downloads = Task {
+            try await TestProcess.run("python3", [
+                "-c", Self.downloadScript, "\(gate.port)", target, directory.file("state/ca.pem"), "body.bin", inflight, "100",
+            ], timeout: 60)
+        }
+        for _ in 0..<400 where !FileManager.default.fileExists(atPath: inflight) {
+            try await Task.sleep(nanoseconds: 50_000_000)
+        }
+        guard FileManager.default.fileExists(atPath: inflight) else {
+            let result = try await downloads.value
+            Issue.record("the 100 downloads were never all in flight: \(result.stdout) \(result.stderr)")
+            return
+        }
+
+        let signalled = Date()
+        kill(gate.process.processIdentifier, SIGTERM)
+        // The listener closes at once, while the tunnels are still draining.
+        var refusedWhileDraining = false
+        for _ in 0..<100 {
+            if loopbackConnectionRefused(port: gate.port) {
+                refusedWhileDraining = gate.process.isRunning
+                break
+            }
+            try await Task.sleep(nanoseconds: 20_000_000)
+        }
+        #expect(refusedWhileDraining, "a new connection was still accepted after SIGTERM, or the gate had already exited")
+
+        let result = try await downloads.value
+        let lines = result.stdout.split(separator: "\n").map(String.init)
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(lines.count == 100)
+        let exact = lines.filter { $0 == "\(body.count) \(expected)" }
+        #expect(exact.count == 100, "not byte-exact: \(lines.filter { $0 != "\(body.count) \(expected)" }.prefix(5))")
+
+        for _ in 0..<500 where gate.process.isRunning { try await Task.sleep(nanoseconds: 20_000_000) }
+        #expect(!gate.process.isRunning, "the gate did not exit after the drain")
+        let elapsed = Date().timeIntervalSince(signalled)
+        #expect(elapsed < 20, "exited \(elapsed) s after SIGTERM (drain timeout 20 s)")
+        #expect(gate.process.terminationReason == .exit && gate.process.terminationStatus == 0,
+                "status \(gate.process.terminationStatus), reason \(gate.process.terminationReason.rawValue)")
+        let log = await gate.stop()
+        #expect(log.contains("draining open connections"), "\(log)")
+        #expect(!log.contains("drain timeout"), "\(log)")
+        }
+    }
+
+    @Test("--drain-timeout 1 with a stalled tunnel: SIGTERM closes it at the deadline and the gate exits 0")
+    func drainTimeoutClosesStalledTunnel() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
+        // Far more than socket buffers hold, so a client that stops reading stalls the tunnel.
+        let total = 32 << 20
+        try await Self.withOrigin(leaf, files: ["big.bin": Data(count: total)]) { origin in
+        let listPath = try pki.signedList([(Self.host, leaf.fingerprint)])
+        guard let gate = try await RunningGate.start([
+            "--listen", "127.0.0.1:0", "--state-dir", directory.file("state"), "--pins", listPath,
+            "--pins-key", pki.signerPublicKeyPath, "--upstream-ca", pki.upstreamTrustPath,
+            "--resolve", "\(Self.host):\(origin.port):127.0.0.1", "--drain-timeout", "1",
+        ]) else {
+            Issue.record("the gate did not start")
+            return
+        }
+        defer { if gate.process.isRunning { kill(gate.process.processIdentifier, SIGKILL) } }
+
+        let stalled = directory.file("stalled")
+        let resume = directory.file("resume")
+        let script = """
+        import os, socket, ssl, sys, time
+        gate_port, target, ca, stalled, resume = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+        host = target.split(":")[0]
+        raw = socket.socket()
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        raw.settimeout(30)
+        raw.connect(("127.0.0.1", gate_port))
+        raw.sendall(f"CONNECT {target} HTTP/1.1\\r\\n\\r\\n".encode())
+        head = b""
+        while b"\\r\\n\\r\\n" not in head: head += raw.recv(1)
+        context = ssl.create_default_context(cafile=ca)
+        context.set_alpn_protocols(["http/1.1"])
+        tls = context.wrap_socket(raw, server_hostname=host)
+        tls.sendall(f"GET /big.bin HTTP/1.1\\r\\nHost: {host}\\r\\nConnection: close\\r\\n\\r\\n".encode())
+        received = 0
+        while received < (1 << 20): received += len(tls.recv(65536))
+        open(stalled, "w").close()
+        deadline = time.monotonic() + 30
+        while not os.path.exists(resume) and time.monotonic() < deadline: time.sleep(0.02)
+        try:
+            while True:
+                chunk = tls.recv(1 << 20)
+                if not chunk: break
+                received += len(chunk)
+        except (OSError, ssl.SSLError):
+            pass
+        print(received)
+        """
+        let target = "\(Self.host):\(origin.port)"
+        let client = Task {
+            try await TestProcess.run("python3", ["-c", script, "\(gate.port)", target,
+                                                  directory.file("state/ca.pem"), stalled, resume], timeout: 60)
+        }
+        defer { _ = FileManager.default.createFile(atPath: resume, contents: nil) }
+        for _ in 0..<400 where !FileManager.default.fileExists(atPath: stalled) {
+            try await Task.sleep(nanoseconds: 50_000_000)
+        }
+        guard FileManager.default.fileExists(atPath: stalled) else {
+            let result = try await client.value
+            Issue.record("the download never started: \(result.stdout) \(result.stderr)")
+            return
+        }
+
+        let signalled = Date()
+        kill(gate.process.processIdentifier, SIGTERM)
+        for _ in 0..<500 where gate.process.isRunning { try await Task.sleep(nanoseconds: 10_000_000) }
+        let elapsed = Date().timeIntervalSince(signalled)
+        #expect(!gate.process.isRunning, "the gate did not exit")
+        #expect(elapsed >= 0.9 && elapsed < 4, "exited \(elapsed) s after SIGTERM with a 1 s drain timeout")
+        #expect(gate.process.terminationReason == .exit && gate.process.terminationStatus == 0,
+                "status \(gate.process.terminationStatus), reason \(gate.process.terminationReason.rawValue)")
+
+        _ = FileManager.default.createFile(atPath: resume, contents: nil)
+        let result = try await client.value
+        let received = Int(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines)) ?? -1
+        #expect(received > 0 && received < total, "the stalled tunnel was not cut: \(result.stdout) \(result.stderr)")
+        let log = await gate.stop()
+        #expect(log.contains("drain timeout: closing the connections still open"), "\(log)")
+        }
+    }
+
+    /// Runs `body` with an HTTP/1.1-only nginx origin serving `files` as `leaf`, and stops
+    /// nginx afterwards whether `body` succeeded or not.
+    static func withOrigin(_ leaf: TestPKI.Identity, files: [String: Data], directives: String = "",
+                           _ body: (NginxOrigin) async throws -> Void) async throws {
+        let origin = try await NginxOrigin.start(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: files,
+                                                 http2: false, serverDirectives: directives)
+        do {
+            try await body(origin)
+        } catch {
+            await origin.stop()
+            throw error
+        }
+        await origin.stop()
+    }
+}
+
+/// True when a TCP connection to 127.0.0.1:`port` is refused (nothing listens there).
+func loopbackConnectionRefused(port: Int) -> Bool {
+    let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    defer { close(descriptor) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_port = UInt16(port).bigEndian
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    let connected = withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+    }
+    return connected != 0 && errno == ECONNREFUSED
+}
+
+/// The gate and the updater as services of a `ServiceGroup`, in this process.
+@Suite("Services")
+struct ServiceGroupTests {
+    @Test("in a ServiceGroup the updater re-reads its file on schedule; a graceful shutdown ends the schedule and the gate")
+    func groupRunsAndStops() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let listPath = try pki.signedList([("group.pingate.test", String(repeating: "A", count: 43) + "=")])
+        var source = PinListSource(location: .file(listPath), keys: [try pki.signer.publicKey()])
+        source.schedule = UpdateSchedule(periodicInterval: 0.1, expirationThreshold: 0, minimumInterval: 0.1)
+        var configuration = GateConfiguration()
+        configuration.listenPort = 0
+        configuration.eventLoopThreads = 1
+        let (ca, _) = try LocalCA.loadOrCreate(stateDirectory: directory.file("state"))
+        let server = try await PinGateServer.start(configuration: configuration, store: PinListStore(nil), ca: ca,
+                                                   logger: GateFixture.quietLogger, listSource: source)
+        let updater = try #require(server.updater)
+        let group = ServiceGroup(services: [server, updater], logger: GateFixture.quietLogger)
+        let running = Task { try await group.run() }
+
+        // The first read came from start(); the schedule's re-reads find the same list.
+        for _ in 0..<250 where (server.store.status.updatesByResult["unchanged"] ?? 0) < 2 {
+            try await Task.sleep(nanoseconds: 20_000_000)
+        }
+        #expect((server.store.status.updatesByResult["unchanged"] ?? 0) >= 2, "\(server.store.status)")
+
+        let port = server.port
+        let stopping = Date()
+        await group.triggerGracefulShutdown()
+        try await running.value
+        #expect(Date().timeIntervalSince(stopping) < 5)
+        #expect(loopbackConnectionRefused(port: port))
+        let settled = server.store.status.updatesByResult["unchanged"] ?? 0
+        try await Task.sleep(nanoseconds: 300_000_000)
+        #expect(server.store.status.updatesByResult["unchanged"] == settled, "the schedule kept running after the shutdown")
+        try await server.shutdown() // a second stop waits for the first and returns
+    }
+}
