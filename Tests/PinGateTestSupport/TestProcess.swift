@@ -152,6 +152,10 @@ public enum WultraVectors {
             .deletingLastPathComponent().appendingPathComponent("shared/vectors/wultra").path
     }()
 
+    /// True when the shared original is there to compare with (it is beside the checkout
+    /// on the team's machines and in CI, not necessarily elsewhere).
+    public static var sharedIsPresent: Bool { FileManager.default.fileExists(atPath: sharedDirectory) }
+
     /// The path of vector file `name`.
     public static func path(_ name: String) -> String { (directory as NSString).appendingPathComponent(name) }
 

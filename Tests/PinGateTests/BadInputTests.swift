@@ -76,7 +76,7 @@ struct BadInputTests {
         let (gate, origin) = (scenario.gate, scenario.origin)
         let answer = try await Self.exchange(gate.port, Array("CONNECT \(scenario.target) HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n".utf8))
         #expect(answer.hasPrefix("HTTP/1.1 200 Connection established\r\n\r\n"))
-        try await Task.sleep(nanoseconds: 200_000_000)
+        _ = await eventually { gate.statistics.clientHandshakeFailures == 1 }
         let stats = gate.statistics
         await scenario.stop()
         #expect(stats.clientHandshakeFailures == 1)
@@ -91,7 +91,7 @@ struct BadInputTests {
         // CONNECT, then nothing: the client never starts its TLS handshake.
         let answer = try await Self.exchange(gate.port, Array("CONNECT \(scenario.target) HTTP/1.1\r\n\r\n".utf8))
         let elapsed = Date().timeIntervalSince(started)
-        try await Task.sleep(nanoseconds: 100_000_000) // the upstream's close reaches the origin
+        _ = await eventually { origin.observed.closedConnections == 1 } // the upstream's close reaches the origin
         let stats = gate.statistics
         let observed = origin.observed
         await scenario.stop()

@@ -1,3 +1,4 @@
+import PinGateTestSupport
 import PinList
 import Testing
 @testable import PinGate
@@ -233,7 +234,7 @@ struct ConnectStateMachineTests {
 
     @Test("random event sequences: no byte is forwarded before a trusted admission, and no upstream is ever leaked")
     func randomSequences() {
-        var generator = SplitMix64(seed: 0x5EED_CAFE)
+        var generator = SeededGenerator(seed: 0x5EED_CAFE)
         for _ in 0..<5_000 {
             var machine = Machine(maximumHeadBytes: 1024, limits: .init(earlyBytes: 16))
             var nextUpstream = 1
@@ -294,20 +295,5 @@ struct ConnectStateMachineTests {
             if let relayingWith { open.remove(relayingWith) }
             #expect(open.isEmpty, "leaked upstreams \(open)")
         }
-    }
-}
-
-/// A small seeded generator, so a failing sequence can be replayed.
-struct SplitMix64: RandomNumberGenerator {
-    private var state: UInt64
-
-    init(seed: UInt64) { state = seed }
-
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }

@@ -152,7 +152,8 @@ struct EndToEndTests {
         defer { directory.remove() }
         let pki = try TestPKI(directory: directory)
         let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
-        let closedPort = try closedLoopbackPort()
+        let refusing = try RefusingLoopbackPort()
+        let closedPort = refusing.port
         let silent = try await SilentServer.start()
         let gate = try await GateFixture.start(
             pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
@@ -168,6 +169,7 @@ struct EndToEndTests {
         #expect(timedOut.proxyHeaders["pingate-refusal"] == "upstream-timeout")
         await gate.stop()
         await silent.stop()
+        withExtendedLifetime(refusing) {}
     }
 
     @Test("Python ssl client: 1 MiB echoed byte for byte through the tunnel, then a clean close")

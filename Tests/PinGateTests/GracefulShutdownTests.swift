@@ -99,9 +99,7 @@ struct GracefulShutdownTests {
                 "-c", Self.downloadScript, "\(gate.port)", target, directory.file("state/ca.pem"), "body.bin", inflight, "100",
             ], timeout: 60)
         }
-        for _ in 0..<400 where !FileManager.default.fileExists(atPath: inflight) {
-            try await Task.sleep(nanoseconds: 50_000_000)
-        }
+        _ = await eventually(timeout: .seconds(20)) { FileManager.default.fileExists(atPath: inflight) }
         guard FileManager.default.fileExists(atPath: inflight) else {
             let result = try await downloads.value
             Issue.record("the 100 downloads were never all in flight: \(result.stdout) \(result.stderr)")
@@ -113,7 +111,7 @@ struct GracefulShutdownTests {
         // The listener closes at once, while the tunnels are still draining.
         var refusedWhileDraining = false
         for _ in 0..<100 {
-            if loopbackConnectionRefused(port: gate.port) {
+            if LoopbackProbe.isRefused(port: gate.port) {
                 refusedWhileDraining = gate.process.isRunning
                 break
             }
@@ -128,7 +126,7 @@ struct GracefulShutdownTests {
         let exact = lines.filter { $0 == "\(body.count) \(expected)" }
         #expect(exact.count == 100, "not byte-exact: \(lines.filter { $0 != "\(body.count) \(expected)" }.prefix(5))")
 
-        for _ in 0..<500 where gate.process.isRunning { try await Task.sleep(nanoseconds: 20_000_000) }
+        _ = await eventually(timeout: .seconds(10)) { !gate.process.isRunning }
         #expect(!gate.process.isRunning, "the gate did not exit after the drain")
         let elapsed = Date().timeIntervalSince(signalled)
         #expect(elapsed < 20, "exited \(elapsed) s after SIGTERM (drain timeout 20 s)")
@@ -197,9 +195,7 @@ struct GracefulShutdownTests {
                                                   directory.file("state/ca.pem"), stalled, resume], timeout: 60)
         }
         defer { _ = FileManager.default.createFile(atPath: resume, contents: nil) }
-        for _ in 0..<400 where !FileManager.default.fileExists(atPath: stalled) {
-            try await Task.sleep(nanoseconds: 50_000_000)
-        }
+        _ = await eventually(timeout: .seconds(20)) { FileManager.default.fileExists(atPath: stalled) }
         guard FileManager.default.fileExists(atPath: stalled) else {
             let result = try await client.value
             Issue.record("the download never started: \(result.stdout) \(result.stderr)")
@@ -208,7 +204,7 @@ struct GracefulShutdownTests {
 
         let signalled = Date()
         kill(gate.process.processIdentifier, SIGTERM)
-        for _ in 0..<500 where gate.process.isRunning { try await Task.sleep(nanoseconds: 10_000_000) }
+        _ = await eventually(timeout: .seconds(5)) { !gate.process.isRunning }
         let elapsed = Date().timeIntervalSince(signalled)
         #expect(!gate.process.isRunning, "the gate did not exit")
         #expect(elapsed >= 0.9 && elapsed < 4, "exited \(elapsed) s after SIGTERM with a 1 s drain timeout")
@@ -240,19 +236,6 @@ struct GracefulShutdownTests {
     }
 }
 
-/// True when a TCP connection to 127.0.0.1:`port` is refused (nothing listens there).
-func loopbackConnectionRefused(port: Int) -> Bool {
-    let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    defer { close(descriptor) }
-    var address = sockaddr_in()
-    address.sin_family = sa_family_t(AF_INET)
-    address.sin_port = UInt16(port).bigEndian
-    address.sin_addr.s_addr = inet_addr("127.0.0.1")
-    let connected = withUnsafePointer(to: &address) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-    }
-    return connected != 0 && errno == ECONNREFUSED
-}
 
 /// The gate and the updater as services of a `ServiceGroup`, in this process.
 @Suite("Services")
@@ -276,9 +259,7 @@ struct ServiceGroupTests {
         let running = Task { try await group.run() }
 
         // The first read came from start(); the schedule's re-reads find the same list.
-        for _ in 0..<250 where (server.store.status.updatesByResult["unchanged"] ?? 0) < 2 {
-            try await Task.sleep(nanoseconds: 20_000_000)
-        }
+        _ = await eventually(timeout: .seconds(5)) { (server.store.status.updatesByResult["unchanged"] ?? 0) >= 2 }
         #expect((server.store.status.updatesByResult["unchanged"] ?? 0) >= 2, "\(server.store.status)")
 
         let port = server.port
@@ -286,7 +267,7 @@ struct ServiceGroupTests {
         await group.triggerGracefulShutdown()
         try await running.value
         #expect(Date().timeIntervalSince(stopping) < 5)
-        #expect(loopbackConnectionRefused(port: port))
+        #expect(LoopbackProbe.isRefused(port: port))
         let settled = server.store.status.updatesByResult["unchanged"] ?? 0
         try await Task.sleep(nanoseconds: 300_000_000)
         #expect(server.store.status.updatesByResult["unchanged"] == settled, "the schedule kept running after the shutdown")

@@ -98,7 +98,7 @@ struct ListLifecycleTests {
         print("closed" if data == b"" else "open")
         """
         let client = Task { try await TestProcess.run("python3", ["-c", script, "\(gate.port)", "\(Setup.hostB):\(setup.originB.port)", gate.caPath, flag], timeout: 30) }
-        for _ in 0..<200 where !FileManager.default.fileExists(atPath: flag) { try await Task.sleep(nanoseconds: 25_000_000) }
+        _ = await eventually(timeout: .seconds(5)) { FileManager.default.fileExists(atPath: flag) }
         #expect(gate.server.statistics.snapshot.openTunnels == 1)
 
         setup.listServer.set(.serve(try setup.pki.signedV2(sequence: 3, pins: [TestPKI.pin(Setup.hostA, setup.leafA), TestPKI.pin(Setup.hostB, setup.leafB)],
@@ -261,7 +261,7 @@ struct ScheduledUpdateTests {
         source.schedule = UpdateSchedule(periodicInterval: 0.2, expirationThreshold: 0, minimumInterval: 0.2)
         let gate = try await setup.startGate(source: source)
         setup.listServer.set(.serve(try setup.pki.signedV2(sequence: 2, pins: [TestPKI.pin(ListLifecycleTests.Setup.hostA, setup.leafA)])))
-        for _ in 0..<100 where gate.server.store.list?.metadata.sequence != 2 { try await Task.sleep(nanoseconds: 20_000_000) }
+        _ = await eventually(timeout: .seconds(2)) { gate.server.store.list?.metadata.sequence == 2 }
         #expect(gate.server.store.list?.metadata.sequence == 2)
         #expect(setup.listServer.receivedRequests.count >= 2)
         await gate.stop()
@@ -345,7 +345,7 @@ struct CrashWhilePersistingTests {
             return
         }
         kill(doomed.process.processIdentifier, SIGHUP)
-        for _ in 0..<250 where doomed.process.isRunning { try await Task.sleep(nanoseconds: 20_000_000) }
+        _ = await eventually(timeout: .seconds(5)) { !doomed.process.isRunning }
         #expect(!doomed.process.isRunning)
         #expect(doomed.process.terminationReason == .exit && doomed.process.terminationStatus == 86)
         await doomed.stop()

@@ -38,7 +38,7 @@ struct ReportOnlyTests {
             #expect(result.exitStatus == 0, "\(result.stderr)")
             #expect(String(decoding: result.body, as: UTF8.self) == "passed")
         }
-        for _ in 0..<100 where collector.receivedBodies.isEmpty { try await Task.sleep(nanoseconds: 20_000_000) }
+        _ = await eventually(timeout: .seconds(2)) { !collector.receivedBodies.isEmpty }
         try await Task.sleep(nanoseconds: 200_000_000)
         let stats = gate.statistics
         let originPort = origin.port

@@ -77,28 +77,16 @@ final class NginxOrigin {
     }
 
     private func waitUntilListening() async -> Bool {
-        for _ in 0..<100 {
-            if !process.isRunning { return false }
-            let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-            var address = sockaddr_in()
-            address.sin_family = sa_family_t(AF_INET)
-            address.sin_port = UInt16(port).bigEndian
-            address.sin_addr.s_addr = inet_addr("127.0.0.1")
-            let connected = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-            }
-            close(descriptor)
-            if connected == 0 { return true }
-            try? await Task.sleep(nanoseconds: 50_000_000)
-        }
-        return false
+        await eventually(timeout: .seconds(5), interval: .milliseconds(50)) {
+            !process.isRunning || LoopbackProbe.isListening(port: port)
+        } && process.isRunning
     }
 
     /// Stops nginx (the master we started, by its PID) and removes its files.
     func stop(removeFiles: Bool = true) async {
         if process.isRunning {
             kill(process.processIdentifier, SIGTERM)
-            for _ in 0..<100 where process.isRunning { try? await Task.sleep(nanoseconds: 20_000_000) }
+            _ = await eventually(timeout: .seconds(2)) { !process.isRunning }
             if process.isRunning { kill(process.processIdentifier, SIGKILL) }
         }
         if removeFiles { directory.remove() }

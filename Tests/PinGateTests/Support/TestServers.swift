@@ -45,7 +45,39 @@ final class SilentServer: Sendable {
     }
 }
 
-/// A port on 127.0.0.1 that was free a moment ago and has nothing listening now.
+/// A port on 127.0.0.1 that refuses connections for as long as this value is held: it
+/// is bound (so no other server of a parallel test can take it) but never listened on,
+/// so every connect gets a reset. Close it when done.
+final class RefusingLoopbackPort: Sendable {
+    let port: Int
+    private let descriptor: Int32
+
+    init() throws {
+        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard descriptor >= 0 else { throw TestFailure("socket() failed") }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = 0
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(descriptor, $0, length) == 0 && getsockname(descriptor, $0, &length) == 0
+            }
+        }
+        guard bound else {
+            close(descriptor)
+            throw TestFailure("bind() failed")
+        }
+        self.descriptor = descriptor
+        port = Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    deinit { close(descriptor) }
+}
+
+/// A port on 127.0.0.1 that was free a moment ago and has nothing listening now, for an
+/// external server to bind (callers retry if another process took it meanwhile).
 func closedLoopbackPort() throws -> Int {
     let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
     guard descriptor >= 0 else { throw TestFailure("socket() failed") }
