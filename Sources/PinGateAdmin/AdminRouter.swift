@@ -3,11 +3,16 @@ import PinGate
 
 /// One admin response, before it meets the wire.
 public struct AdminResponse: Sendable, Equatable {
+    /// The HTTP status.
     public var status: Int
+    /// The `Content-Type`.
     public var contentType: String
+    /// The body bytes.
     public var body: Data
+    /// Extra headers.
     public var headers: [(String, String)] = []
 
+    /// Equal when status, type, body and headers are.
     public static func == (lhs: AdminResponse, rhs: AdminResponse) -> Bool {
         lhs.status == rhs.status && lhs.contentType == rhs.contentType && lhs.body == rhs.body
     }

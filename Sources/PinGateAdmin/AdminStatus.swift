@@ -6,69 +6,113 @@ import PinList
 public struct AdminSnapshot: Sendable, Codable {
     /// `/status`.
     public struct Status: Sendable, Codable {
+        /// The pingate version.
         public var version: String
+        /// Seconds since the gate started.
         public var uptimeSeconds: Double
+        /// The CONNECT listen addresses.
         public var listen: [String]
+        /// The admin endpoint's address.
         public var admin: String
+        /// The local CA.
         public var ca: CA
+        /// The list in force.
         public var list: ListStatus
+        /// Tunnel counters.
         public var counters: Counters
     }
 
     /// The local CA.
     public struct CA: Sendable, Codable {
+        /// The CA certificate's subject.
         public var subject: String
+        /// base64 SHA-256 of the CA certificate.
         public var sha256: String
+        /// When the CA certificate expires.
         public var notAfter: Date?
+        /// Whole days until it expires.
         public var daysLeft: Int?
     }
 
     /// The fingerprint list in force and its updates.
     public struct ListStatus: Sendable, Codable {
+        /// True when an unexpired, fresh list is in force.
         public var usable: Bool
+        /// Where the list came from (file or URL).
         public var source: String?
+        /// The list's format.
         public var format: String?
+        /// The v2 sequence number, when the format has one.
         public var sequence: Int64?
+        /// When the list was issued (v2).
         public var issuedAt: Date?
+        /// When the list itself expires (v2).
         public var expiresAt: Date?
+        /// Pins in the list.
         public var entries: Int
+        /// Pins not yet expired.
         public var unexpiredEntries: Int
+        /// The soonest expiry of an unexpired pin.
         public var earliestExpiry: Date?
+        /// When the last update attempt finished.
         public var lastUpdate: Date?
+        /// Its result token.
         public var lastResult: String?
+        /// Update attempts by result token.
         public var updates: [String: Int]
+        /// When the next scheduled update is due.
         public var nextUpdate: Date?
     }
 
     /// Tunnel counters.
     public struct Counters: Sendable, Codable {
+        /// Tunnels relaying now.
         public var openTunnels: Int
+        /// CONNECTs decided, by reason token.
         public var tunnelsByReason: [String: Int]
+        /// Plaintext bytes relayed client → upstream.
         public var bytesUp: Int
+        /// Plaintext bytes relayed upstream → client.
         public var bytesDown: Int
+        /// Client TLS handshakes that failed after a `200`.
         public var clientHandshakeFailures: Int
         /// Client TLS handshakes cut at the deadline after the `200`.
         public var clientHandshakeTimeouts: Int
+        /// Upstream TCP connections opened.
         public var upstreamConnections: Int
+        /// Live tunnels closed by a list update, by reason.
         public var tunnelsClosedByUpdate: [String: Int]
+        /// Connections allowed under report-only pins with no match.
         public var reportOnlyViolations: Int
     }
 
     /// One pin in `/pins`.
     public struct Pin: Sendable, Codable, Equatable {
+        /// The host pattern.
         public var host: String
+        /// `sha256` (certificate) or `spki`.
         public var kind: String
+        /// The base64 hash.
         public var fingerprint: String
+        /// When the pin expires.
         public var expires: Date
+        /// Whole days until it expires.
         public var daysLeft: Int
+        /// `enforce` or `report-only`.
         public var mode: String
+        /// True once past `expires`.
         public var expired: Bool
     }
 
+    /// `/status`.
     public var status: Status
+    /// `/pins`.
     public var pins: [Pin]
+    /// `/refusals`, newest first.
     public var refusals: [RefusalLog.Entry]
+    /// True when `/ready` answers 200.
     public var ready: Bool
+    /// Why not, when not ready.
     public var notReadyReason: String?
 
     /// Gathers the snapshot from a running gate.

@@ -19,6 +19,7 @@ public final class LocalCA: Sendable {
         /// The files exist but could not be used.
         case unusable(String)
 
+        /// The error in words, for logs and the operator.
         public var description: String {
             switch self {
             case .missing(let detail): return "no local CA: \(detail) (run `pingate ca init`)"

@@ -12,6 +12,7 @@ public enum StateFiles {
         public let path: String
         /// The failing step and `errno` text.
         public let detail: String
+        /// The error in words, for logs and the operator.
         public var description: String { "cannot write \(path): \(detail)" }
     }
 

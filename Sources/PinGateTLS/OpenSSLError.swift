@@ -22,6 +22,7 @@ public struct OpenSSLError: Error, CustomStringConvertible, Sendable, Equatable 
         OpenSSLError(operation: operation, reasons: OpenSSLErrorQueue.drain())
     }
 
+    /// The error in words, for logs and the operator.
     public var description: String {
         reasons.isEmpty ? "\(operation) failed" : "\(operation) failed: \(reasons.joined(separator: "; "))"
     }

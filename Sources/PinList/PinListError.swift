@@ -18,6 +18,7 @@ public enum PinListError: Error, Equatable, Sendable, CustomStringConvertible {
         }
     }
 
+    /// The error in words, for logs and the operator.
     public var description: String {
         switch self {
         case .malformed(let detail): return "the list is malformed: \(detail)"

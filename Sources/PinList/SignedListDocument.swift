@@ -88,6 +88,7 @@ public enum PinListRejection: Error, Equatable, Sendable, CustomStringConvertibl
         }
     }
 
+    /// The error in words, for logs and the operator.
     public var description: String {
         switch self {
         case .invalid(let error): return error.description

@@ -24,11 +24,13 @@ public struct JSONLineLogHandler: LogHandler {
         sink = try LineSink(destination)
     }
 
+    /// One metadata value of this handler.
     public subscript(metadataKey key: String) -> Logger.Metadata.Value? {
         get { metadata[key] }
         set { metadata[key] = newValue }
     }
 
+    /// Writes `event` as one JSON line.
     public func log(event: LogEvent) {
         var object: [String: Any] = [
             "ts": Self.timestamp(Date()),
