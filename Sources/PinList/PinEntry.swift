@@ -71,11 +71,12 @@ public struct PinEntry: Sendable, Equatable {
 public struct LeafIdentity: Sendable, Equatable, Hashable {
     /// base64(SHA-256(certificate DER)).
     public let certificateSHA256: String
-    /// base64(SHA-256(SubjectPublicKeyInfo DER)).
-    public let spkiSHA256: String
+    /// base64(SHA-256(SubjectPublicKeyInfo DER)); nil when only the certificate's hash
+    /// is known (then SPKI pins cannot match it).
+    public let spkiSHA256: String?
 
-    /// Creates an identity from both hashes.
-    public init(certificateSHA256: String, spkiSHA256: String) {
+    /// Creates an identity from the certificate hash and, when known, the SPKI hash.
+    public init(certificateSHA256: String, spkiSHA256: String?) {
         self.certificateSHA256 = certificateSHA256
         self.spkiSHA256 = spkiSHA256
     }

@@ -88,7 +88,7 @@ public enum PinGateSignedList {
         }
         guard let signature = Data(base64Encoded: envelope.signature),
               key.verifySHA256(signature: Array(signature), message: Array(payloadBytes))
-        else { throw PinListError.badSignature(index: -1, name: "v2 payload") }
+        else { throw PinListError.badSignature("v2 payload") }
 
         let payload: Payload
         do {

@@ -3,7 +3,10 @@ public enum PinListError: Error, Equatable, Sendable, CustomStringConvertible {
     /// The bytes are not a list in the expected format.
     case malformed(String)
     /// Entry `index` (named `name`) does not carry a valid signature from any configured key.
-    case badSignature(index: Int, name: String)
+    case badEntrySignature(index: Int, name: String)
+    /// The signed document (`what`: a v2 payload, a dynamic response) does not carry a
+    /// valid signature from any configured key.
+    case badSignature(String)
     /// No public key was configured to verify the list with.
     case noVerificationKey
     /// A v2 list names a signing key that is not configured.
@@ -13,7 +16,7 @@ public enum PinListError: Error, Equatable, Sendable, CustomStringConvertible {
     public var token: String {
         switch self {
         case .malformed: return "invalid-data"
-        case .badSignature, .unknownKey: return "invalid-signature"
+        case .badEntrySignature, .badSignature, .unknownKey: return "invalid-signature"
         case .noVerificationKey: return "no-key"
         }
     }
@@ -22,9 +25,9 @@ public enum PinListError: Error, Equatable, Sendable, CustomStringConvertible {
     public var description: String {
         switch self {
         case .malformed(let detail): return "the list is malformed: \(detail)"
-        case .badSignature(let index, let name) where index < 0:
-            return "the \(name) has no valid signature from the configured key(s); the list is rejected"
-        case .badSignature(let index, let name):
+        case .badSignature(let what):
+            return "the \(what) has no valid signature from the configured key(s); the list is rejected"
+        case .badEntrySignature(let index, let name):
             return "entry \(index) (\(name)) has no valid signature from the configured key(s); the whole list is rejected"
         case .unknownKey(let id):
             return "the list is signed with key \(id), which is not configured; the list is rejected"

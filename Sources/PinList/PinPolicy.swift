@@ -35,12 +35,6 @@ public struct PinPolicy: Sendable {
         return !list.unexpiredEntries(for: HostName.normalize(host), at: now).isEmpty
     }
 
-    /// The verdict for `host` presenting a leaf with `leafFingerprint` (certificate hash only).
-    public func evaluate(host: String, leafFingerprint: String?, chain: ChainCheck, list: PinList?, now: Date) -> Verdict {
-        evaluate(host: host, leaf: leafFingerprint.map { LeafIdentity(certificateSHA256: $0, spkiSHA256: "") },
-                 chain: chain, list: list, now: now)
-    }
-
     /// The verdict for `host` presenting `leaf`.
     ///
     /// For enforced pins the pin is checked before the chain: a mismatch is the stronger
@@ -53,7 +47,7 @@ public struct PinPolicy: Sendable {
         guard !pins.isEmpty else { return .empty }
         guard let leaf else { return .chainInvalid(reason: "the upstream presented no certificate", observed: "") }
         let observed = leaf.certificateSHA256
-        if list.revoked.contains(leaf.certificateSHA256) || (!leaf.spkiSHA256.isEmpty && list.revoked.contains(leaf.spkiSHA256)) {
+        if list.revoked.contains(leaf.certificateSHA256) || (leaf.spkiSHA256.map(list.revoked.contains) ?? false) {
             return .revoked(observed: observed)
         }
         let chainAccepted = chain.valid || pinsOnlyHosts.contains(name)

@@ -38,7 +38,7 @@ public enum WultraDynamicList {
         guard !keys.isEmpty else { throw PinListError.noVerificationKey }
         guard let signatureBytes = Data(base64Encoded: signature.trimmingCharacters(in: .whitespaces)),
               keys.contains(where: { $0.verifySHA256(signature: Array(signatureBytes), message: signedBytes(challenge: challenge, body: body)) })
-        else { throw PinListError.badSignature(index: -1, name: "dynamic response") }
+        else { throw PinListError.badSignature("dynamic response") }
         let parsed: Body
         do {
             parsed = try JSONDecoder().decode(Body.self, from: body)

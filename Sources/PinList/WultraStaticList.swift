@@ -59,7 +59,7 @@ public enum WultraStaticList {
             guard !entry.name.isEmpty else { throw PinListError.malformed("entry \(index): empty name") }
             guard let signature = Data(base64Encoded: entry.signature),
                   keys.contains(where: { $0.verifySHA256(signature: Array(signature), message: entry.signedBytes) })
-            else { throw PinListError.badSignature(index: index, name: entry.name) }
+            else { throw PinListError.badEntrySignature(index: index, name: entry.name) }
             entries.append(PinEntry(
                 name: entry.name,
                 // Canonical base64, so the policy can compare text with text.

@@ -317,7 +317,7 @@ public final class PinListUpdater: Service, Sendable {
         return client.get(url, headers: [(WultraDynamicList.challengeHeader, challenge)], on: eventLoop).flatMapThrowing { response in
             guard (200..<300).contains(response.status) else { throw PinListRejection.serverError(status: response.status) }
             guard let signature = response.headers.first(name: WultraDynamicList.signatureHeader) else {
-                throw PinListRejection.invalid(.badSignature(index: -1, name: "dynamic response (no \(WultraDynamicList.signatureHeader) header)"))
+                throw PinListRejection.invalid(.badSignature("dynamic response (no \(WultraDynamicList.signatureHeader) header)"))
             }
             return SignedListDocument(format: .wultraDynamic, source: url.absoluteString, body: response.body,
                                       challenge: challenge, signature: signature, receivedAt: self.now())
