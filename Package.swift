@@ -7,6 +7,8 @@ import PackageDescription
 //                        and the documented crash-injection hook the crash test uses
 //   PinGateTLS           the TLS engine: OpenSSL wrapped (sans-IO TLS, X.509, keys,
 //                        digests); no NIO, and OpenSSL's types never leave it
+//   PinGateHTTP2         the HTTP/2 engine: one Swift owner per nghttp2_session, sans-IO
+//                        (bytes in, events out); nghttp2's types never leave it
 //   PinList, PinGateCA   signed fingerprint lists + pin policy; local CA + leaf minting
 //   PinGateNIO           the TLS engine in NIO: the TLS channel handler, the TLS client
 //                        bootstrap, tunnelling through a parent proxy, an HTTPS client
@@ -48,6 +50,10 @@ let package = Package(
         ),
         .target(name: "PinGateStateFiles"),
         .target(
+            name: "PinGateHTTP2",
+            dependencies: ["CNghttp2"]
+        ),
+        .target(
             name: "PinGateTLS",
             dependencies: ["COpenSSL"]
         ),
@@ -82,7 +88,7 @@ let package = Package(
         .target(
             name: "PinGate",
             dependencies: [
-                "PinGateTLS", "PinList", "PinGateCA", "PinGateNIO", "PinListService", "CNghttp2",
+                "PinGateTLS", "PinList", "PinGateCA", "PinGateNIO", "PinListService", "PinGateHTTP2",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -130,6 +136,7 @@ let package = Package(
         // directories, the signed-list vectors. Never linked into the product.
         .target(name: "PinGateTestSupport", path: "Tests/PinGateTestSupport"),
         .testTarget(name: "PinGateTLSTests", dependencies: ["PinGateTLS", "PinGateTestSupport"]),
+        .testTarget(name: "PinGateHTTP2Tests", dependencies: ["PinGateHTTP2", "PinGateTestSupport"]),
         .testTarget(name: "PinListTests", dependencies: ["PinList", "PinListService", "PinGateTLS", "PinGateTestSupport"]),
         .testTarget(name: "PinGateCATests", dependencies: ["PinGateCA", "PinGateTLS", "PinGateTestSupport"]),
         .testTarget(

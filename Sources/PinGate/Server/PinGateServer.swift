@@ -1,5 +1,5 @@
-import CNghttp2
 import Foundation
+import PinGateHTTP2
 import Logging
 import NIOCore
 import NIOPosix
@@ -267,10 +267,6 @@ public final class PinGateServer: Service, Sendable {
         try await group.shutdownGracefully()
     }
 
-    /// The version of the linked libnghttp2 (declared now so the build proves it links;
-    /// HTTP/2 inspection comes later).
-    public static var nghttp2Version: String {
-        guard let info = nghttp2_version(0), let text = info.pointee.version_str else { return "unknown" }
-        return String(cString: text)
-    }
+    /// The version of the linked libnghttp2.
+    public static var nghttp2Version: String { HTTP2Session.libraryVersion }
 }

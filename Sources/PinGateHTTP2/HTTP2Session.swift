@@ -1,0 +1,410 @@
+internal import CNghttp2
+
+/// One header field, name and value as bytes would carry them (names lower case in HTTP/2).
+public struct HTTP2HeaderField: Sendable, Equatable, CustomStringConvertible {
+    /// The field name, e.g. `:authority` or `content-type`.
+    public var name: String
+    /// The field value.
+    public var value: String
+
+    /// A field.
+    public init(_ name: String, _ value: String) {
+        self.name = name
+        self.value = value
+    }
+
+    /// `name: value`.
+    public var description: String { "\(name): \(value)" }
+}
+
+/// Why nghttp2 refused something, with its own reason text.
+public struct HTTP2Error: Error, Sendable, Equatable, CustomStringConvertible {
+    /// nghttp2's error code (`NGHTTP2_ERR_*`, negative).
+    public let code: Int32
+    /// What was being done.
+    public let operation: String
+    /// nghttp2's text for `code`.
+    public let reason: String
+
+    init(code: Int32, operation: String) {
+        self.code = code
+        self.operation = operation
+        reason = nghttp2_strerror(code).map { String(cString: $0) } ?? "unknown error \(code)"
+    }
+
+    /// True when the error ends the connection (nghttp2 calls these fatal).
+    public var isFatal: Bool { code < NGHTTP2_ERR_FATAL.rawValue }
+
+    /// The operation and nghttp2's reason.
+    public var description: String { "\(operation): \(reason) (\(code))" }
+}
+
+/// What the peer did, as seen by one session.
+public enum HTTP2Event: Sendable, Equatable {
+    /// A complete header block (request or response head, or trailers) on `streamID`.
+    case headers(streamID: Int32, fields: [HTTP2HeaderField], endStream: Bool)
+    /// Body bytes on `streamID`. They count against the flow-control window until the
+    /// owner says they were consumed (`consumed(streamID:bytes:)`).
+    case data(streamID: Int32, bytes: [UInt8], endStream: Bool)
+    /// `streamID` closed; `errorCode` 0 is a clean close, anything else a reset
+    /// (RFC 9113 §7: 1 PROTOCOL_ERROR, 7 REFUSED_STREAM, 8 CANCEL, …).
+    case streamClosed(streamID: Int32, errorCode: UInt32)
+    /// The peer sent GOAWAY with `errorCode`; streams above `lastStreamID` were not processed.
+    case goAway(lastStreamID: Int32, errorCode: UInt32)
+}
+
+/// One HTTP/2 endpoint on libnghttp2, sans-IO like the TLS engine: bytes from the peer go
+/// in through `receive(_:)` and come back as `HTTP2Event`s; what the session wants to send
+/// is taken with `takeOutput()`. It owns its `nghttp2_session` (freed in `deinit`) and is
+/// used from one thread at a time.
+///
+/// Flow control is the owner's: nghttp2's automatic WINDOW_UPDATEs are off, so the peer
+/// may send only as much as the owner has `consumed`, which is how a slow reader on the
+/// other leg holds this one back without buffering.
+public final class HTTP2Session {
+    /// Which end of the connection this is.
+    public enum Role: Sendable {
+        /// Accepts streams (toward the client; expects the client preface).
+        case server
+        /// Opens streams (toward the upstream; sends the preface).
+        case client
+    }
+
+    /// The limits advertised in SETTINGS and enforced on what the peer sends.
+    public struct Limits: Sendable {
+        /// SETTINGS_MAX_CONCURRENT_STREAMS.
+        public var maxConcurrentStreams: UInt32 = 100
+        /// SETTINGS_MAX_HEADER_LIST_SIZE, and the largest header block accepted.
+        public var maxHeaderListSize: UInt32 = 16 * 1024
+        /// SETTINGS_HEADER_TABLE_SIZE: the HPACK table the peer may make us keep.
+        public var headerTableSize: UInt32 = 4096
+        /// SETTINGS_INITIAL_WINDOW_SIZE: per-stream receive window.
+        public var initialWindowSize: UInt32 = 256 * 1024
+        /// The connection-level receive window.
+        public var connectionWindowSize: Int32 = 1 << 20
+
+        /// The defaults above.
+        public init() {}
+    }
+
+    /// The role given at creation.
+    public let role: Role
+    /// The limits given at creation.
+    public let limits: Limits
+    private let session: OpaquePointer
+    /// Events collected by the callbacks during one `receive`.
+    private var events: [HTTP2Event] = []
+    /// Header fields of the block being received, by stream, with their RFC 9113 size.
+    private var pendingHeaders: [Int32: (fields: [HTTP2HeaderField], size: Int)] = [:]
+    /// Body bytes queued to send, by stream, with whether the stream ends after them.
+    private var outgoing: [Int32: OutgoingBody] = [:]
+
+    private struct OutgoingBody {
+        var bytes: [UInt8] = []
+        var offset = 0
+        var ended = false
+        var deferred = false
+    }
+
+    /// A session in `role` advertising `limits`. The SETTINGS frame (and, for a client,
+    /// the connection preface) is queued at once.
+    public init(role: Role, limits: Limits = Limits()) throws(HTTP2Error) {
+        self.role = role
+        self.limits = limits
+        var callbacks: OpaquePointer?
+        var result = nghttp2_session_callbacks_new(&callbacks)
+        guard result == 0, let callbacks else { throw HTTP2Error(code: result, operation: "nghttp2_session_callbacks_new") }
+        defer { nghttp2_session_callbacks_del(callbacks) }
+        Self.install(callbacks)
+
+        var options: OpaquePointer?
+        result = nghttp2_option_new(&options)
+        guard result == 0, let options else { throw HTTP2Error(code: result, operation: "nghttp2_option_new") }
+        defer { nghttp2_option_del(options) }
+        // The owner acknowledges consumed bytes itself (backpressure across the legs).
+        nghttp2_option_set_no_auto_window_update(options, 1)
+        nghttp2_option_set_max_send_header_block_length(options, Int(limits.maxHeaderListSize) * 2)
+        // An HPACK bomb is a header block that decodes to far more than it costs to send:
+        // bound what the deflate table may grow to, whatever the peer asks.
+        nghttp2_option_set_max_deflate_dynamic_table_size(options, Int(limits.headerTableSize))
+
+        var created: OpaquePointer?
+        switch role {
+        case .server: result = nghttp2_session_server_new2(&created, callbacks, nil, options)
+        case .client: result = nghttp2_session_client_new2(&created, callbacks, nil, options)
+        }
+        guard result == 0, let created else { throw HTTP2Error(code: result, operation: "nghttp2_session_new") }
+        session = created
+        // The callbacks find this object through the session's user data. It is set after
+        // creation because `self` is only whole now; nghttp2 calls nothing before receive/send.
+        nghttp2_session_set_user_data(session, Unmanaged.passUnretained(self).toOpaque())
+
+        var settings = [
+            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue), value: limits.maxConcurrentStreams),
+            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE.rawValue), value: limits.maxHeaderListSize),
+            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_HEADER_TABLE_SIZE.rawValue), value: limits.headerTableSize),
+            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue), value: limits.initialWindowSize),
+            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), value: 0),
+        ]
+        result = nghttp2_submit_settings(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), &settings, settings.count)
+        guard result == 0 else {
+            nghttp2_session_del(session)
+            throw HTTP2Error(code: result, operation: "nghttp2_submit_settings")
+        }
+        // RFC 9113 §6.9.2: the connection window starts at 65,535 whatever SETTINGS say.
+        if limits.connectionWindowSize > 65_535 {
+            result = nghttp2_session_set_local_window_size(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), 0, limits.connectionWindowSize)
+            guard result == 0 else {
+                nghttp2_session_del(session)
+                throw HTTP2Error(code: result, operation: "nghttp2_session_set_local_window_size")
+            }
+        }
+    }
+
+    deinit {
+        nghttp2_session_del(session)
+    }
+
+    // MARK: bytes in, bytes out
+
+    /// Feeds bytes from the peer and returns what they meant. A fatal error (a bad
+    /// preface, a connection-level protocol error, an HPACK failure) throws; the session
+    /// has then queued a GOAWAY, which `takeOutput()` still returns.
+    public func receive(_ bytes: UnsafeRawBufferPointer) throws(HTTP2Error) -> [HTTP2Event] {
+        events = []
+        guard let base = bytes.baseAddress?.assumingMemoryBound(to: UInt8.self) else { return [] }
+        let consumed = nghttp2_session_mem_recv(session, base, bytes.count)
+        let produced = events
+        events = []
+        if consumed < 0 { throw HTTP2Error(code: Int32(consumed), operation: "receiving frames") }
+        return produced
+    }
+
+    /// Everything the session wants to send now (frames it queued, body bytes it may send
+    /// under the peer's windows). Empty when there is nothing.
+    public func takeOutput() throws(HTTP2Error) -> [UInt8] {
+        var output: [UInt8] = []
+        while true {
+            var chunk: UnsafePointer<UInt8>?
+            let length = nghttp2_session_mem_send(session, &chunk)
+            if length < 0 { throw HTTP2Error(code: Int32(length), operation: "sending frames") }
+            guard length > 0, let chunk else { return output }
+            output.append(contentsOf: UnsafeBufferPointer(start: chunk, count: length))
+        }
+    }
+
+    /// False once both sides are done with the connection (GOAWAY exchanged, no streams).
+    public var isAlive: Bool {
+        nghttp2_session_want_read(session) != 0 || nghttp2_session_want_write(session) != 0
+    }
+
+    // MARK: streams
+
+    /// Client: opens a stream with the request head `fields` (pseudo-headers first).
+    /// With `endStream` false, the body follows through `sendBody`. Returns the stream id.
+    public func submitRequest(_ fields: [HTTP2HeaderField], endStream: Bool) throws(HTTP2Error) -> Int32 {
+        let streamID = try withNameValues(fields) { (pairs: UnsafePointer<nghttp2_nv>, count: Int) -> Int32 in
+            if endStream { return nghttp2_submit_request(session, nil, pairs, count, nil, nil) }
+            var provider = Self.bodyProvider()
+            return nghttp2_submit_request(session, nil, pairs, count, &provider, nil)
+        }
+        guard streamID > 0 else { throw HTTP2Error(code: streamID, operation: "submitting a request") }
+        if !endStream { outgoing[streamID] = OutgoingBody() }
+        return streamID
+    }
+
+    /// Server: answers `streamID` with the response head `fields`; with `endStream` false
+    /// the body follows through `sendBody`.
+    public func submitResponse(streamID: Int32, _ fields: [HTTP2HeaderField], endStream: Bool) throws(HTTP2Error) {
+        let result = try withNameValues(fields) { (pairs: UnsafePointer<nghttp2_nv>, count: Int) -> Int32 in
+            if endStream { return nghttp2_submit_response(session, streamID, pairs, count, nil) }
+            var provider = Self.bodyProvider()
+            return nghttp2_submit_response(session, streamID, pairs, count, &provider)
+        }
+        guard result == 0 else { throw HTTP2Error(code: result, operation: "submitting a response on stream \(streamID)") }
+        if !endStream { outgoing[streamID] = OutgoingBody() }
+    }
+
+    /// Queues body bytes on `streamID` (opened with `endStream: false`); `endStream` ends
+    /// it after them. They go out as the peer's windows allow.
+    public func sendBody(streamID: Int32, _ bytes: [UInt8], endStream: Bool) throws(HTTP2Error) {
+        guard var body = outgoing[streamID] else {
+            throw HTTP2Error(code: NGHTTP2_ERR_INVALID_STATE.rawValue, operation: "sending a body on stream \(streamID)")
+        }
+        body.bytes.append(contentsOf: bytes)
+        body.ended = body.ended || endStream
+        let wasDeferred = body.deferred
+        body.deferred = false
+        outgoing[streamID] = body
+        if wasDeferred {
+            let result = nghttp2_session_resume_data(session, streamID)
+            guard result == 0 else { throw HTTP2Error(code: result, operation: "resuming stream \(streamID)") }
+        }
+    }
+
+    /// Ends `streamID` with RST_STREAM and `errorCode` (RFC 9113 §7).
+    public func resetStream(_ streamID: Int32, errorCode: UInt32) throws(HTTP2Error) {
+        let result = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID, errorCode)
+        guard result == 0 else { throw HTTP2Error(code: result, operation: "resetting stream \(streamID)") }
+    }
+
+    /// Says `count` received body bytes of `streamID` were passed on: the peer may send
+    /// that much more (WINDOW_UPDATE on the stream and the connection).
+    public func consumed(streamID: Int32, bytes count: Int) throws(HTTP2Error) {
+        guard count > 0 else { return }
+        let result = nghttp2_session_consume(session, streamID, count)
+        // A stream that closed meanwhile still gives the connection window back.
+        if result == NGHTTP2_ERR_INVALID_ARGUMENT.rawValue {
+            let connection = nghttp2_session_consume_connection(session, count)
+            guard connection == 0 else { throw HTTP2Error(code: connection, operation: "consuming \(count) bytes") }
+            return
+        }
+        guard result == 0 else { throw HTTP2Error(code: result, operation: "consuming \(count) bytes on stream \(streamID)") }
+    }
+
+    /// Sends GOAWAY with `errorCode` (0: no error) and stops accepting new streams.
+    public func goAway(errorCode: UInt32) throws(HTTP2Error) {
+        let last = nghttp2_session_get_last_proc_stream_id(session)
+        let result = nghttp2_submit_goaway(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), last, errorCode, nil, 0)
+        guard result == 0 else { throw HTTP2Error(code: result, operation: "sending GOAWAY") }
+    }
+
+    /// The version of the linked libnghttp2.
+    public static var libraryVersion: String {
+        guard let info = nghttp2_version(0), let text = info.pointee.version_str else { return "unknown" }
+        return String(cString: text)
+    }
+
+    // MARK: nghttp2 plumbing
+
+    private func withNameValues<Result>(_ fields: [HTTP2HeaderField],
+                                        _ body: (UnsafePointer<nghttp2_nv>, Int) -> Result) throws(HTTP2Error) -> Result {
+        // nghttp2 copies names and values during submit (no NO_COPY flags), so buffers
+        // that live for this call are enough.
+        let buffers = fields.map { (Array($0.name.utf8), Array($0.value.utf8)) }
+        var pairs: [nghttp2_nv] = []
+        pairs.reserveCapacity(fields.count)
+        var storage: [UnsafeMutablePointer<UInt8>] = []
+        defer { storage.forEach { $0.deallocate() } }
+        for (name, value) in buffers {
+            let namePointer = UnsafeMutablePointer<UInt8>.allocate(capacity: max(1, name.count))
+            namePointer.initialize(from: name, count: name.count)
+            let valuePointer = UnsafeMutablePointer<UInt8>.allocate(capacity: max(1, value.count))
+            valuePointer.initialize(from: value, count: value.count)
+            storage.append(namePointer)
+            storage.append(valuePointer)
+            pairs.append(nghttp2_nv(name: namePointer, value: valuePointer, namelen: name.count, valuelen: value.count,
+                                    flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue)))
+        }
+        return pairs.withUnsafeBufferPointer { buffer in
+            // An empty header list is refused by nghttp2 on its own; give it a valid pointer.
+            guard let base = buffer.baseAddress else {
+                var none = nghttp2_nv()
+                return body(&none, 0)
+            }
+            return body(base, buffer.count)
+        }
+    }
+
+    private static func bodyProvider() -> nghttp2_data_provider {
+        var provider = nghttp2_data_provider()
+        provider.read_callback = { session, streamID, buffer, length, flags, _, userData in
+            guard let owner = HTTP2Session.owner(userData), let buffer, let flags else {
+                return Int(NGHTTP2_ERR_CALLBACK_FAILURE.rawValue)
+            }
+            return owner.readBody(streamID: streamID, into: buffer, length: length, flags: flags)
+        }
+        return provider
+    }
+
+    private func readBody(streamID: Int32, into buffer: UnsafeMutablePointer<UInt8>, length: Int,
+                          flags: UnsafeMutablePointer<UInt32>) -> Int {
+        guard var body = outgoing[streamID] else { return Int(NGHTTP2_ERR_CALLBACK_FAILURE.rawValue) }
+        let available = body.bytes.count - body.offset
+        if available == 0 && !body.ended {
+            // Nothing to send yet: nghttp2 asks again after `resume_data`.
+            body.deferred = true
+            outgoing[streamID] = body
+            return Int(NGHTTP2_ERR_DEFERRED.rawValue)
+        }
+        let count = min(available, length)
+        body.bytes.withUnsafeBufferPointer { source in
+            if let base = source.baseAddress, count > 0 { buffer.update(from: base + body.offset, count: count) }
+        }
+        body.offset += count
+        // Drop what was sent once it is most of the buffer, so a long stream does not grow it.
+        if body.offset > 64 * 1024 && body.offset * 2 > body.bytes.count {
+            body.bytes.removeFirst(body.offset)
+            body.offset = 0
+        }
+        if body.ended && body.offset == body.bytes.count {
+            flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue
+            outgoing[streamID] = nil
+        } else {
+            outgoing[streamID] = body
+        }
+        return count
+    }
+
+    private static func owner(_ userData: UnsafeMutableRawPointer?) -> HTTP2Session? {
+        userData.map { Unmanaged<HTTP2Session>.fromOpaque($0).takeUnretainedValue() }
+    }
+
+    private static func install(_ callbacks: OpaquePointer) {
+        nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks) { _, frame, userData in
+            guard let owner = HTTP2Session.owner(userData), let frame else { return 0 }
+            owner.pendingHeaders[frame.pointee.hd.stream_id] = ([], 0)
+            return 0
+        }
+        nghttp2_session_callbacks_set_on_header_callback(callbacks) { _, frame, name, nameLength, value, valueLength, _, userData in
+            guard let owner = HTTP2Session.owner(userData), let frame, let name, let value else { return 0 }
+            let streamID = frame.pointee.hd.stream_id
+            var pending = owner.pendingHeaders[streamID] ?? ([], 0)
+            // nghttp2 advertises SETTINGS_MAX_HEADER_LIST_SIZE but leaves enforcing it to
+            // the application (RFC 9113 §6.5.2 counts name + value + 32 per field). Over
+            // it, the block is dropped and the stream reset; nothing of it is delivered.
+            pending.size += nameLength + valueLength + 32
+            guard pending.size <= Int(owner.limits.maxHeaderListSize) else {
+                owner.pendingHeaders[streamID] = nil
+                return Int32(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue)
+            }
+            pending.fields.append(HTTP2HeaderField(
+                String(decoding: UnsafeBufferPointer(start: name, count: nameLength), as: UTF8.self),
+                String(decoding: UnsafeBufferPointer(start: value, count: valueLength), as: UTF8.self)))
+            owner.pendingHeaders[streamID] = pending
+            return 0
+        }
+        nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks) { _, frame, userData in
+            guard let owner = HTTP2Session.owner(userData), let frame else { return 0 }
+            let header = frame.pointee.hd
+            let endStream = header.flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0
+            switch Int(header.type) {
+            case Int(NGHTTP2_HEADERS.rawValue):
+                // A block dropped for its size has no entry: it is not delivered.
+                guard let pending = owner.pendingHeaders.removeValue(forKey: header.stream_id) else { return 0 }
+                owner.events.append(.headers(streamID: header.stream_id, fields: pending.fields, endStream: endStream))
+            case Int(NGHTTP2_DATA.rawValue) where endStream:
+                // The bytes came through the chunk callback; this marks the end.
+                owner.events.append(.data(streamID: header.stream_id, bytes: [], endStream: true))
+            case Int(NGHTTP2_GOAWAY.rawValue):
+                let goAway = frame.pointee.goaway
+                owner.events.append(.goAway(lastStreamID: goAway.last_stream_id, errorCode: goAway.error_code))
+            default:
+                break
+            }
+            return 0
+        }
+        nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks) { _, _, streamID, data, length, userData in
+            guard let owner = HTTP2Session.owner(userData), let data else { return 0 }
+            owner.events.append(.data(streamID: streamID, bytes: Array(UnsafeBufferPointer(start: data, count: length)), endStream: false))
+            return 0
+        }
+        nghttp2_session_callbacks_set_on_stream_close_callback(callbacks) { _, streamID, errorCode, userData in
+            guard let owner = HTTP2Session.owner(userData) else { return 0 }
+            owner.pendingHeaders[streamID] = nil
+            owner.outgoing[streamID] = nil
+            owner.events.append(.streamClosed(streamID: streamID, errorCode: errorCode))
+            return 0
+        }
+    }
+}
