@@ -96,16 +96,15 @@ public final class OutputCollector: @unchecked Sendable {
 
 extension Process {
     /// Sends SIGTERM to this child (by its PID), waits up to `seconds` for it to exit,
-    /// then SIGKILLs it; never blocks a thread while waiting.
+    /// then SIGKILLs it; never blocks a thread while waiting. Does nothing once the child
+    /// has exited, so scoped helpers may call it after a test already stopped the child.
     public func terminateAndWait(seconds: Double = 5) async {
         guard isRunning else { return }
         kill(processIdentifier, SIGTERM)
-        let deadline = Date().addingTimeInterval(seconds)
-        while isRunning && Date() < deadline { try? await Task.sleep(nanoseconds: 20_000_000) }
-        if isRunning {
-            kill(processIdentifier, SIGKILL)
-            while isRunning { try? await Task.sleep(nanoseconds: 20_000_000) }
-        }
+        if await eventually(timeout: .seconds(seconds), { !isRunning }) { return }
+        kill(processIdentifier, SIGKILL)
+        // SIGKILL cannot be ignored; the bound only keeps a wedged reaper from hanging the suite.
+        _ = await eventually(timeout: .seconds(10)) { !isRunning }
     }
 }
 

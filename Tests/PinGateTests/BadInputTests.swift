@@ -32,9 +32,9 @@ struct BadInputTests {
     func plainHTTP() async throws {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
-        let gate = try await GateFixture.start(pki: try TestPKI(directory: directory), listPath: nil)
-        let result = try await TestProcess.run("curl", ["-sS", "-i", "--max-time", "10", "--proxy", "http://127.0.0.1:\(gate.port)", "http://plain.example.test/"])
-        await gate.stop()
+        let result = try await GateFixture.with(pki: try TestPKI(directory: directory), listPath: nil) { gate in
+            try await TestProcess.run("curl", ["-sS", "-i", "--max-time", "10", "--proxy", "http://127.0.0.1:\(gate.port)", "http://plain.example.test/"])
+        }
         #expect(result.stdout.hasPrefix("HTTP/1.1 405 Method Not Allowed"))
         #expect(result.stdout.contains("Pingate-Refusal: method-not-allowed"))
         #expect(result.stdout.contains("plain HTTP (GET) cannot be pinned"))
@@ -44,26 +44,26 @@ struct BadInputTests {
     func malformedOversizedSlow() async throws {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
-        let gate = try await GateFixture.start(pki: try TestPKI(directory: directory), listPath: nil) {
+        let stats = try await GateFixture.with(pki: try TestPKI(directory: directory), listPath: nil, configure: {
             $0.headTimeout = .milliseconds(300)
+        }) { gate in
+            let garbage = try await Self.exchange(gate.port, [0x16, 0x03, 0x01, 0x00, 0x05, 0x0d, 0x0a, 0x0d, 0x0a])
+            #expect(garbage.hasPrefix("HTTP/1.1 400 Bad Request\r\n"))
+            #expect(garbage.contains("Pingate-Refusal: bad-request"))
+
+            let oversized = try await Self.exchange(gate.port, Array(("CONNECT a.test:443 HTTP/1.1\r\nX: " + String(repeating: "z", count: 20_000)).utf8))
+            #expect(oversized.hasPrefix("HTTP/1.1 431 "))
+            #expect(oversized.contains("Pingate-Refusal: header-too-large"))
+
+            let slow = try await Self.exchange(gate.port, Array("CONNECT a.test:443 HTTP/1.1\r\n".utf8))
+            #expect(slow.hasPrefix("HTTP/1.1 408 Request Timeout\r\n"))
+            #expect(slow.contains("Pingate-Refusal: request-timeout"))
+
+            // Still serving, and the verdicts were counted.
+            let after = try await Self.exchange(gate.port, Array("CONNECT a.test:443 HTTP/1.1\r\n\r\n".utf8))
+            #expect(after.hasPrefix("HTTP/1.1 403 Forbidden\r\n"))
+            return gate.statistics
         }
-        let garbage = try await Self.exchange(gate.port, [0x16, 0x03, 0x01, 0x00, 0x05, 0x0d, 0x0a, 0x0d, 0x0a])
-        #expect(garbage.hasPrefix("HTTP/1.1 400 Bad Request\r\n"))
-        #expect(garbage.contains("Pingate-Refusal: bad-request"))
-
-        let oversized = try await Self.exchange(gate.port, Array(("CONNECT a.test:443 HTTP/1.1\r\nX: " + String(repeating: "z", count: 20_000)).utf8))
-        #expect(oversized.hasPrefix("HTTP/1.1 431 "))
-        #expect(oversized.contains("Pingate-Refusal: header-too-large"))
-
-        let slow = try await Self.exchange(gate.port, Array("CONNECT a.test:443 HTTP/1.1\r\n".utf8))
-        #expect(slow.hasPrefix("HTTP/1.1 408 Request Timeout\r\n"))
-        #expect(slow.contains("Pingate-Refusal: request-timeout"))
-
-        // Still serving, and the verdicts were counted.
-        let after = try await Self.exchange(gate.port, Array("CONNECT a.test:443 HTTP/1.1\r\n\r\n".utf8))
-        #expect(after.hasPrefix("HTTP/1.1 403 Forbidden\r\n"))
-        let stats = gate.statistics
-        await gate.stop()
         #expect(stats.count(.badRequest) == 1)
         #expect(stats.count(.headerTooLarge) == 1)
         #expect(stats.count(.requestTimeout) == 1)
@@ -72,29 +72,30 @@ struct BadInputTests {
 
     @Test("garbage instead of a ClientHello after the 200: the tunnel is dropped, counted, nothing reaches the origin")
     func garbageTLSAfterAdmission() async throws {
-        let scenario = try await PinnedOriginScenario.start(behaviour: .echo)
-        let (gate, origin) = (scenario.gate, scenario.origin)
-        let answer = try await Self.exchange(gate.port, Array("CONNECT \(scenario.target) HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n".utf8))
-        #expect(answer.hasPrefix("HTTP/1.1 200 Connection established\r\n\r\n"))
-        _ = await eventually { gate.statistics.clientHandshakeFailures == 1 }
-        let stats = gate.statistics
-        await scenario.stop()
+        let (stats, origin) = try await PinnedOriginScenario.with(behaviour: .echo) { scenario in
+            let gate = scenario.gate
+            let answer = try await Self.exchange(gate.port, Array("CONNECT \(scenario.target) HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n".utf8))
+            #expect(answer.hasPrefix("HTTP/1.1 200 Connection established\r\n\r\n"))
+            _ = await eventually { gate.statistics.clientHandshakeFailures == 1 }
+            return (gate.statistics, scenario.origin)
+        }
         #expect(stats.clientHandshakeFailures == 1)
         #expect(origin.observed.applicationBytes == 0)
     }
 
     @Test("a client that goes quiet after the 200 is cut at the client-handshake deadline: both legs closed, counted")
     func quietClientAfterAdmission() async throws {
-        let scenario = try await PinnedOriginScenario.start(behaviour: .echo) { $0.clientHandshakeTimeout = .milliseconds(500) }
-        let (gate, origin) = (scenario.gate, scenario.origin)
-        let started = Date()
-        // CONNECT, then nothing: the client never starts its TLS handshake.
-        let answer = try await Self.exchange(gate.port, Array("CONNECT \(scenario.target) HTTP/1.1\r\n\r\n".utf8))
-        let elapsed = Date().timeIntervalSince(started)
-        _ = await eventually { origin.observed.closedConnections == 1 } // the upstream's close reaches the origin
-        let stats = gate.statistics
-        let observed = origin.observed
-        await scenario.stop()
+        let (answer, elapsed, stats, observed) = try await PinnedOriginScenario.with(behaviour: .echo, configure: {
+            $0.clientHandshakeTimeout = .milliseconds(500)
+        }) { scenario in
+            let (gate, origin) = (scenario.gate, scenario.origin)
+            let started = Date()
+            // CONNECT, then nothing: the client never starts its TLS handshake.
+            let answer = try await Self.exchange(gate.port, Array("CONNECT \(scenario.target) HTTP/1.1\r\n\r\n".utf8))
+            let elapsed = Date().timeIntervalSince(started)
+            _ = await eventually { origin.observed.closedConnections == 1 } // the upstream's close reaches the origin
+            return (answer, elapsed, gate.statistics, origin.observed)
+        }
         #expect(answer == "HTTP/1.1 200 Connection established\r\n\r\n")
         #expect(elapsed >= 0.45 && elapsed < 5, "closed after \(elapsed) s")
         #expect(stats.clientHandshakeTimeouts == 1)
@@ -105,8 +106,6 @@ struct BadInputTests {
 
     @Test("an idle tunnel is closed after the idle timeout")
     func idleTimeout() async throws {
-        let scenario = try await PinnedOriginScenario.start(behaviour: .echo, alpn: nil) { $0.idleTimeout = .milliseconds(400) }
-        let gate = scenario.gate
         let script = """
         import socket, ssl, sys, time
         raw = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
@@ -122,9 +121,13 @@ struct BadInputTests {
             data = b""
         print("closed" if data == b"" else "data", round(time.monotonic() - started, 1))
         """
-        let result = try await TestProcess.run("python3", ["-c", script, "\(gate.port)", scenario.target, gate.caPath])
-        let stats = gate.statistics
-        await scenario.stop()
+        let (result, stats) = try await PinnedOriginScenario.with(behaviour: .echo, alpn: nil, configure: {
+            $0.idleTimeout = .milliseconds(400)
+        }) { scenario in
+            let gate = scenario.gate
+            let result = try await TestProcess.run("python3", ["-c", script, "\(gate.port)", scenario.target, gate.caPath])
+            return (result, gate.statistics)
+        }
         #expect(result.status == 0, "\(result.stderr)")
         #expect(result.stdout.hasPrefix("closed"))
         let seconds = Double(result.stdout.split(separator: " ").last?.trimmingCharacters(in: .whitespacesAndNewlines) ?? "") ?? -1

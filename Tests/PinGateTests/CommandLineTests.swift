@@ -32,12 +32,12 @@ struct CommandLineTests {
     func vectorsAtStartup(list: String, key: String, starts: Bool) async throws {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
-        let gate = try await RunningGate.start([
+        try await RunningGate.withAttempt([
             "--listen", "127.0.0.1:0", "--state-dir", directory.file("state"),
             "--pins", WultraVectors.path(list), "--pins-key", WultraVectors.path(key),
-        ])
-        #expect((gate != nil) == starts)
-        await gate?.stop()
+        ]) { gate in
+            #expect((gate != nil) == starts)
+        }
     }
 
     @Test("keygen, sign, fingerprint, ca export and run --config: curl and openssl s_client get through, an unpinned host does not")
@@ -47,69 +47,61 @@ struct CommandLineTests {
         let pki = try TestPKI(directory: directory)
         let host = "workflow.pingate.test"
         let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
-        let origin = try await LoopbackOrigin.start(identity: leaf, behaviour: .http(body: "through the gate"))
-        var gateToStop: RunningGate?
-        defer {
-            // Backstop for an early exit; the normal path stops both below.
-            if let process = gateToStop?.process, process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        // Both are stopped before the decision log is read; the origin's port is kept for it.
+        let (log, originPort) = try await LoopbackOrigin.with(identity: leaf, behaviour: .http(body: "through the gate")) { origin in
+            let keygen = try await TestProcess.run(Self.pingate, ["keygen", "--out", directory.file("signer")])
+            #expect(keygen.status == 0, "\(keygen.stderr)")
+            let keyMode = try FileManager.default.attributesOfItem(atPath: directory.file("signer.key"))[.posixPermissions] as? Int
+            #expect(keyMode == 0o600)
+
+            let fromFile = try await TestProcess.run(Self.pingate, ["fingerprint", "--cert", leaf.certificatePath])
+            #expect(fromFile.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == leaf.fingerprint)
+            let live = try await TestProcess.run(Self.pingate, ["fingerprint", "--connect", "\(host):\(origin.port)", "--resolve", "\(host):\(origin.port):127.0.0.1"])
+            #expect(live.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == leaf.fingerprint, "\(live.stderr)")
+            #expect(origin.observed.applicationBytes == 0)
+
+            let sign = try await TestProcess.run(Self.pingate, ["sign", "--key", directory.file("signer.key"), "--cert", leaf.certificatePath, "--name", host])
+            #expect(sign.status == 0, "\(sign.stderr)")
+            try directory.write("pins.json", sign.stdout)
+
+            let config = """
+            listen: 127.0.0.1:0
+            state-dir: state
+            pins:
+              source: pins.json
+              keys: [signer.pub.pem]
+            upstream-ca: [\(pki.upstreamTrustPath)]
+            resolve: ["\(host):\(origin.port):127.0.0.1"]
+            log-level: info
+            """
+            let configPath = try directory.write("pingate.yml", config)
+            let log = try await RunningGate.with(["--config", configPath]) { gate in
+                let export = try await TestProcess.run(Self.pingate, ["ca", "export", "--state-dir", directory.file("state")])
+                #expect(export.stdout.hasPrefix("-----BEGIN CERTIFICATE-----"))
+                let caPath = try directory.write("exported-ca.pem", export.stdout)
+
+                let curl = try await TestProcess.run("curl", ["-sS", "--max-time", "20", "--cacert", caPath, "https://\(host):\(origin.port)/"],
+                                                     environment: ["HTTPS_PROXY": "http://127.0.0.1:\(gate.port)"])
+                #expect(curl.status == 0, "\(curl.stderr)")
+                #expect(curl.stdout == "through the gate")
+
+                let sClient = try await TestProcess.run("openssl", [
+                    "s_client", "-proxy", "127.0.0.1:\(gate.port)", "-connect", "\(host):\(origin.port)", "-servername", host,
+                    "-CAfile", caPath, "-verify_return_error", "-verify_hostname", host, "-alpn", "http/1.1", "-quiet",
+                ], stdin: Data("GET / HTTP/1.1\r\nHost: \(host)\r\n\r\n".utf8), timeout: 20)
+                #expect(sClient.stdout.contains("through the gate"), "\(sClient.stderr)")
+
+                let refused = try await TestProcess.run("curl", ["-sS", "--max-time", "20", "--cacert", caPath, "https://elsewhere.pingate.test/"],
+                                                        environment: ["HTTPS_PROXY": "http://127.0.0.1:\(gate.port)"])
+                #expect(refused.status != 0)
+                #expect(refused.stderr.contains("CONNECT tunnel failed, response 403"))
+
+                // Stopped here for its log (the scope's own stop is then a no-op).
+                return await gate.stop()
+            }
+            return (log, origin.port)
         }
 
-        let keygen = try await TestProcess.run(Self.pingate, ["keygen", "--out", directory.file("signer")])
-        #expect(keygen.status == 0, "\(keygen.stderr)")
-        let keyMode = try FileManager.default.attributesOfItem(atPath: directory.file("signer.key"))[.posixPermissions] as? Int
-        #expect(keyMode == 0o600)
-
-        let fromFile = try await TestProcess.run(Self.pingate, ["fingerprint", "--cert", leaf.certificatePath])
-        #expect(fromFile.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == leaf.fingerprint)
-        let live = try await TestProcess.run(Self.pingate, ["fingerprint", "--connect", "\(host):\(origin.port)", "--resolve", "\(host):\(origin.port):127.0.0.1"])
-        #expect(live.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == leaf.fingerprint, "\(live.stderr)")
-        #expect(origin.observed.applicationBytes == 0)
-
-        let sign = try await TestProcess.run(Self.pingate, ["sign", "--key", directory.file("signer.key"), "--cert", leaf.certificatePath, "--name", host])
-        #expect(sign.status == 0, "\(sign.stderr)")
-        try directory.write("pins.json", sign.stdout)
-
-        let config = """
-        listen: 127.0.0.1:0
-        state-dir: state
-        pins:
-          source: pins.json
-          keys: [signer.pub.pem]
-        upstream-ca: [\(pki.upstreamTrustPath)]
-        resolve: ["\(host):\(origin.port):127.0.0.1"]
-        log-level: info
-        """
-        let configPath = try directory.write("pingate.yml", config)
-        guard let gate = try await RunningGate.start(["--config", configPath]) else {
-            Issue.record("pingate run --config did not start")
-            await origin.stop()
-            return
-        }
-        gateToStop = gate
-
-        let export = try await TestProcess.run(Self.pingate, ["ca", "export", "--state-dir", directory.file("state")])
-        #expect(export.stdout.hasPrefix("-----BEGIN CERTIFICATE-----"))
-        let caPath = try directory.write("exported-ca.pem", export.stdout)
-
-        let curl = try await TestProcess.run("curl", ["-sS", "--max-time", "20", "--cacert", caPath, "https://\(host):\(origin.port)/"],
-                                             environment: ["HTTPS_PROXY": "http://127.0.0.1:\(gate.port)"])
-        #expect(curl.status == 0, "\(curl.stderr)")
-        #expect(curl.stdout == "through the gate")
-
-        let sClient = try await TestProcess.run("openssl", [
-            "s_client", "-proxy", "127.0.0.1:\(gate.port)", "-connect", "\(host):\(origin.port)", "-servername", host,
-            "-CAfile", caPath, "-verify_return_error", "-verify_hostname", host, "-alpn", "http/1.1", "-quiet",
-        ], stdin: Data("GET / HTTP/1.1\r\nHost: \(host)\r\n\r\n".utf8), timeout: 20)
-        #expect(sClient.stdout.contains("through the gate"), "\(sClient.stderr)")
-
-        let refused = try await TestProcess.run("curl", ["-sS", "--max-time", "20", "--cacert", caPath, "https://elsewhere.pingate.test/"],
-                                                environment: ["HTTPS_PROXY": "http://127.0.0.1:\(gate.port)"])
-        #expect(refused.status != 0)
-        #expect(refused.stderr.contains("CONNECT tunnel failed, response 403"))
-
-        let originPort = origin.port
-        let log = await gate.stop()
-        await origin.stop()
         // The decision log: one JSON line per CONNECT.
         let decisions = log.split(whereSeparator: \.isNewline).compactMap { line -> [String: Any]? in
             guard line.hasPrefix("{") else { return nil }
@@ -159,6 +151,49 @@ final class RunningGate: Sendable {
 
     /// Starts `pingate run ARGS`; nil if it exits before listening.
     static func start(_ arguments: [String], environment: [String: String] = [:]) async throws -> RunningGate? {
+        try await launch(arguments, environment: environment).gate
+    }
+
+    /// Starts `pingate run ARGS`, runs `body` with it, and stops it (SIGTERM, then SIGKILL)
+    /// whether `body` returns or throws. If pingate exits before listening, that is
+    /// recorded as an issue at the caller, with pingate's log, and the test ends there.
+    /// `body` may stop the gate itself, to read its full log or to restart it: the
+    /// scope's own stop is then a no-op.
+    static func with<Value>(
+        _ arguments: [String],
+        environment: [String: String] = [:],
+        isolation: isolated (any Actor)? = #isolation,
+        sourceLocation: SourceLocation = #_sourceLocation,
+        _ body: (RunningGate) async throws -> Value
+    ) async throws -> Value {
+        try await withResource(
+            start: {
+                let launched = try await launch(arguments, environment: environment)
+                return try #require(launched.gate, "pingate run exited before listening: \(launched.log)",
+                                    sourceLocation: sourceLocation)
+            },
+            stop: { await $0.stop() },
+            body: body)
+    }
+
+    /// Like `with`, for a test about whether pingate starts at all: `body` gets nil when
+    /// it exited before listening, and a running gate is stopped whether `body` returns
+    /// or throws.
+    static func withAttempt<Value>(
+        _ arguments: [String],
+        environment: [String: String] = [:],
+        isolation: isolated (any Actor)? = #isolation,
+        _ body: (RunningGate?) async throws -> Value
+    ) async throws -> Value {
+        try await withResource(
+            start: { try await start(arguments, environment: environment) },
+            stop: { await $0?.stop() },
+            body: body)
+    }
+
+    /// Starts `pingate run ARGS`: the gate once it listens, or nil if it exited first,
+    /// with everything it logged up to then.
+    private static func launch(_ arguments: [String], environment: [String: String]) async throws -> (gate: RunningGate?, log: String) {
         let process = Process()
         if !environment.isEmpty {
             process.environment = ProcessInfo.processInfo.environment.merging(environment) { _, new in new }
@@ -172,16 +207,17 @@ final class RunningGate: Sendable {
         let log = OutputCollector()
         pipe.fileHandleForReading.readabilityHandler = { log.appendErr($0.availableData) }
         try process.run()
-        for _ in 0..<400 {
-            if let port = Self.listeningPort(in: log.errText) { return RunningGate(process: process, port: port, log: log) }
-            if !process.isRunning { return nil }
-            try await Task.sleep(nanoseconds: 25_000_000)
+        _ = await eventually(timeout: .seconds(10), interval: .milliseconds(25)) {
+            Self.listeningPort(in: log.errText) != nil || !process.isRunning
         }
+        if let port = Self.listeningPort(in: log.errText) { return (RunningGate(process: process, port: port, log: log), log.errText) }
+        if !process.isRunning { return (nil, log.errText) }
         await process.terminateAndWait()
         throw TestFailure("pingate did not start: \(log.errText)")
     }
 
-    /// Stops the gate and returns everything it logged.
+    /// Stops the gate and returns everything it logged. Safe to call more than once:
+    /// an exited gate is not signalled again, and the log is returned again.
     @discardableResult
     func stop() async -> String {
         await process.terminateAndWait()
@@ -211,42 +247,38 @@ struct ListCommandLineTests {
         let pki = try TestPKI(directory: directory)
         let host = "v2.pingate.test"
         let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
-        let origin = try await LoopbackOrigin.start(identity: leaf, behaviour: .http(body: "v2 ok"))
-        _ = try await TestProcess.run(Self.pingate, ["keygen", "--out", directory.file("signer")])
-        let sign = try await TestProcess.run(Self.pingate, [
-            "sign", "--format", "v2", "--sequence", "3", "--key", directory.file("signer.key"),
-            "--connect", "\(host):\(origin.port)", "--resolve", "\(host):\(origin.port):127.0.0.1", "--spki",
-            "--revoke", SHA256Digest.base64(Array("old".utf8)),
-        ])
-        #expect(sign.status == 0, "\(sign.stderr)")
-        let listPath = try directory.write("pins-v2.json", sign.stdout)
+        try await LoopbackOrigin.with(identity: leaf, behaviour: .http(body: "v2 ok")) { origin in
+            _ = try await TestProcess.run(Self.pingate, ["keygen", "--out", directory.file("signer")])
+            let sign = try await TestProcess.run(Self.pingate, [
+                "sign", "--format", "v2", "--sequence", "3", "--key", directory.file("signer.key"),
+                "--connect", "\(host):\(origin.port)", "--resolve", "\(host):\(origin.port):127.0.0.1", "--spki",
+                "--revoke", SHA256Digest.base64(Array("old".utf8)),
+            ])
+            #expect(sign.status == 0, "\(sign.stderr)")
+            let listPath = try directory.write("pins-v2.json", sign.stdout)
 
-        let verify = try await TestProcess.run(Self.pingate, ["list", "verify", listPath, "--key", directory.file("signer.pub.pem")])
-        #expect(verify.status == 0, "\(verify.stderr)")
-        #expect(verify.stdout.contains("valid pingate-v2 list"))
-        #expect(verify.stdout.contains("sequence:   3"))
-        #expect(verify.stdout.contains("\(host)  spki/\(leaf.certificate.spkiSHA256)  enforce"))
-        #expect(verify.stdout.contains("days left"))
+            let verify = try await TestProcess.run(Self.pingate, ["list", "verify", listPath, "--key", directory.file("signer.pub.pem")])
+            #expect(verify.status == 0, "\(verify.stderr)")
+            #expect(verify.stdout.contains("valid pingate-v2 list"))
+            #expect(verify.stdout.contains("sequence:   3"))
+            #expect(verify.stdout.contains("\(host)  spki/\(leaf.certificate.spkiSHA256)  enforce"))
+            #expect(verify.stdout.contains("days left"))
 
-        let tampered = try directory.write("tampered.json", sign.stdout.replacingOccurrences(of: "\"keyId\" : \"", with: "\"keyId\" : \"0"))
-        let bad = try await TestProcess.run(Self.pingate, ["list", "verify", tampered, "--key", directory.file("signer.pub.pem")])
-        #expect(bad.status != 0)
-        #expect(bad.stderr.contains("does not verify"))
+            let tampered = try directory.write("tampered.json", sign.stdout.replacingOccurrences(of: "\"keyId\" : \"", with: "\"keyId\" : \"0"))
+            let bad = try await TestProcess.run(Self.pingate, ["list", "verify", tampered, "--key", directory.file("signer.pub.pem")])
+            #expect(bad.status != 0)
+            #expect(bad.stderr.contains("does not verify"))
 
-        guard let gate = try await RunningGate.start([
-            "--listen", "127.0.0.1:0", "--state-dir", directory.file("state"), "--pins", listPath,
-            "--pins-key", directory.file("signer.pub.pem"), "--upstream-ca", pki.upstreamTrustPath,
-            "--resolve", "\(host):\(origin.port):127.0.0.1",
-        ]) else {
-            Issue.record("gate did not start")
-            await origin.stop()
-            return
+            try await RunningGate.with([
+                "--listen", "127.0.0.1:0", "--state-dir", directory.file("state"), "--pins", listPath,
+                "--pins-key", directory.file("signer.pub.pem"), "--upstream-ca", pki.upstreamTrustPath,
+                "--resolve", "\(host):\(origin.port):127.0.0.1",
+            ]) { gate in
+                let curl = try await TestProcess.run("curl", ["-sS", "--max-time", "20", "--proxy", "http://127.0.0.1:\(gate.port)",
+                                                              "--cacert", directory.file("state/ca.pem"), "https://\(host):\(origin.port)/"])
+                #expect(curl.stdout == "v2 ok", "\(curl.stderr)")
+            }
         }
-        let curl = try await TestProcess.run("curl", ["-sS", "--max-time", "20", "--proxy", "http://127.0.0.1:\(gate.port)",
-                                                      "--cacert", directory.file("state/ca.pem"), "https://\(host):\(origin.port)/"])
-        #expect(curl.stdout == "v2 ok", "\(curl.stderr)")
-        await gate.stop()
-        await origin.stop()
     }
 
     @Test("run --pins https://…: fetched, persisted, shown by `list show`; restart with the server down still enforces it")
@@ -257,39 +289,43 @@ struct ListCommandLineTests {
         let host = "url.pingate.test"
         let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
         let listIdentity = try pki.leaf([.dns("lists.pingate.test")], issuer: pki.originCA, file: "lists")
-        let origin = try await LoopbackOrigin.start(identity: leaf, behaviour: .http(body: "from url"))
-        let listServer = try await TestListServer.start(identity: listIdentity, behaviour: .serve(try pki.signedV2(sequence: 12, pins: [TestPKI.pin(host, leaf)])))
-        let config = try directory.write("pingate.yml", """
-        listen: 127.0.0.1:0
-        state-dir: state
-        pins:
-          source: https://lists.pingate.test:\(listServer.port)/pins.json
-          keys: [signer.pub.pem]
-          server-ca: [\(pki.originCA.certificatePath)]
-          wait-seconds: 3
-        upstream-ca: [\(pki.upstreamTrustPath)]
-        resolve: ["\(host):\(origin.port):127.0.0.1", "lists.pingate.test:\(listServer.port):127.0.0.1"]
-        """)
-        let url = "https://\(host):\(origin.port)/"
-        let curlArguments = { (port: Int) in ["-sS", "--max-time", "20", "--proxy", "http://127.0.0.1:\(port)", "--cacert", directory.file("state/ca.pem"), url] }
+        try await LoopbackOrigin.with(identity: leaf, behaviour: .http(body: "from url")) { origin in
+            try await TestListServer.with(identity: listIdentity, behaviour: .serve(try pki.signedV2(sequence: 12, pins: [TestPKI.pin(host, leaf)]))) { listServer in
+                let config = try directory.write("pingate.yml", """
+                listen: 127.0.0.1:0
+                state-dir: state
+                pins:
+                  source: https://lists.pingate.test:\(listServer.port)/pins.json
+                  keys: [signer.pub.pem]
+                  server-ca: [\(pki.originCA.certificatePath)]
+                  wait-seconds: 3
+                upstream-ca: [\(pki.upstreamTrustPath)]
+                resolve: ["\(host):\(origin.port):127.0.0.1", "lists.pingate.test:\(listServer.port):127.0.0.1"]
+                """)
+                let url = "https://\(host):\(origin.port)/"
+                let curlArguments = { (port: Int) in ["-sS", "--max-time", "20", "--proxy", "http://127.0.0.1:\(port)", "--cacert", directory.file("state/ca.pem"), url] }
 
-        guard let first = try await RunningGate.start(["--config", config]) else { Issue.record("did not start"); return }
-        let fetched = try await TestProcess.run("curl", curlArguments(first.port))
-        #expect(fetched.stdout == "from url", "\(fetched.stderr)")
-        let log = await first.stop()
-        #expect(log.contains("fingerprint list in force"))
+                try await RunningGate.with(["--config", config]) { first in
+                    let fetched = try await TestProcess.run("curl", curlArguments(first.port))
+                    #expect(fetched.stdout == "from url", "\(fetched.stderr)")
+                    let log = await first.stop() // its log, once stopped; the scope's stop is then a no-op
+                    #expect(log.contains("fingerprint list in force"))
+                }
 
-        let show = try await TestProcess.run(Self.pingate, ["list", "show", "--state-dir", directory.file("state"), "--key", pki.signerPublicKeyPath])
-        #expect(show.status == 0, "\(show.stderr)")
-        #expect(show.stdout.contains("sequence:   12"))
-        #expect(show.stdout.contains(host))
+                let show = try await TestProcess.run(Self.pingate, ["list", "show", "--state-dir", directory.file("state"), "--key", pki.signerPublicKeyPath])
+                #expect(show.status == 0, "\(show.stderr)")
+                #expect(show.stdout.contains("sequence:   12"))
+                #expect(show.stdout.contains(host))
 
-        await listServer.stop()
-        guard let second = try await RunningGate.start(["--config", config]) else { Issue.record("did not restart"); return }
-        let offline = try await TestProcess.run("curl", curlArguments(second.port))
-        #expect(offline.stdout == "from url", "\(offline.stderr)")
-        let secondLog = await second.stop()
-        #expect(secondLog.contains("loaded persisted fingerprint list"))
-        await origin.stop()
+                // The restart runs with the list server down; the scope's stop of it is then a no-op.
+                await listServer.stop()
+                try await RunningGate.with(["--config", config]) { second in
+                    let offline = try await TestProcess.run("curl", curlArguments(second.port))
+                    #expect(offline.stdout == "from url", "\(offline.stderr)")
+                    let secondLog = await second.stop()
+                    #expect(secondLog.contains("loaded persisted fingerprint list"))
+                }
+            }
+        }
     }
 }

@@ -26,41 +26,35 @@ struct EndToEndTests {
                 }
             }
         }
-        let nginx = try await NginxOrigin.start(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: ["big.bin": payload])
-        let gate = try await GateFixture.start(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
-                                               resolve: ["\(Self.host):\(nginx.port)"])
-        do {
-            let url = "https://\(Self.host):\(nginx.port)/big.bin"
-            let expected = SHA256Digest.base64(payload)
+        try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: ["big.bin": payload]) { nginx in
+            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
+                                       resolve: ["\(Self.host):\(nginx.port)"]) { gate in
+                let url = "https://\(Self.host):\(nginx.port)/big.bin"
+                let expected = SHA256Digest.base64(payload)
 
-            let h2 = try await curlThroughGate(gate, url, ["--http2"])
-            #expect(h2.exitStatus == 0, "\(h2.stderr)")
-            #expect(h2.httpCode == "200")
-            #expect(h2.httpVersion == "2")
-            #expect(h2.body.count == payload.count)
-            #expect(SHA256Digest.base64(h2.body) == expected)
+                let h2 = try await curlThroughGate(gate, url, ["--http2"])
+                #expect(h2.exitStatus == 0, "\(h2.stderr)")
+                #expect(h2.httpCode == "200")
+                #expect(h2.httpVersion == "2")
+                #expect(h2.body.count == payload.count)
+                #expect(SHA256Digest.base64(h2.body) == expected)
 
-            let h1 = try await curlThroughGate(gate, url, ["--http1.1"])
-            #expect(h1.exitStatus == 0, "\(h1.stderr)")
-            #expect(h1.httpCode == "200")
-            #expect(h1.httpVersion == "1.1")
-            #expect(SHA256Digest.base64(h1.body) == expected)
+                let h1 = try await curlThroughGate(gate, url, ["--http1.1"])
+                #expect(h1.exitStatus == 0, "\(h1.stderr)")
+                #expect(h1.httpCode == "200")
+                #expect(h1.httpVersion == "1.1")
+                #expect(SHA256Digest.base64(h1.body) == expected)
 
-            // nginx saw HTTP/2 for the h2 request (so ALPN h2 held on the upstream leg too)
-            // and HTTP/1.1 for the client that offered only http/1.1: the gate reconnected
-            // upstream with the client's exact offer.
-            #expect(nginx.accessLogProtocols() == ["HTTP/2.0", "HTTP/1.1"])
-            let stats = gate.statistics
-            #expect(stats.count(.trusted) == 2)
-            #expect(stats.upstreamConnections == 3) // h2: one; http/1.1 client: first (h2) + reconnect
-            #expect(stats.bytesDown >= 2 * payload.count)
-        } catch {
-            await gate.stop()
-            await nginx.stop()
-            throw error
+                // nginx saw HTTP/2 for the h2 request (so ALPN h2 held on the upstream leg too)
+                // and HTTP/1.1 for the client that offered only http/1.1: the gate reconnected
+                // upstream with the client's exact offer.
+                #expect(nginx.accessLogProtocols() == ["HTTP/2.0", "HTTP/1.1"])
+                let stats = gate.statistics
+                #expect(stats.count(.trusted) == 2)
+                #expect(stats.upstreamConnections == 3) // h2: one; http/1.1 client: first (h2) + reconnect
+                #expect(stats.bytesDown >= 2 * payload.count)
+            }
         }
-        await gate.stop()
-        await nginx.stop()
     }
 
     @Test("attacker origin with a certificate the upstream trust accepts: 502 pin-mismatch, zero bytes forwarded")
@@ -70,12 +64,13 @@ struct EndToEndTests {
         let pki = try TestPKI(directory: directory)
         let genuine = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
         let forged = try pki.leaf([.dns(Self.host)], issuer: pki.attackerCA, file: "forged")
-        let attacker = try await LoopbackOrigin.start(identity: forged, behaviour: .http(body: "intercepted"))
-        let gate = try await GateFixture.start(pki: pki, listPath: try pki.signedList([(Self.host, genuine.fingerprint)]),
-                                               resolve: ["\(Self.host):\(attacker.port)"])
-        let result = try await curlThroughGate(gate, "https://\(Self.host):\(attacker.port)/secret", ["-d", "password=hunter2"])
-        await gate.stop()
-        await attacker.stop()
+        // Both are handed out of their scopes: the counters are read after the stops, as before.
+        let (result, gate, attacker) = try await LoopbackOrigin.with(identity: forged, behaviour: .http(body: "intercepted")) { attacker in
+            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, genuine.fingerprint)]),
+                                       resolve: ["\(Self.host):\(attacker.port)"]) { gate in
+                (try await curlThroughGate(gate, "https://\(Self.host):\(attacker.port)/secret", ["-d", "password=hunter2"]), gate, attacker)
+            }
+        }
 
         #expect(result.exitStatus != 0)
         #expect(result.stderr.contains("CONNECT tunnel failed, response 502"))
@@ -93,13 +88,13 @@ struct EndToEndTests {
         defer { directory.remove() }
         let pki = try TestPKI(directory: directory)
         let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
-        let origin = try await LoopbackOrigin.start(identity: leaf, behaviour: .http(body: "hello"))
-        let gate = try await GateFixture.start(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
-                                               resolve: ["unknown.pingate.test:\(origin.port)"])
-        let result = try await curlThroughGate(gate, "https://unknown.pingate.test:\(origin.port)/")
-        let stats = gate.statistics
-        await gate.stop()
-        await origin.stop()
+        let (result, stats, origin) = try await LoopbackOrigin.with(identity: leaf, behaviour: .http(body: "hello")) { origin in
+            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
+                                       resolve: ["unknown.pingate.test:\(origin.port)"]) { gate in
+                let result = try await curlThroughGate(gate, "https://unknown.pingate.test:\(origin.port)/")
+                return (result, gate.statistics, origin)
+            }
+        }
 
         #expect(result.stderr.contains("CONNECT tunnel failed, response 403"))
         #expect(result.proxyHeaders["pingate-refusal"] == "empty")
@@ -113,9 +108,9 @@ struct EndToEndTests {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
         let pki = try TestPKI(directory: directory)
-        let gate = try await GateFixture.start(pki: pki, listPath: nil)
-        let result = try await curlThroughGate(gate, "https://\(Self.host):443/")
-        await gate.stop()
+        let result = try await GateFixture.with(pki: pki, listPath: nil) { gate in
+            try await curlThroughGate(gate, "https://\(Self.host):443/")
+        }
         #expect(result.stderr.contains("CONNECT tunnel failed, response 403"))
         #expect(result.proxyHeaders["pingate-refusal"] == "empty")
     }
@@ -126,22 +121,22 @@ struct EndToEndTests {
         defer { directory.remove() }
         let pki = try TestPKI(directory: directory)
         let rogue = try pki.leaf([.dns(Self.host)], issuer: pki.rogueCA, file: "rogue")
-        let origin = try await LoopbackOrigin.start(identity: rogue, behaviour: .http(body: "pins-only ok"))
-        let list = try pki.signedList([(Self.host, rogue.fingerprint)])
-        let resolve = ["\(Self.host):\(origin.port)"]
+        let allowed = try await LoopbackOrigin.with(identity: rogue, behaviour: .http(body: "pins-only ok")) { origin in
+            let list = try pki.signedList([(Self.host, rogue.fingerprint)])
+            let resolve = ["\(Self.host):\(origin.port)"]
 
-        let strict = try await GateFixture.start(pki: pki, listPath: list, resolve: resolve)
-        let refused = try await curlThroughGate(strict, "https://\(Self.host):\(origin.port)/")
-        await strict.stop()
-        #expect(refused.stderr.contains("CONNECT tunnel failed, response 502"))
-        #expect(refused.proxyHeaders["pingate-refusal"] == "chain-invalid")
-        #expect(refused.proxyHeaders["pingate-observed-fingerprint"] == rogue.fingerprint)
-        #expect(origin.observed.applicationBytes == 0)
+            let refused = try await GateFixture.with(pki: pki, listPath: list, resolve: resolve) { strict in
+                try await curlThroughGate(strict, "https://\(Self.host):\(origin.port)/")
+            }
+            #expect(refused.stderr.contains("CONNECT tunnel failed, response 502"))
+            #expect(refused.proxyHeaders["pingate-refusal"] == "chain-invalid")
+            #expect(refused.proxyHeaders["pingate-observed-fingerprint"] == rogue.fingerprint)
+            #expect(origin.observed.applicationBytes == 0)
 
-        let pinsOnly = try await GateFixture.start(pki: pki, listPath: list, resolve: resolve) { $0.pinsOnlyHosts = [Self.host] }
-        let allowed = try await curlThroughGate(pinsOnly, "https://\(Self.host):\(origin.port)/")
-        await pinsOnly.stop()
-        await origin.stop()
+            return try await GateFixture.with(pki: pki, listPath: list, resolve: resolve, configure: { $0.pinsOnlyHosts = [Self.host] }) { pinsOnly in
+                try await curlThroughGate(pinsOnly, "https://\(Self.host):\(origin.port)/")
+            }
+        }
         #expect(allowed.exitStatus == 0, "\(allowed.stderr)")
         #expect(String(decoding: allowed.body, as: UTF8.self) == "pins-only ok")
     }
@@ -154,28 +149,26 @@ struct EndToEndTests {
         let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
         let refusing = try RefusingLoopbackPort()
         let closedPort = refusing.port
-        let silent = try await SilentServer.start()
-        let gate = try await GateFixture.start(
-            pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
-            resolve: ["\(Self.host):\(closedPort)", "\(Self.host):\(silent.port)"]
-        ) { $0.upstreamHandshakeTimeout = .milliseconds(500) }
+        try await SilentServer.with { silent in
+            try await GateFixture.with(
+                pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
+                resolve: ["\(Self.host):\(closedPort)", "\(Self.host):\(silent.port)"],
+                configure: { $0.upstreamHandshakeTimeout = .milliseconds(500) }
+            ) { gate in
+                let unreachable = try await curlThroughGate(gate, "https://\(Self.host):\(closedPort)/")
+                #expect(unreachable.stderr.contains("CONNECT tunnel failed, response 502"))
+                #expect(unreachable.proxyHeaders["pingate-refusal"] == "upstream-unreachable")
 
-        let unreachable = try await curlThroughGate(gate, "https://\(Self.host):\(closedPort)/")
-        #expect(unreachable.stderr.contains("CONNECT tunnel failed, response 502"))
-        #expect(unreachable.proxyHeaders["pingate-refusal"] == "upstream-unreachable")
-
-        let timedOut = try await curlThroughGate(gate, "https://\(Self.host):\(silent.port)/")
-        #expect(timedOut.stderr.contains("CONNECT tunnel failed, response 504"))
-        #expect(timedOut.proxyHeaders["pingate-refusal"] == "upstream-timeout")
-        await gate.stop()
-        await silent.stop()
+                let timedOut = try await curlThroughGate(gate, "https://\(Self.host):\(silent.port)/")
+                #expect(timedOut.stderr.contains("CONNECT tunnel failed, response 504"))
+                #expect(timedOut.proxyHeaders["pingate-refusal"] == "upstream-timeout")
+            }
+        }
         withExtendedLifetime(refusing) {}
     }
 
     @Test("Python ssl client: 1 MiB echoed byte for byte through the tunnel, then a clean close")
     func pythonEchoThroughTunnel() async throws {
-        let scenario = try await PinnedOriginScenario.start(host: Self.host, behaviour: .echo, alpn: nil)
-        let (gate, origin) = (scenario.gate, scenario.origin)
         let script = """
         import hashlib, os, socket, ssl, sys
         gate_port, host, port, ca = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
@@ -198,9 +191,11 @@ struct EndToEndTests {
         print(len(received), hashlib.sha256(received).hexdigest() == hashlib.sha256(payload).hexdigest())
         tls.unwrap()
         """
-        let result = try await TestProcess.run("python3", ["-c", script, "\(gate.port)", Self.host, "\(origin.port)", gate.caPath])
-        let stats = gate.statistics
-        await scenario.stop()
+        let (result, stats, origin) = try await PinnedOriginScenario.with(host: Self.host, behaviour: .echo, alpn: nil) { scenario in
+            let (gate, origin) = (scenario.gate, scenario.origin)
+            let result = try await TestProcess.run("python3", ["-c", script, "\(gate.port)", Self.host, "\(origin.port)", gate.caPath])
+            return (result, gate.statistics, origin)
+        }
         #expect(result.status == 0, "\(result.stderr)")
         #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "\(1 << 20) True")
         #expect(origin.observed.applicationBytes == 1 << 20)

@@ -80,61 +80,57 @@ struct GracefulShutdownTests {
         // be mid-body when the signal comes.
         let body = Data((0..<(768 << 10)).map { _ in UInt8.random(in: 0...255) })
         let expected = SHA256Digest.hash(body).map { String(format: "%02x", $0) }.joined()
-        try await Self.withOrigin(leaf, files: ["body.bin": body], directives: "limit_rate 128k;") { origin in
-        let listPath = try pki.signedList([(Self.host, leaf.fingerprint)])
-        guard let gate = try await RunningGate.start([
-            "--listen", "127.0.0.1:0", "--state-dir", directory.file("state"), "--pins", listPath,
-            "--pins-key", pki.signerPublicKeyPath, "--upstream-ca", pki.upstreamTrustPath,
-            "--resolve", "\(Self.host):\(origin.port):127.0.0.1", "--drain-timeout", "20", "--decision-log", "off",
-        ]) else {
-            Issue.record("the gate did not start")
-            return
-        }
-        defer { if gate.process.isRunning { kill(gate.process.processIdentifier, SIGKILL) } }
+        try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: ["body.bin": body],
+                                   http2: false, serverDirectives: "limit_rate 128k;") { origin in
+            let listPath = try pki.signedList([(Self.host, leaf.fingerprint)])
+            try await RunningGate.with([
+                "--listen", "127.0.0.1:0", "--state-dir", directory.file("state"), "--pins", listPath,
+                "--pins-key", pki.signerPublicKeyPath, "--upstream-ca", pki.upstreamTrustPath,
+                "--resolve", "\(Self.host):\(origin.port):127.0.0.1", "--drain-timeout", "20", "--decision-log", "off",
+            ]) { gate in
 
-        let inflight = directory.file("inflight")
-        let target = "\(Self.host):\(origin.port)"
-        let downloads = Task {
-            try await TestProcess.run("python3", [
-                "-c", Self.downloadScript, "\(gate.port)", target, directory.file("state/ca.pem"), "body.bin", inflight, "100",
-            ], timeout: 60)
-        }
-        _ = await eventually(timeout: .seconds(20)) { FileManager.default.fileExists(atPath: inflight) }
-        guard FileManager.default.fileExists(atPath: inflight) else {
-            let result = try await downloads.value
-            Issue.record("the 100 downloads were never all in flight: \(result.stdout) \(result.stderr)")
-            return
-        }
+                let inflight = directory.file("inflight")
+                let target = "\(Self.host):\(origin.port)"
+                let downloads = Task {
+                    try await TestProcess.run("python3", [
+                        "-c", Self.downloadScript, "\(gate.port)", target, directory.file("state/ca.pem"), "body.bin", inflight, "100",
+                    ], timeout: 60)
+                }
+                _ = await eventually(timeout: .seconds(20)) { FileManager.default.fileExists(atPath: inflight) }
+                guard FileManager.default.fileExists(atPath: inflight) else {
+                    let result = try await downloads.value
+                    Issue.record("the 100 downloads were never all in flight: \(result.stdout) \(result.stderr)")
+                    return
+                }
 
-        let signalled = Date()
-        kill(gate.process.processIdentifier, SIGTERM)
-        // The listener closes at once, while the tunnels are still draining.
-        var refusedWhileDraining = false
-        for _ in 0..<100 {
-            if LoopbackProbe.isRefused(port: gate.port) {
-                refusedWhileDraining = gate.process.isRunning
-                break
+                let signalled = Date()
+                kill(gate.process.processIdentifier, SIGTERM)
+                // The listener closes at once, while the tunnels are still draining.
+                var refusedWhileDraining = false
+                _ = await eventually(timeout: .seconds(2)) {
+                    guard LoopbackProbe.isRefused(port: gate.port) else { return false }
+                    refusedWhileDraining = gate.process.isRunning // still draining when the listener was gone
+                    return true
+                }
+                #expect(refusedWhileDraining, "a new connection was still accepted after SIGTERM, or the gate had already exited")
+
+                let result = try await downloads.value
+                let lines = result.stdout.split(separator: "\n").map(String.init)
+                #expect(result.status == 0, "\(result.stderr)")
+                #expect(lines.count == 100)
+                let exact = lines.filter { $0 == "\(body.count) \(expected)" }
+                #expect(exact.count == 100, "not byte-exact: \(lines.filter { $0 != "\(body.count) \(expected)" }.prefix(5))")
+
+                _ = await eventually(timeout: .seconds(10)) { !gate.process.isRunning }
+                #expect(!gate.process.isRunning, "the gate did not exit after the drain")
+                let elapsed = Date().timeIntervalSince(signalled)
+                #expect(elapsed < 20, "exited \(elapsed) s after SIGTERM (drain timeout 20 s)")
+                #expect(gate.process.terminationReason == .exit && gate.process.terminationStatus == 0,
+                        "status \(gate.process.terminationStatus), reason \(gate.process.terminationReason.rawValue)")
+                let log = await gate.stop()
+                #expect(log.contains("draining open connections"), "\(log)")
+                #expect(!log.contains("drain timeout"), "\(log)")
             }
-            try await Task.sleep(nanoseconds: 20_000_000)
-        }
-        #expect(refusedWhileDraining, "a new connection was still accepted after SIGTERM, or the gate had already exited")
-
-        let result = try await downloads.value
-        let lines = result.stdout.split(separator: "\n").map(String.init)
-        #expect(result.status == 0, "\(result.stderr)")
-        #expect(lines.count == 100)
-        let exact = lines.filter { $0 == "\(body.count) \(expected)" }
-        #expect(exact.count == 100, "not byte-exact: \(lines.filter { $0 != "\(body.count) \(expected)" }.prefix(5))")
-
-        _ = await eventually(timeout: .seconds(10)) { !gate.process.isRunning }
-        #expect(!gate.process.isRunning, "the gate did not exit after the drain")
-        let elapsed = Date().timeIntervalSince(signalled)
-        #expect(elapsed < 20, "exited \(elapsed) s after SIGTERM (drain timeout 20 s)")
-        #expect(gate.process.terminationReason == .exit && gate.process.terminationStatus == 0,
-                "status \(gate.process.terminationStatus), reason \(gate.process.terminationReason.rawValue)")
-        let log = await gate.stop()
-        #expect(log.contains("draining open connections"), "\(log)")
-        #expect(!log.contains("drain timeout"), "\(log)")
         }
     }
 
@@ -146,93 +142,76 @@ struct GracefulShutdownTests {
         let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
         // Far more than socket buffers hold, so a client that stops reading stalls the tunnel.
         let total = 32 << 20
-        try await Self.withOrigin(leaf, files: ["big.bin": Data(count: total)]) { origin in
-        let listPath = try pki.signedList([(Self.host, leaf.fingerprint)])
-        guard let gate = try await RunningGate.start([
-            "--listen", "127.0.0.1:0", "--state-dir", directory.file("state"), "--pins", listPath,
-            "--pins-key", pki.signerPublicKeyPath, "--upstream-ca", pki.upstreamTrustPath,
-            "--resolve", "\(Self.host):\(origin.port):127.0.0.1", "--drain-timeout", "1",
-        ]) else {
-            Issue.record("the gate did not start")
-            return
-        }
-        defer { if gate.process.isRunning { kill(gate.process.processIdentifier, SIGKILL) } }
+        try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: ["big.bin": Data(count: total)],
+                                   http2: false) { origin in
+            let listPath = try pki.signedList([(Self.host, leaf.fingerprint)])
+            try await RunningGate.with([
+                "--listen", "127.0.0.1:0", "--state-dir", directory.file("state"), "--pins", listPath,
+                "--pins-key", pki.signerPublicKeyPath, "--upstream-ca", pki.upstreamTrustPath,
+                "--resolve", "\(Self.host):\(origin.port):127.0.0.1", "--drain-timeout", "1",
+            ]) { gate in
 
-        let stalled = directory.file("stalled")
-        let resume = directory.file("resume")
-        let script = """
-        import os, socket, ssl, sys, time
-        gate_port, target, ca, stalled, resume = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
-        host = target.split(":")[0]
-        raw = socket.socket()
-        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-        raw.settimeout(30)
-        raw.connect(("127.0.0.1", gate_port))
-        raw.sendall(f"CONNECT {target} HTTP/1.1\\r\\n\\r\\n".encode())
-        head = b""
-        while b"\\r\\n\\r\\n" not in head: head += raw.recv(1)
-        context = ssl.create_default_context(cafile=ca)
-        context.set_alpn_protocols(["http/1.1"])
-        tls = context.wrap_socket(raw, server_hostname=host)
-        tls.sendall(f"GET /big.bin HTTP/1.1\\r\\nHost: {host}\\r\\nConnection: close\\r\\n\\r\\n".encode())
-        received = 0
-        while received < (1 << 20): received += len(tls.recv(65536))
-        open(stalled, "w").close()
-        deadline = time.monotonic() + 30
-        while not os.path.exists(resume) and time.monotonic() < deadline: time.sleep(0.02)
-        try:
-            while True:
-                chunk = tls.recv(1 << 20)
-                if not chunk: break
-                received += len(chunk)
-        except (OSError, ssl.SSLError):
-            pass
-        print(received)
-        """
-        let target = "\(Self.host):\(origin.port)"
-        let client = Task {
-            try await TestProcess.run("python3", ["-c", script, "\(gate.port)", target,
-                                                  directory.file("state/ca.pem"), stalled, resume], timeout: 60)
-        }
-        defer { _ = FileManager.default.createFile(atPath: resume, contents: nil) }
-        _ = await eventually(timeout: .seconds(20)) { FileManager.default.fileExists(atPath: stalled) }
-        guard FileManager.default.fileExists(atPath: stalled) else {
-            let result = try await client.value
-            Issue.record("the download never started: \(result.stdout) \(result.stderr)")
-            return
-        }
+                let stalled = directory.file("stalled")
+                let resume = directory.file("resume")
+                let script = """
+                import os, socket, ssl, sys, time
+                gate_port, target, ca, stalled, resume = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+                host = target.split(":")[0]
+                raw = socket.socket()
+                raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+                raw.settimeout(30)
+                raw.connect(("127.0.0.1", gate_port))
+                raw.sendall(f"CONNECT {target} HTTP/1.1\\r\\n\\r\\n".encode())
+                head = b""
+                while b"\\r\\n\\r\\n" not in head: head += raw.recv(1)
+                context = ssl.create_default_context(cafile=ca)
+                context.set_alpn_protocols(["http/1.1"])
+                tls = context.wrap_socket(raw, server_hostname=host)
+                tls.sendall(f"GET /big.bin HTTP/1.1\\r\\nHost: {host}\\r\\nConnection: close\\r\\n\\r\\n".encode())
+                received = 0
+                while received < (1 << 20): received += len(tls.recv(65536))
+                open(stalled, "w").close()
+                deadline = time.monotonic() + 30
+                while not os.path.exists(resume) and time.monotonic() < deadline: time.sleep(0.02)
+                try:
+                    while True:
+                        chunk = tls.recv(1 << 20)
+                        if not chunk: break
+                        received += len(chunk)
+                except (OSError, ssl.SSLError):
+                    pass
+                print(received)
+                """
+                let target = "\(Self.host):\(origin.port)"
+                let client = Task {
+                    try await TestProcess.run("python3", ["-c", script, "\(gate.port)", target,
+                                                          directory.file("state/ca.pem"), stalled, resume], timeout: 60)
+                }
+                defer { _ = FileManager.default.createFile(atPath: resume, contents: nil) }
+                _ = await eventually(timeout: .seconds(20)) { FileManager.default.fileExists(atPath: stalled) }
+                guard FileManager.default.fileExists(atPath: stalled) else {
+                    let result = try await client.value
+                    Issue.record("the download never started: \(result.stdout) \(result.stderr)")
+                    return
+                }
 
-        let signalled = Date()
-        kill(gate.process.processIdentifier, SIGTERM)
-        _ = await eventually(timeout: .seconds(5)) { !gate.process.isRunning }
-        let elapsed = Date().timeIntervalSince(signalled)
-        #expect(!gate.process.isRunning, "the gate did not exit")
-        #expect(elapsed >= 0.9 && elapsed < 4, "exited \(elapsed) s after SIGTERM with a 1 s drain timeout")
-        #expect(gate.process.terminationReason == .exit && gate.process.terminationStatus == 0,
-                "status \(gate.process.terminationStatus), reason \(gate.process.terminationReason.rawValue)")
+                let signalled = Date()
+                kill(gate.process.processIdentifier, SIGTERM)
+                _ = await eventually(timeout: .seconds(5)) { !gate.process.isRunning }
+                let elapsed = Date().timeIntervalSince(signalled)
+                #expect(!gate.process.isRunning, "the gate did not exit")
+                #expect(elapsed >= 0.9 && elapsed < 4, "exited \(elapsed) s after SIGTERM with a 1 s drain timeout")
+                #expect(gate.process.terminationReason == .exit && gate.process.terminationStatus == 0,
+                        "status \(gate.process.terminationStatus), reason \(gate.process.terminationReason.rawValue)")
 
-        _ = FileManager.default.createFile(atPath: resume, contents: nil)
-        let result = try await client.value
-        let received = Int(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines)) ?? -1
-        #expect(received > 0 && received < total, "the stalled tunnel was not cut: \(result.stdout) \(result.stderr)")
-        let log = await gate.stop()
-        #expect(log.contains("drain timeout: closing the connections still open"), "\(log)")
+                _ = FileManager.default.createFile(atPath: resume, contents: nil)
+                let result = try await client.value
+                let received = Int(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines)) ?? -1
+                #expect(received > 0 && received < total, "the stalled tunnel was not cut: \(result.stdout) \(result.stderr)")
+                let log = await gate.stop()
+                #expect(log.contains("drain timeout: closing the connections still open"), "\(log)")
+            }
         }
-    }
-
-    /// Runs `body` with an HTTP/1.1-only nginx origin serving `files` as `leaf`, and stops
-    /// nginx afterwards whether `body` succeeded or not.
-    static func withOrigin(_ leaf: TestPKI.Identity, files: [String: Data], directives: String = "",
-                           _ body: (NginxOrigin) async throws -> Void) async throws {
-        let origin = try await NginxOrigin.start(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: files,
-                                                 http2: false, serverDirectives: directives)
-        do {
-            try await body(origin)
-        } catch {
-            await origin.stop()
-            throw error
-        }
-        await origin.stop()
     }
 }
 
@@ -252,25 +231,34 @@ struct ServiceGroupTests {
         configuration.listenPort = 0
         configuration.eventLoopThreads = 1
         let (ca, _) = try LocalCA.loadOrCreate(stateDirectory: directory.file("state"))
-        let server = try await PinGateServer.start(configuration: configuration, store: PinListStore(nil), ca: ca,
-                                                   logger: GateFixture.quietLogger, listSource: source)
-        let updater = try #require(server.updater)
-        let group = ServiceGroup(services: [server, updater], logger: GateFixture.quietLogger)
-        let running = Task { try await group.run() }
+        // The test shuts the server down itself (through the group); the scope's shutdown
+        // covers a failure before that and is otherwise a no-op.
+        try await withResource(
+            start: {
+                try await PinGateServer.start(configuration: configuration, store: PinListStore(nil), ca: ca,
+                                              logger: GateFixture.quietLogger, listSource: source)
+            },
+            stop: { try? await $0.shutdown() }
+        ) { server in
+            let updater = try #require(server.updater)
+            let group = ServiceGroup(services: [server, updater], logger: GateFixture.quietLogger)
+            let running = Task { try await group.run() }
 
-        // The first read came from start(); the schedule's re-reads find the same list.
-        _ = await eventually(timeout: .seconds(5)) { (server.store.status.updatesByResult["unchanged"] ?? 0) >= 2 }
-        #expect((server.store.status.updatesByResult["unchanged"] ?? 0) >= 2, "\(server.store.status)")
+            // The first read came from start(); the schedule's re-reads find the same list.
+            _ = await eventually(timeout: .seconds(5)) { (server.store.status.updatesByResult["unchanged"] ?? 0) >= 2 }
+            #expect((server.store.status.updatesByResult["unchanged"] ?? 0) >= 2, "\(server.store.status)")
 
-        let port = server.port
-        let stopping = Date()
-        await group.triggerGracefulShutdown()
-        try await running.value
-        #expect(Date().timeIntervalSince(stopping) < 5)
-        #expect(LoopbackProbe.isRefused(port: port))
-        let settled = server.store.status.updatesByResult["unchanged"] ?? 0
-        try await Task.sleep(nanoseconds: 300_000_000)
-        #expect(server.store.status.updatesByResult["unchanged"] == settled, "the schedule kept running after the shutdown")
-        try await server.shutdown() // a second stop waits for the first and returns
+            let port = server.port
+            let stopping = Date()
+            await group.triggerGracefulShutdown()
+            try await running.value
+            #expect(Date().timeIntervalSince(stopping) < 5)
+            #expect(LoopbackProbe.isRefused(port: port))
+            let settled = server.store.status.updatesByResult["unchanged"] ?? 0
+            // Deliberately a fixed wait: it proves that nothing more happens after the shutdown.
+            try await Task.sleep(nanoseconds: 300_000_000)
+            #expect(server.store.status.updatesByResult["unchanged"] == settled, "the schedule kept running after the shutdown")
+            try await server.shutdown() // a second stop waits for the first and returns
+        }
     }
 }

@@ -22,11 +22,24 @@ struct HarnessTests {
         var url: URL { URL(string: "https://\(host):\(origin.port)/login")! }
 
         static func start(host: String = "app.pingate.test") async throws -> Target {
-            let directory = try TemporaryDirectory()
-            let pki = try TestPKI(directory: directory)
-            let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
-            let origin = try await LoopbackOrigin.start(identity: leaf, behaviour: .http(body: "logged in"))
-            return Target(directory: directory, pki: pki, leaf: leaf, origin: origin, host: host)
+            try await startInParts { started in
+                let directory = try TemporaryDirectory()
+                started.onFailure { directory.remove() }
+                let pki = try TestPKI(directory: directory)
+                let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
+                let origin = try await LoopbackOrigin.start(identity: leaf, behaviour: .http(body: "logged in"))
+                return Target(directory: directory, pki: pki, leaf: leaf, origin: origin, host: host)
+            }
+        }
+
+        /// Starts a target as `start` does, runs `body` with it, and stops its origin and
+        /// removes its files whether `body` returns or throws.
+        static func with<Value>(
+            host: String = "app.pingate.test",
+            isolation: isolated (any Actor)? = #isolation,
+            _ body: (Target) async throws -> Value
+        ) async throws -> Value {
+            try await withResource(start: { try await start(host: host) }, stop: { await $0.stop() }, body: body)
         }
 
         func configuration(mode: String = "enforce", app: String? = nil) throws -> HarnessConfiguration {
@@ -41,6 +54,7 @@ struct HarnessTests {
             return configuration
         }
 
+        /// Stops the origin and removes the files. Safe to call more than once.
         func stop() async {
             await origin.stop()
             directory.remove()
@@ -52,10 +66,10 @@ struct HarnessTests {
         "python3 -c 'import os, requests; r = requests.post(os.environ[\"PINGATE_TARGET\"], data={\"password\": \"hunter2\"}, timeout=20); r.raise_for_status()'",
     ])
     func appLegs(app: String) async throws {
-        let target = try await Target.start()
-        let report = try await HarnessRunner.run(try target.configuration(app: app), logger: GateFixture.quietLogger)
-        let applicationBytes = target.origin.observed.applicationBytes
-        await target.stop()
+        let (report, applicationBytes) = try await Target.with { target in
+            let report = try await HarnessRunner.run(try target.configuration(app: app), logger: GateFixture.quietLogger)
+            return (report, target.origin.observed.applicationBytes)
+        }
         #expect(report.passed, "\(report.table())")
         #expect(report.legs.map(\.name) == ["gate", "attack", "control"])
         #expect(report.legs.map(\.appExitStatus) == [0, report.legs[1].appExitStatus, 0])
@@ -70,11 +84,11 @@ struct HarnessTests {
 
     @Test("a gate that does not gate (a report-only, pins-only host) is caught: the attack leg fails and the run fails; JUnit says why")
     func catchesAGateThatDoesNotGate() async throws {
-        let target = try await Target.start()
-        var misconfigured = try target.configuration(mode: "report-only")
-        misconfigured.pinsOnly = [target.host] // chain checks off, and pins only reported: nothing stops an interceptor
-        let report = try await HarnessRunner.run(misconfigured, logger: GateFixture.quietLogger)
-        await target.stop()
+        let report = try await Target.with { target in
+            var misconfigured = try target.configuration(mode: "report-only")
+            misconfigured.pinsOnly = [target.host] // chain checks off, and pins only reported: nothing stops an interceptor
+            return try await HarnessRunner.run(misconfigured, logger: GateFixture.quietLogger)
+        }
         #expect(!report.passed)
         #expect(report.legs.map(\.passed) == [true, false, true])
         #expect(report.legs[1].detail.contains("went THROUGH an intercepting proxy"))
@@ -105,55 +119,62 @@ struct HarnessTests {
         #expect(demo.stdout.contains("refused: 502 pin-mismatch"))
         #expect(demo.stdout.contains("control  PASS"))
 
-        let target = try await Target.start()
-        let pinsPath = try target.directory.write("pins.json", String(decoding: try target.pki.signedV2(sequence: 1, pins: [TestPKI.pin(target.host, target.leaf)]), as: UTF8.self))
-        let junitPath = target.directory.file("junit.xml")
-        let run = try await TestProcess.run(TestProcess.pingateExecutable, [
-            "harness", "--target", target.url.absoluteString, "--resolve", "\(target.host):\(target.origin.port):127.0.0.1",
-            "--pins", pinsPath, "--pins-key", target.pki.signerPublicKeyPath, "--upstream-ca", target.pki.originCA.certificatePath,
-            "--app", "curl -sS --fail --max-time 20 \"$PINGATE_TARGET\"", "--junit", junitPath, "--json",
-        ], timeout: 90)
-        #expect(run.status == 0, "\(run.stdout)\(run.stderr)")
-        let json = try #require(try JSONSerialization.jsonObject(with: Data(run.stdout.utf8)) as? [String: Any])
-        #expect(json["passed"] as? Bool == true)
-        #expect(FileManager.default.fileExists(atPath: junitPath))
-        await target.stop()
+        try await Target.with { target in
+            let pinsPath = try target.directory.write("pins.json", String(decoding: try target.pki.signedV2(sequence: 1, pins: [TestPKI.pin(target.host, target.leaf)]), as: UTF8.self))
+            let junitPath = target.directory.file("junit.xml")
+            let run = try await TestProcess.run(TestProcess.pingateExecutable, [
+                "harness", "--target", target.url.absoluteString, "--resolve", "\(target.host):\(target.origin.port):127.0.0.1",
+                "--pins", pinsPath, "--pins-key", target.pki.signerPublicKeyPath, "--upstream-ca", target.pki.originCA.certificatePath,
+                "--app", "curl -sS --fail --max-time 20 \"$PINGATE_TARGET\"", "--junit", junitPath, "--json",
+            ], timeout: 90)
+            #expect(run.status == 0, "\(run.stdout)\(run.stderr)")
+            let json = try #require(try JSONSerialization.jsonObject(with: Data(run.stdout.utf8)) as? [String: Any])
+            #expect(json["passed"] as? Bool == true)
+            #expect(FileManager.default.fileExists(atPath: junitPath))
+        }
     }
 
     @Test("parent proxy: through tinyproxy (a plain tunnel) pinned traffic works; through pingate attack it is refused")
     func parentProxyChaining() async throws {
         // tinyproxy resolves names itself, so this origin is `localhost`.
-        let target = try await Target.start(host: "localhost")
-        defer { Task { await target.stop() } }
-        let tinyproxy = try await Tinyproxy.start()
-        let list = try target.pki.signedList([("localhost", target.leaf.fingerprint)])
-        let viaTunnel = try await GateFixture.start(pki: target.pki, listPath: list) {
-            $0.upstreamProxy = ParentProxy(host: "127.0.0.1", port: tinyproxy.port)
-        }
-        let through = try await curlThroughGate(viaTunnel, "https://localhost:\(target.origin.port)/")
-        await viaTunnel.stop()
-        await tinyproxy.stop()
-        #expect(through.exitStatus == 0, "\(through.stderr)")
-        #expect(String(decoding: through.body, as: UTF8.self) == "logged in")
+        try await Target.with(host: "localhost") { target in
+            let through = try await Tinyproxy.with { tinyproxy in
+                let list = try target.pki.signedList([("localhost", target.leaf.fingerprint)])
+                return try await GateFixture.with(pki: target.pki, listPath: list, configure: {
+                    $0.upstreamProxy = ParentProxy(host: "127.0.0.1", port: tinyproxy.port)
+                }) { viaTunnel in
+                    try await curlThroughGate(viaTunnel, "https://localhost:\(target.origin.port)/")
+                }
+            }
+            #expect(through.exitStatus == 0, "\(through.stderr)")
+            #expect(String(decoding: through.body, as: UTF8.self) == "logged in")
 
-        let log = InterceptionLog()
-        let attackerState = try TemporaryDirectory()
-        defer { attackerState.remove() }
-        let attacker = try await PinGateServer.start(
-            configuration: { var c = GateConfiguration(); c.listenPort = 0; c.eventLoopThreads = 1; return c }(),
-            store: PinListStore(nil), ca: try LocalCA.create(stateDirectory: attackerState.path),
-            logger: GateFixture.quietLogger, decisionPolicy: InterceptingDecisionPolicy(log: log))
-        let viaAttacker = try await GateFixture.start(pki: target.pki, listPath: list) {
-            $0.upstreamProxy = ParentProxy(host: "127.0.0.1", port: attacker.port)
+            let list = try target.pki.signedList([("localhost", target.leaf.fingerprint)])
+            let log = InterceptionLog()
+            let attackerState = try TemporaryDirectory()
+            defer { attackerState.remove() }
+            // The attacker is the gate's core started directly, so it gets its own scope.
+            let (refused, attackerBytes) = try await withResource(
+                start: {
+                    try await PinGateServer.start(
+                        configuration: { var c = GateConfiguration(); c.listenPort = 0; c.eventLoopThreads = 1; return c }(),
+                        store: PinListStore(nil), ca: try LocalCA.create(stateDirectory: attackerState.path),
+                        logger: GateFixture.quietLogger, decisionPolicy: InterceptingDecisionPolicy(log: log))
+                },
+                stop: { try? await $0.shutdown() }
+            ) { attacker in
+                try await GateFixture.with(pki: target.pki, listPath: list, configure: {
+                    $0.upstreamProxy = ParentProxy(host: "127.0.0.1", port: attacker.port)
+                }) { viaAttacker in
+                    let refused = try await curlThroughGate(viaAttacker, "https://localhost:\(target.origin.port)/", ["-d", "secret=1"])
+                    return (refused, attacker.statistics.snapshot.bytesUp)
+                }
+            }
+            #expect(refused.stderr.contains("CONNECT tunnel failed, response 502"))
+            #expect(refused.proxyHeaders["pingate-refusal"] == "pin-mismatch")
+            #expect(log.all.isEmpty)
+            #expect(attackerBytes == 0)
         }
-        let refused = try await curlThroughGate(viaAttacker, "https://localhost:\(target.origin.port)/", ["-d", "secret=1"])
-        let attackerBytes = attacker.statistics.snapshot.bytesUp
-        await viaAttacker.stop()
-        try? await attacker.shutdown()
-        #expect(refused.stderr.contains("CONNECT tunnel failed, response 502"))
-        #expect(refused.proxyHeaders["pingate-refusal"] == "pin-mismatch")
-        #expect(log.all.isEmpty)
-        #expect(attackerBytes == 0)
     }
 }
 
@@ -181,18 +202,26 @@ final class Tinyproxy {
             process.standardOutput = FileHandle.nullDevice
             process.standardError = FileHandle.nullDevice
             try process.run()
-            for _ in 0..<100 {
-                if !process.isRunning { break }
-                let probe = try? await TestProcess.run("python3", ["-c", "import socket; socket.create_connection(('127.0.0.1', \(port)), timeout=1)"], timeout: 5)
-                if probe?.status == 0 { return Tinyproxy(port: port, process: process, directory: directory) }
-                try await Task.sleep(nanoseconds: 50_000_000)
-            }
+            let listening = await eventually(timeout: .seconds(5), interval: .milliseconds(50)) {
+                !process.isRunning || LoopbackProbe.isListening(port: port)
+            } && process.isRunning
+            if listening { return Tinyproxy(port: port, process: process, directory: directory) }
+            // It exited (the port was taken meanwhile) or never listened: try another port.
             await process.terminateAndWait()
         }
         directory.remove()
         throw TestFailure("tinyproxy did not start")
     }
 
+    /// Starts tinyproxy, runs `body` with it, and stops it whether `body` returns or throws.
+    static func with<Value>(
+        isolation: isolated (any Actor)? = #isolation,
+        _ body: (Tinyproxy) async throws -> Value
+    ) async throws -> Value {
+        try await withResource(start: { try await start() }, stop: { await $0.stop() }, body: body)
+    }
+
+    /// Stops tinyproxy (by its PID) and removes its files. Safe to call more than once.
     func stop() async {
         await process.terminateAndWait()
         directory.remove()

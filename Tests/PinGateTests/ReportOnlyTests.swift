@@ -17,36 +17,38 @@ struct ReportOnlyTests {
         let host = "soft.pingate.test"
         let expected = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "expected")
         let presented = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "presented")
-        let origin = try await LoopbackOrigin.start(identity: presented, behaviour: .http(body: "passed"))
         let collectorIdentity = try pki.leaf([.dns("reports.pingate.test")], issuer: pki.originCA, file: "reports")
-        let collector = try await TestListServer.start(identity: collectorIdentity, behaviour: .status(204))
-        let expires = Int64(Date().timeIntervalSince1970) + 86400
-        let list = try PinGateSignedList.verify(try pki.signedV2(sequence: 1, pins: [
-            .init(host: host, sha256: expected.fingerprint, expires: expires, mode: "report-only"),
-        ]), keys: [try pki.signer.publicKey()], source: "test")
-        let gate = try await GateFixture.start(
-            pki: pki, listPath: nil,
-            resolve: ["\(host):\(origin.port)", "reports.pingate.test:\(collector.port)"]
-        ) {
-            $0.reportURIs = [URL(string: "https://reports.pingate.test:\(collector.port)/pin-failures")!]
-            $0.reportTrust = .pemFiles([pki.originCA.certificatePath])
-        }
-        gate.server.store.replace(with: list)
+        // The collector is handed out of the scopes: what it received is read after the stops, as before.
+        let (stats, originPort, counters, collector) = try await TestListServer.with(identity: collectorIdentity, behaviour: .status(204)) { collector in
+            try await LoopbackOrigin.with(identity: presented, behaviour: .http(body: "passed")) { origin in
+                let expires = Int64(Date().timeIntervalSince1970) + 86400
+                let list = try PinGateSignedList.verify(try pki.signedV2(sequence: 1, pins: [
+                    .init(host: host, sha256: expected.fingerprint, expires: expires, mode: "report-only"),
+                ]), keys: [try pki.signer.publicKey()], source: "test")
+                return try await GateFixture.with(
+                    pki: pki, listPath: nil,
+                    resolve: ["\(host):\(origin.port)", "reports.pingate.test:\(collector.port)"],
+                    configure: {
+                        $0.reportURIs = [URL(string: "https://reports.pingate.test:\(collector.port)/pin-failures")!]
+                        $0.reportTrust = .pemFiles([pki.originCA.certificatePath])
+                    }
+                ) { gate in
+                    gate.server.store.replace(with: list)
 
-        for _ in 0..<2 {
-            let result = try await curlThroughGate(gate, "https://\(host):\(origin.port)/")
-            #expect(result.exitStatus == 0, "\(result.stderr)")
-            #expect(String(decoding: result.body, as: UTF8.self) == "passed")
+                    for _ in 0..<2 {
+                        let result = try await curlThroughGate(gate, "https://\(host):\(origin.port)/")
+                        #expect(result.exitStatus == 0, "\(result.stderr)")
+                        #expect(String(decoding: result.body, as: UTF8.self) == "passed")
+                    }
+                    _ = await eventually(timeout: .seconds(2)) { !collector.receivedBodies.isEmpty }
+                    // Deliberately a fixed wait: it gives a second (wrongly unsuppressed) report
+                    // time to arrive, which no condition can await.
+                    try await Task.sleep(nanoseconds: 200_000_000)
+                    let reporter = try #require(gate.server.reporter)
+                    return (gate.statistics, origin.port, reporter.counters, collector)
+                }
+            }
         }
-        _ = await eventually(timeout: .seconds(2)) { !collector.receivedBodies.isEmpty }
-        try await Task.sleep(nanoseconds: 200_000_000)
-        let stats = gate.statistics
-        let originPort = origin.port
-        let reporter = try #require(gate.server.reporter)
-        let counters = reporter.counters
-        await gate.stop()
-        await origin.stop()
-        await collector.stop()
 
         #expect(stats.reportOnlyViolations == 2)
         #expect(counters.sent == 1)

@@ -59,19 +59,16 @@ struct WebSocketTests {
         let client = Task {
             try await TestProcess.run("python3", ["-c", script, host, leaf.certificatePath, leaf.keyPath, clientCA, portFile, gateFile], timeout: 60)
         }
-        var waited = 0
-        while !FileManager.default.fileExists(atPath: portFile) && waited < 600 {
-            try await Task.sleep(nanoseconds: 50_000_000)
-            waited += 1
-        }
+        _ = await eventually(timeout: .seconds(30), interval: .milliseconds(50)) { FileManager.default.fileExists(atPath: portFile) }
         let originPort = try String(contentsOfFile: portFile, encoding: .utf8)
-        let gate = try await GateFixture.start(pki: pki, listPath: try pki.signedList([(host, leaf.fingerprint)]), resolve: ["\(host):\(originPort)"])
-        try FileManager.default.copyItem(atPath: gate.caPath, toPath: clientCA)
-        try directory.write("gate-port.tmp", "\(gate.port)")
-        try FileManager.default.moveItem(atPath: directory.file("gate-port.tmp"), toPath: gateFile)
-        let result = try await client.value
-        let stats = gate.statistics
-        await gate.stop()
+        let (result, stats) = try await GateFixture.with(pki: pki, listPath: try pki.signedList([(host, leaf.fingerprint)]),
+                                                         resolve: ["\(host):\(originPort)"]) { gate in
+            try FileManager.default.copyItem(atPath: gate.caPath, toPath: clientCA)
+            try directory.write("gate-port.tmp", "\(gate.port)")
+            try FileManager.default.moveItem(atPath: directory.file("gate-port.tmp"), toPath: gateFile)
+            let result = try await client.value
+            return (result, gate.statistics)
+        }
         #expect(result.status == 0, "\(result.stderr)")
         #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "True True")
         #expect(stats.count(.trusted) == 1)

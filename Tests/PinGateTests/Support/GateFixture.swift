@@ -30,23 +30,53 @@ struct GateFixture {
         configure: (inout GateConfiguration) -> Void = { _ in }
     ) async throws -> GateFixture {
         let directory = try TemporaryDirectory()
-        let state = stateDirectory ?? directory.file("state")
-        let (ca, _) = try LocalCA.loadOrCreate(stateDirectory: state)
-        var configuration = GateConfiguration()
-        configuration.listenPort = 0
-        configuration.eventLoopThreads = 2
-        configuration.upstreamTrust = .pemFiles([pki.upstreamTrustPath])
-        configuration.resolveOverrides = try resolve.map { try ResolveOverride(parsing: "\($0):127.0.0.1") }
-        configure(&configuration)
-        let list = try listPath.map { try SignedListDocument.read(file: $0).verify(keys: [pki.signer.publicKey()]) }
-        let server = try await PinGateServer.start(
-            configuration: configuration, store: PinListStore(list), ca: ca, logger: quietLogger,
-            listSource: listSource, stateDirectory: listSource == nil ? nil : state)
-        let schedule = server.updater.map { updater in Task { _ = try? await updater.run() } }
-        return GateFixture(server: server, caPath: LocalCA.Paths(stateDirectory: state).certificate, directory: directory,
-                           schedule: schedule)
+        do {
+            let state = stateDirectory ?? directory.file("state")
+            let (ca, _) = try LocalCA.loadOrCreate(stateDirectory: state)
+            var configuration = GateConfiguration()
+            configuration.listenPort = 0
+            configuration.eventLoopThreads = 2
+            configuration.upstreamTrust = .pemFiles([pki.upstreamTrustPath])
+            configuration.resolveOverrides = try resolve.map { try ResolveOverride(parsing: "\($0):127.0.0.1") }
+            configure(&configuration)
+            let list = try listPath.map { try SignedListDocument.read(file: $0).verify(keys: [pki.signer.publicKey()]) }
+            let server = try await PinGateServer.start(
+                configuration: configuration, store: PinListStore(list), ca: ca, logger: quietLogger,
+                listSource: listSource, stateDirectory: listSource == nil ? nil : state)
+            let schedule = server.updater.map { updater in Task { _ = try? await updater.run() } }
+            return GateFixture(server: server, caPath: LocalCA.Paths(stateDirectory: state).certificate, directory: directory,
+                               schedule: schedule)
+        } catch {
+            // Nothing else was started (the server's own start cleans up after itself).
+            directory.remove()
+            throw error
+        }
     }
 
+    /// Starts a gate as `start` does, runs `body` with it, and stops the gate whether
+    /// `body` returns or throws. `body` may stop the gate itself (a test that reads
+    /// counters after the stop): the scope's own stop is then a no-op.
+    static func with<Value>(
+        pki: TestPKI,
+        listPath: String?,
+        resolve: [String] = [],
+        listSource: PinListSource? = nil,
+        stateDirectory: String? = nil,
+        isolation: isolated (any Actor)? = #isolation,
+        configure: (inout GateConfiguration) -> Void = { _ in },
+        _ body: (GateFixture) async throws -> Value
+    ) async throws -> Value {
+        try await withResource(
+            start: {
+                try await start(pki: pki, listPath: listPath, resolve: resolve, listSource: listSource,
+                                stateDirectory: stateDirectory, configure: configure)
+            },
+            stop: { await $0.stop() },
+            body: body)
+    }
+
+    /// Stops the gate and removes its directory. Safe to call more than once: the
+    /// server's shutdown runs once and later calls wait for it; removing is idempotent.
     func stop() async {
         schedule?.cancel()
         try? await server.shutdown()

@@ -70,6 +70,23 @@ final class NginxOrigin {
         throw TestFailure("nginx did not start: \(lastError)")
     }
 
+    /// Starts nginx as `start` does, runs `body` with it, and stops nginx (and removes its
+    /// files) whether `body` returns or throws.
+    static func with<Value>(
+        certificatePath: String, keyPath: String, files: [String: Data], http2: Bool = true,
+        serverDirectives: String = "",
+        isolation: isolated (any Actor)? = #isolation,
+        _ body: (NginxOrigin) async throws -> Value
+    ) async throws -> Value {
+        try await withResource(
+            start: {
+                try await start(certificatePath: certificatePath, keyPath: keyPath, files: files, http2: http2,
+                                serverDirectives: serverDirectives)
+            },
+            stop: { await $0.stop() },
+            body: body)
+    }
+
     /// The protocol column of each access-log line, e.g. ["HTTP/2.0"].
     func accessLogProtocols() -> [String] {
         let log = (try? String(contentsOfFile: directory.file("access.log"), encoding: .utf8)) ?? ""
@@ -82,12 +99,17 @@ final class NginxOrigin {
         } && process.isRunning
     }
 
-    /// Stops nginx (the master we started, by its PID) and removes its files.
+    /// Stops nginx (the master we started, by its PID) and removes its files. Safe to call
+    /// more than once: an exited nginx is not signalled again.
     func stop(removeFiles: Bool = true) async {
         if process.isRunning {
             kill(process.processIdentifier, SIGTERM)
             _ = await eventually(timeout: .seconds(2)) { !process.isRunning }
-            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+            if process.isRunning {
+                kill(process.processIdentifier, SIGKILL)
+                // Wait for the exit, so a second stop finds it gone and a retry's port is free.
+                _ = await eventually(timeout: .seconds(5)) { !process.isRunning }
+            }
         }
         if removeFiles { directory.remove() }
     }

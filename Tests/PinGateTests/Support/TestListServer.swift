@@ -3,6 +3,7 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 import PinGateTLS
+import PinGateTestSupport
 import PinList
 import Synchronization
 @testable import PinGate
@@ -47,20 +48,41 @@ final class TestListServer: Sendable {
         let context = try TLSContext.server(certificate: identity.certificate, key: identity.key)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let shared = SharedState(behaviour: initial)
-        let channel = try await ServerBootstrap(group: group)
-            .childChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    let connection = try TLSConnection(serverOf: context, options: .init(preferredALPN: "http/1.1", pauseWhenPreferredALPNMissing: false))
-                    try channel.pipeline.syncOperations.addHandlers([
-                        TLSHandler(connection: connection, handshakePromise: nil),
-                        HTTPResponseEncoder(),
-                        ByteToMessageHandler(HTTPRequestDecoder()),
-                        ListRequestHandler(shared: shared),
-                    ])
+        do {
+            let channel = try await ServerBootstrap(group: group)
+                .childChannelInitializer { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        let connection = try TLSConnection(serverOf: context, options: .init(preferredALPN: "http/1.1", pauseWhenPreferredALPNMissing: false))
+                        try channel.pipeline.syncOperations.addHandlers([
+                            TLSHandler(connection: connection, handshakePromise: nil),
+                            HTTPResponseEncoder(),
+                            ByteToMessageHandler(HTTPRequestDecoder()),
+                            ListRequestHandler(shared: shared),
+                        ])
+                    }
                 }
-            }
-            .bind(host: "127.0.0.1", port: 0).get()
-        return TestListServer(group: group, channel: channel, shared: shared)
+                .bind(host: "127.0.0.1", port: 0).get()
+            return TestListServer(group: group, channel: channel, shared: shared)
+        } catch {
+            // A failed bind must not leave the group's thread running.
+            try? await group.shutdownGracefully()
+            throw error
+        }
+    }
+
+    /// Starts a list server as `start` does, runs `body` with it, and stops the server
+    /// whether `body` returns or throws. `body` may stop it itself (a restart with the
+    /// list server down): `stop()` is idempotent. What it received stays readable.
+    static func with<Value>(
+        identity: TestPKI.Identity,
+        behaviour: Behaviour,
+        isolation: isolated (any Actor)? = #isolation,
+        _ body: (TestListServer) async throws -> Value
+    ) async throws -> Value {
+        try await withResource(
+            start: { try await start(identity: identity, behaviour: behaviour) },
+            stop: { await $0.stop() },
+            body: body)
     }
 
     /// Stops the server; later calls do nothing (an event-loop group shuts down once).

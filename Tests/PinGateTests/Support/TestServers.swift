@@ -14,6 +14,23 @@ extension LoopbackOrigin {
         try await start(certificate: identity.certificate, key: identity.key, behaviour: behaviour, alpn: alpn)
     }
 
+    /// Starts an origin as `start(identity:behaviour:alpn:)` does, runs `body` with it, and
+    /// stops the origin whether `body` returns or throws. The origin's counters stay
+    /// readable after the stop. (`stop()` closes a closed channel and shuts down a shut
+    /// down event-loop group without effect, so a second stop is harmless.)
+    static func with<Value>(
+        identity: TestPKI.Identity,
+        behaviour: Behaviour,
+        alpn: String? = "http/1.1",
+        isolation: isolated (any Actor)? = #isolation,
+        _ body: (LoopbackOrigin) async throws -> Value
+    ) async throws -> Value {
+        try await withResource(
+            start: { try await start(identity: identity, behaviour: behaviour, alpn: alpn) },
+            stop: { await $0.stop() },
+            body: body)
+    }
+
     /// From now on, new connections are served with `identity` (a certificate rotation).
     func present(_ identity: TestPKI.Identity) throws {
         try present(certificate: identity.certificate, key: identity.key)
@@ -24,6 +41,7 @@ extension LoopbackOrigin {
 final class SilentServer: Sendable {
     private let group: MultiThreadedEventLoopGroup
     private let channel: Channel
+    private let stopped = Mutex(false)
     var port: Int { channel.localAddress?.port ?? 0 }
 
     private init(group: MultiThreadedEventLoopGroup, channel: Channel) {
@@ -33,13 +51,30 @@ final class SilentServer: Sendable {
 
     static func start() async throws -> SilentServer {
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-        let channel = try await ServerBootstrap(group: group)
-            .childChannelInitializer { $0.eventLoop.makeSucceededVoidFuture() }
-            .bind(host: "127.0.0.1", port: 0).get()
-        return SilentServer(group: group, channel: channel)
+        do {
+            let channel = try await ServerBootstrap(group: group)
+                .childChannelInitializer { $0.eventLoop.makeSucceededVoidFuture() }
+                .bind(host: "127.0.0.1", port: 0).get()
+            return SilentServer(group: group, channel: channel)
+        } catch {
+            // A failed bind must not leave the group's thread running.
+            try? await group.shutdownGracefully()
+            throw error
+        }
     }
 
+    /// Starts a silent server, runs `body` with it, and stops the server whether `body`
+    /// returns or throws.
+    static func with<Value>(
+        isolation: isolated (any Actor)? = #isolation,
+        _ body: (SilentServer) async throws -> Value
+    ) async throws -> Value {
+        try await withResource(start: { try await start() }, stop: { await $0.stop() }, body: body)
+    }
+
+    /// Stops the server; later calls do nothing (an event-loop group shuts down once).
     func stop() async {
+        guard stopped.withLock({ stopped in defer { stopped = true }; return !stopped }) else { return }
         try? await channel.close()
         try? await group.shutdownGracefully()
     }
