@@ -33,7 +33,7 @@ public struct HTTP2Error: Error, Sendable, Equatable, CustomStringConvertible {
     }
 
     /// True when the error ends the connection (nghttp2 calls these fatal).
-    public var isFatal: Bool { code < NGHTTP2_ERR_FATAL.rawValue }
+    public var isFatal: Bool { nghttp2_is_fatal(code) != 0 }
 
     /// The operation and nghttp2's reason.
     public var description: String { "\(operation): \(reason) (\(code))" }
@@ -76,7 +76,9 @@ public final class HTTP2Session {
         public var maxConcurrentStreams: UInt32 = 100
         /// SETTINGS_MAX_HEADER_LIST_SIZE, and the largest header block accepted.
         public var maxHeaderListSize: UInt32 = 16 * 1024
-        /// SETTINGS_HEADER_TABLE_SIZE: the HPACK table the peer may make us keep.
+        /// SETTINGS_HEADER_TABLE_SIZE: the HPACK table the peer may make us keep. With
+        /// `maxHeaderListSize` (enforced on every decoded field) it is the defence against
+        /// an HPACK bomb: a small block that references the table to decode into a huge one.
         public var headerTableSize: UInt32 = 4096
         /// SETTINGS_INITIAL_WINDOW_SIZE: per-stream receive window.
         public var initialWindowSize: UInt32 = 256 * 1024
@@ -123,10 +125,6 @@ public final class HTTP2Session {
         defer { nghttp2_option_del(options) }
         // The owner acknowledges consumed bytes itself (backpressure across the legs).
         nghttp2_option_set_no_auto_window_update(options, 1)
-        nghttp2_option_set_max_send_header_block_length(options, Int(limits.maxHeaderListSize) * 2)
-        // An HPACK bomb is a header block that decodes to far more than it costs to send:
-        // bound what the deflate table may grow to, whatever the peer asks.
-        nghttp2_option_set_max_deflate_dynamic_table_size(options, Int(limits.headerTableSize))
 
         var created: OpaquePointer?
         switch role {
@@ -167,9 +165,11 @@ public final class HTTP2Session {
 
     // MARK: bytes in, bytes out
 
-    /// Feeds bytes from the peer and returns what they meant. A fatal error (a bad
-    /// preface, a connection-level protocol error, an HPACK failure) throws; the session
-    /// has then queued a GOAWAY, which `takeOutput()` still returns.
+    /// Feeds bytes from the peer and returns what they meant. A connection error the peer
+    /// must hear about (an invalid frame, an HPACK failure) queues a GOAWAY, which
+    /// `takeOutput()` returns, and ends the session (`isAlive` false). A peer that is not
+    /// speaking HTTP/2 at all (no client preface) throws a fatal `HTTP2Error` and gets
+    /// nothing: close it.
     public func receive(_ bytes: UnsafeRawBufferPointer) throws(HTTP2Error) -> [HTTP2Event] {
         events = []
         guard let base = bytes.baseAddress?.assumingMemoryBound(to: UInt8.self) else { return [] }
@@ -203,7 +203,7 @@ public final class HTTP2Session {
     /// Client: opens a stream with the request head `fields` (pseudo-headers first).
     /// With `endStream` false, the body follows through `sendBody`. Returns the stream id.
     public func submitRequest(_ fields: [HTTP2HeaderField], endStream: Bool) throws(HTTP2Error) -> Int32 {
-        let streamID = try withNameValues(fields) { (pairs: UnsafePointer<nghttp2_nv>, count: Int) -> Int32 in
+        let streamID = withNameValues(fields) { (pairs: UnsafePointer<nghttp2_nv>, count: Int) -> Int32 in
             if endStream { return nghttp2_submit_request(session, nil, pairs, count, nil, nil) }
             var provider = Self.bodyProvider()
             return nghttp2_submit_request(session, nil, pairs, count, &provider, nil)
@@ -216,7 +216,7 @@ public final class HTTP2Session {
     /// Server: answers `streamID` with the response head `fields`; with `endStream` false
     /// the body follows through `sendBody`.
     public func submitResponse(streamID: Int32, _ fields: [HTTP2HeaderField], endStream: Bool) throws(HTTP2Error) {
-        let result = try withNameValues(fields) { (pairs: UnsafePointer<nghttp2_nv>, count: Int) -> Int32 in
+        let result = withNameValues(fields) { (pairs: UnsafePointer<nghttp2_nv>, count: Int) -> Int32 in
             if endStream { return nghttp2_submit_response(session, streamID, pairs, count, nil) }
             var provider = Self.bodyProvider()
             return nghttp2_submit_response(session, streamID, pairs, count, &provider)
@@ -249,16 +249,11 @@ public final class HTTP2Session {
     }
 
     /// Says `count` received body bytes of `streamID` were passed on: the peer may send
-    /// that much more (WINDOW_UPDATE on the stream and the connection).
+    /// that much more (WINDOW_UPDATE on the stream and the connection). For a stream that
+    /// has closed meanwhile nghttp2 gives back the connection window alone.
     public func consumed(streamID: Int32, bytes count: Int) throws(HTTP2Error) {
         guard count > 0 else { return }
         let result = nghttp2_session_consume(session, streamID, count)
-        // A stream that closed meanwhile still gives the connection window back.
-        if result == NGHTTP2_ERR_INVALID_ARGUMENT.rawValue {
-            let connection = nghttp2_session_consume_connection(session, count)
-            guard connection == 0 else { throw HTTP2Error(code: connection, operation: "consuming \(count) bytes") }
-            return
-        }
         guard result == 0 else { throw HTTP2Error(code: result, operation: "consuming \(count) bytes on stream \(streamID)") }
     }
 
@@ -277,33 +272,26 @@ public final class HTTP2Session {
 
     // MARK: nghttp2 plumbing
 
-    private func withNameValues<Result>(_ fields: [HTTP2HeaderField],
-                                        _ body: (UnsafePointer<nghttp2_nv>, Int) -> Result) throws(HTTP2Error) -> Result {
-        // nghttp2 copies names and values during submit (no NO_COPY flags), so buffers
-        // that live for this call are enough.
-        let buffers = fields.map { (Array($0.name.utf8), Array($0.value.utf8)) }
-        var pairs: [nghttp2_nv] = []
-        pairs.reserveCapacity(fields.count)
-        var storage: [UnsafeMutablePointer<UInt8>] = []
-        defer { storage.forEach { $0.deallocate() } }
-        for (name, value) in buffers {
-            let namePointer = UnsafeMutablePointer<UInt8>.allocate(capacity: max(1, name.count))
-            namePointer.initialize(from: name, count: name.count)
-            let valuePointer = UnsafeMutablePointer<UInt8>.allocate(capacity: max(1, value.count))
-            valuePointer.initialize(from: value, count: value.count)
-            storage.append(namePointer)
-            storage.append(valuePointer)
-            pairs.append(nghttp2_nv(name: namePointer, value: valuePointer, namelen: name.count, valuelen: value.count,
-                                    flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue)))
+    /// Calls `body` with `fields` as nghttp2 name/value pairs. nghttp2 copies names and
+    /// values during submit (no NO_COPY flags), so one buffer that lives for this call
+    /// holds them all.
+    private func withNameValues<Result>(_ fields: [HTTP2HeaderField], _ body: (UnsafePointer<nghttp2_nv>, Int) -> Result) -> Result {
+        let total = fields.reduce(0) { $0 + $1.name.utf8.count + $1.value.utf8.count }
+        // At least one element each, so even an empty list has valid addresses.
+        let bytes = UnsafeMutablePointer<UInt8>.allocate(capacity: max(1, total))
+        defer { bytes.deallocate() }
+        let pairs = UnsafeMutablePointer<nghttp2_nv>.allocate(capacity: max(1, fields.count))
+        defer { pairs.deallocate() }
+        var offset = 0
+        for (index, field) in fields.enumerated() {
+            let name = bytes + offset
+            offset += UnsafeMutableBufferPointer(start: name, count: field.name.utf8.count).initialize(from: field.name.utf8).1
+            let value = bytes + offset
+            offset += UnsafeMutableBufferPointer(start: value, count: field.value.utf8.count).initialize(from: field.value.utf8).1
+            (pairs + index).initialize(to: nghttp2_nv(name: name, value: value, namelen: field.name.utf8.count,
+                                                      valuelen: field.value.utf8.count, flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue)))
         }
-        return pairs.withUnsafeBufferPointer { buffer in
-            // An empty header list is refused by nghttp2 on its own; give it a valid pointer.
-            guard let base = buffer.baseAddress else {
-                var none = nghttp2_nv()
-                return body(&none, 0)
-            }
-            return body(base, buffer.count)
-        }
+        return body(pairs, fields.count)
     }
 
     private static func bodyProvider() -> nghttp2_data_provider {

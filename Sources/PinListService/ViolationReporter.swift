@@ -22,7 +22,7 @@ public final class ViolationReporter: Sendable {
     }
 
     /// How many distinct reports are remembered for de-duplication.
-    static let rememberedReportsLimit = 4096
+    let rememberedReportsLimit: Int
 
     private let uris: [URL]
     private let client: HTTPSClient
@@ -35,8 +35,11 @@ public final class ViolationReporter: Sendable {
     var rememberedReports: Int { lastSent.withLock { $0.count } }
     private let counterState = Mutex(Counters())
 
-    /// A reporter POSTing to `uris` with `client`, each distinct report at most once per `suppressionWindow`.
-    public init(uris: [URL], client: HTTPSClient, eventLoopGroup: EventLoopGroup, logger: Logger, suppressionWindow: TimeInterval = 86400) {
+    /// A reporter POSTing to `uris` with `client`, each distinct report at most once per
+    /// `suppressionWindow`, remembering at most `rememberedReportsLimit` reports for that.
+    public init(uris: [URL], client: HTTPSClient, eventLoopGroup: EventLoopGroup, logger: Logger, suppressionWindow: TimeInterval = 86400,
+                rememberedReportsLimit: Int = 4096) {
+        self.rememberedReportsLimit = rememberedReportsLimit
         self.uris = uris
         self.client = client
         self.eventLoopGroup = eventLoopGroup
@@ -52,17 +55,19 @@ public final class ViolationReporter: Sendable {
         guard !uris.isEmpty else { return }
         let knownPins = pins.map(\.reportText).sorted()
         let chainPEM = chain.compactMap { try? $0.pemString() }
-        let key = ([host, "\(port)", verdict.reasonToken] + knownPins + chain.map(\.sha256Fingerprint)).joined(separator: "|")
+        let key = ([host, "\(port)", verdict.reasonToken, verdict.observedFingerprint ?? "-"] + knownPins
+                   + chain.map(\.sha256Fingerprint)).joined(separator: "|")
         let window = suppressionWindow
+        let limit = rememberedReportsLimit
         let due = lastSent.withLock { sent -> Bool in
             if let last = sent[key], now.timeIntervalSince(last) < window { return false }
             // Bounded memory: a stream of distinct reports (an attacker rotating forged
             // leaves) must not grow this map without end. Forget what is past the window
             // first; if that is not enough, forget the oldest half.
-            if sent.count >= Self.rememberedReportsLimit {
+            if sent.count >= limit {
                 sent = sent.filter { now.timeIntervalSince($0.value) < window }
-                if sent.count >= Self.rememberedReportsLimit {
-                    let newest = sent.sorted { $0.value > $1.value }.prefix(Self.rememberedReportsLimit / 2)
+                if sent.count >= limit {
+                    let newest = sent.sorted { $0.value > $1.value }.prefix(limit / 2)
                     sent = Dictionary(uniqueKeysWithValues: newest.map { ($0.key, $0.value) })
                 }
             }

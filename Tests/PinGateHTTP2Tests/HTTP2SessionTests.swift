@@ -24,6 +24,23 @@ struct HTTP2SessionTests {
         return (clientEvents, serverEvents)
     }
 
+    /// The frames in `bytes` as (type, stream id, the first 8 payload bytes), read from
+    /// their 9-byte headers (RFC 9113 §4.1); a leading client preface is skipped.
+    static func frames(_ bytes: [UInt8]) -> [(type: UInt8, streamID: UInt32, payload: [UInt8])] {
+        let preface = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
+        var index = bytes.starts(with: preface) ? preface.count : 0
+        var result: [(UInt8, UInt32, [UInt8])] = []
+        while index + 9 <= bytes.count {
+            let length = Int(bytes[index]) << 16 | Int(bytes[index + 1]) << 8 | Int(bytes[index + 2])
+            let stream = UInt32(bytes[index + 5] & 0x7F) << 24 | UInt32(bytes[index + 6]) << 16
+                | UInt32(bytes[index + 7]) << 8 | UInt32(bytes[index + 8])
+            let payloadStart = index + 9
+            result.append((bytes[index + 3], stream, Array(bytes[payloadStart..<min(bytes.count, payloadStart + min(length, 8))])))
+            index = payloadStart + length
+        }
+        return result
+    }
+
     /// The body bytes of `streamID` in `events`, and whether the stream ended.
     static func body(_ events: [HTTP2Event], stream streamID: Int32) -> ([UInt8], Bool) {
         var bytes: [UInt8] = []
@@ -104,13 +121,15 @@ struct HTTP2SessionTests {
         #expect(ended)
     }
 
-    @Test("bytes that are not the client preface are a fatal error with nghttp2's reason, and a GOAWAY is queued")
+    @Test("bytes that are not the client preface are a fatal error with nghttp2's reason; nothing more is sent")
     func badPreface() throws {
         let server = try HTTP2Session(role: .server)
         let garbage = Array("GET / HTTP/1.1\r\nHost: pay.example.test\r\n\r\n".utf8)
         let error = #expect(throws: HTTP2Error.self) { try garbage.withUnsafeBytes { try server.receive($0) } }
         #expect(error?.isFatal == true)
         #expect(error?.reason.lowercased().contains("magic") == true, "\(String(describing: error))")
+        // An HTTP/1 peer would not understand a GOAWAY: nghttp2 queues none, the owner closes.
+        #expect(!Self.frames(try server.takeOutput()).contains { $0.type == 7 })
     }
 
     @Test("a header block over the advertised limit does not reach the owner; the stream is refused")
@@ -124,12 +143,54 @@ struct HTTP2SessionTests {
         let result = try Self.exchange(client, server)
         #expect(!result.server.contains { if case .headers = $0 { return true } else { return false } },
                 "no header block may be delivered")
-        let closed = result.client.contains { event in
-            if case .streamClosed(stream, let code) = event { return code != 0 }
-            if case .goAway(_, let code) = event { return code != 0 }
-            return false
+        // nghttp2 resets a stream whose header callback refused a field with INTERNAL_ERROR (2).
+        #expect(result.client.contains(.streamClosed(streamID: stream, errorCode: 2)), "\(result.client)")
+    }
+
+    /// What a hostile client sends, built byte by byte: the preface, an empty SETTINGS,
+    /// then `frames` (type, flags, stream id, payload) as RFC 9113 §4.1 lays them out.
+    static func rawClient(_ frames: [(type: UInt8, flags: UInt8, streamID: UInt32, payload: [UInt8])]) -> [UInt8] {
+        var bytes = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8) + [0, 0, 0, 4, 0, 0, 0, 0, 0]
+        for frame in frames {
+            let length = frame.payload.count
+            bytes += [UInt8(length >> 16 & 0xFF), UInt8(length >> 8 & 0xFF), UInt8(length & 0xFF), frame.type, frame.flags]
+            bytes += [UInt8(frame.streamID >> 24 & 0x7F), UInt8(frame.streamID >> 16 & 0xFF), UInt8(frame.streamID >> 8 & 0xFF),
+                      UInt8(frame.streamID & 0xFF)]
+            bytes += frame.payload
         }
-        #expect(closed, "the client sees its stream refused: \(result.client)")
+        return bytes
+    }
+
+    @Test("an HPACK bomb (a small block of indexed references that decodes huge) is cut at the header-list limit")
+    func hpackBomb() throws {
+        let server = try HTTP2Session(role: .server)
+        // HPACK (RFC 7541): :method GET, :scheme https, :path / from the static table;
+        // :authority as a literal without indexing; then one 3,000-byte field entered into
+        // the dynamic table (index 62), and 199 one-byte references to it: about 3 KB on
+        // the wire that decode to about 600 KB.
+        var block: [UInt8] = [0x82, 0x87, 0x84, 0x01, 16] + Array("pay.example.test".utf8)
+        block += [0x40, 8] + Array("x-filler".utf8) + [0x7F, 0xB9, 0x16] + [UInt8](repeating: 0x7A, count: 3000)
+        block += [UInt8](repeating: 0xBE, count: 199)
+        let wire = Self.rawClient([(type: 1, flags: 0x05, streamID: 1, payload: block)]) // HEADERS, END_STREAM|END_HEADERS
+        #expect(wire.count < 4 * 1024)
+        let events = try wire.withUnsafeBytes { try server.receive($0) }
+        #expect(!events.contains { if case .headers = $0 { return true } else { return false } }, "nothing of the block is delivered")
+        let frames = Self.frames(try server.takeOutput())
+        let reset = frames.first { $0.type == 3 } // RST_STREAM
+        #expect(reset?.streamID == 1)
+        #expect(reset?.payload == [0, 0, 0, 2], "RST_STREAM INTERNAL_ERROR: \(frames.map(\.type))")
+        #expect(!frames.contains { $0.type == 7 }, "a stream error, not a connection error: the connection stays")
+    }
+
+    @Test("an invalid frame (DATA on stream 0) is a connection error: GOAWAY with PROTOCOL_ERROR, then the session is done")
+    func invalidFrame() throws {
+        let server = try HTTP2Session(role: .server)
+        let wire = Self.rawClient([(type: 0, flags: 0, streamID: 0, payload: Array("smuggled".utf8))])
+        let events = try wire.withUnsafeBytes { try server.receive($0) }
+        #expect(!events.contains { if case .data = $0 { return true } else { return false } })
+        let goAway = Self.frames(try server.takeOutput()).first { $0.type == 7 }
+        #expect(goAway.map { Array($0.payload[4..<8]) } == [0, 0, 0, 1], "GOAWAY error code PROTOCOL_ERROR")
+        #expect(!server.isAlive)
     }
 
     @Test("a reset stream closes with its code on the other side; the connection stays usable")

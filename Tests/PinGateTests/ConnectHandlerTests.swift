@@ -53,6 +53,8 @@ struct ConnectHandlerTests {
         let environment: GateEnvironment
         let caPath: String
         let directory: TemporaryDirectory
+        /// The handler under test, weakly: a closed connection must leave nothing behind.
+        weak var handler: ConnectHandler?
 
         init(verdict: Verdict = .trusted(fingerprint: "AAAA"), configure: (inout GateConfiguration) -> Void = { _ in }) throws {
             directory = try TemporaryDirectory()
@@ -69,7 +71,9 @@ struct ConnectHandlerTests {
                 reporter: nil, updater: nil, refusals: RefusalLog(capacity: 10), decisionLogger: quiet, logger: quiet, now: { Date() })
             loop = EmbeddedEventLoop()
             client = EmbeddedChannel(loop: loop)
-            try client.pipeline.syncOperations.addHandler(ConnectHandler(environment: environment))
+            let handler = ConnectHandler(environment: environment)
+            self.handler = handler
+            try client.pipeline.syncOperations.addHandler(handler)
             try client.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 50000)).wait()
         }
 
@@ -118,6 +122,8 @@ struct ConnectHandlerTests {
         #expect(!harness.client.isActive)
         #expect(harness.environment.statistics.snapshot.count(.empty) == 1)
         #expect(harness.environment.refusals.entries.last?.reason == .empty)
+        harness.loop.run()
+        #expect(harness.handler == nil, "a refused connection leaves nothing behind")
     }
 
     @Test("a head that never completes gets 408 when the virtual clock passes the head timeout")
@@ -167,6 +173,8 @@ struct ConnectHandlerTests {
         #expect(stats.clientHandshakeTimeouts == 1)
         #expect(stats.clientHandshakeFailures == 0)
         #expect(stats.openTunnels == 0)
+        harness.loop.run()
+        #expect(harness.handler == nil, "a connection cut at the deadline leaves nothing behind")
     }
 
     @Test("the client leaves while the upstream connects: the upstream that arrives later is closed")
@@ -179,6 +187,8 @@ struct ConnectHandlerTests {
         harness.dialer.dials[0].promise.succeed(upstream)
         #expect(!upstreamChannel.isActive)
         #expect(harness.environment.statistics.snapshot.openTunnels == 0)
+        harness.loop.run()
+        #expect(harness.handler == nil)
     }
 
     @Test("the upstream closes before the client's handshake is done: the client is closed too")
@@ -192,6 +202,8 @@ struct ConnectHandlerTests {
         try upstreamChannel.close().wait()
         harness.loop.run() // the close's callbacks are queued on the loop
         #expect(!harness.client.isActive)
+        harness.loop.run()
+        #expect(harness.handler == nil)
     }
 
     @Test("a real TLS client (with its ClientHello sent early) completes the handshake on the minted leaf; the handler leaves and bytes relay both ways")
@@ -251,6 +263,34 @@ struct ConnectHandlerTests {
         // The deadline was cancelled by the join: much later, the tunnel is still up.
         harness.loop.advanceTime(by: .seconds(60))
         #expect(harness.client.isActive && upstreamChannel.isActive)
+    }
+
+    @Test("a client that leaves while its upstream is reopened for its ALPN offer: the paused handshake is abandoned and the late upstream closed")
+    func clientLeavesDuringALPNReconnect() throws {
+        let harness = try Harness()
+        defer { harness.finish() }
+        // The client offers only http/1.1; the upstream chose h2: the gate pauses at the
+        // ClientHello and dials a second upstream with the client's offer.
+        let tlsClient = try TLSConnection(
+            clientOf: try TLSContext.client(trustRoots: .pemFiles([harness.caPath])),
+            options: .init(expectedHost: Self.host, alpnOffer: ["http/1.1"]))
+        _ = tlsClient.handshake()
+        try harness.send("CONNECT pay.example.test:443 HTTP/1.1\r\n\r\n")
+        let (first, firstChannel) = try harness.makeUpstream(alpn: "h2")
+        harness.dialer.dials[0].promise.succeed(first)
+        #expect(try harness.written() == "HTTP/1.1 200 Connection established\r\n\r\n")
+        try harness.client.writeInbound(ByteBuffer(bytes: Self.drain(tlsClient)))
+        #expect(harness.dialer.dials.count == 2, "a second upstream is dialled with the client's offer")
+        #expect(!firstChannel.isActive, "the first upstream is closed")
+
+        try harness.client.close().wait()
+        harness.loop.run()
+        let (second, secondChannel) = try harness.makeUpstream(alpn: "http/1.1")
+        harness.dialer.dials[1].promise.succeed(second)
+        #expect(!secondChannel.isActive, "the upstream that arrives after the client left is closed")
+        #expect(harness.environment.statistics.snapshot.openTunnels == 0)
+        harness.loop.run()
+        #expect(harness.handler == nil, "the paused handshake still holds the connection (a promise left pending)")
     }
 
     /// Everything the TLS engine has queued to send.

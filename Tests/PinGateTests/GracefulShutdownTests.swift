@@ -96,8 +96,7 @@ struct GracefulShutdownTests {
                         "-c", Self.downloadScript, "\(gate.port)", target, directory.file("state/ca.pem"), "body.bin", inflight, "100",
                     ], timeout: 60)
                 }
-                _ = await eventually(timeout: .seconds(20)) { FileManager.default.fileExists(atPath: inflight) }
-                guard FileManager.default.fileExists(atPath: inflight) else {
+                guard await eventually(timeout: .seconds(20), { FileManager.default.fileExists(atPath: inflight) }) else {
                     let result = try await downloads.value
                     Issue.record("the 100 downloads were never all in flight: \(result.stdout) \(result.stderr)")
                     return
@@ -188,8 +187,7 @@ struct GracefulShutdownTests {
                                                           directory.file("state/ca.pem"), stalled, resume], timeout: 60)
                 }
                 defer { _ = FileManager.default.createFile(atPath: resume, contents: nil) }
-                _ = await eventually(timeout: .seconds(20)) { FileManager.default.fileExists(atPath: stalled) }
-                guard FileManager.default.fileExists(atPath: stalled) else {
+                guard await eventually(timeout: .seconds(20), { FileManager.default.fileExists(atPath: stalled) }) else {
                     let result = try await client.value
                     Issue.record("the download never started: \(result.stdout) \(result.stderr)")
                     return

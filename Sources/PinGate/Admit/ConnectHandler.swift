@@ -29,7 +29,9 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     private var headTimer: Scheduled<Void>?
     /// The client-handshake deadline (from the `200` to the join).
     private var handshakeDeadline: Scheduled<Void>?
-    /// The paused client handshake waiting for a reopened upstream's ALPN choice.
+    /// The paused client handshake waiting for a reopened upstream's ALPN choice. It
+    /// exists exactly while the machine is `reconnectingUpstream`: `perform` resolves it
+    /// whenever the machine leaves that state, whatever the way out.
     private var pausedClientHello: EventLoopPromise<String?>?
     /// For logs and the decision line.
     private var connection = ConnectionFacts()
@@ -58,7 +60,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     func channelActive(context: ChannelHandlerContext) {
-        if headTimer == nil { started(context: context) }
+        started(context: context)
         context.fireChannelActive()
     }
 
@@ -95,6 +97,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     // MARK: actions
 
     private func perform(_ action: ConnectStateMachine<UpstreamConnection>.Action, context: ChannelHandlerContext) {
+        defer { abandonPausedClientHelloUnlessReconnecting() }
         switch action {
         case .none, .forward:
             break
@@ -373,11 +376,16 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         case .upstreamClosed, .tooManyEarlyBytes:
             break
         }
-        if let paused = pausedClientHello {
-            pausedClientHello = nil
-            paused.fail(TLSHandlerError.abandonedAtClientHello("\(reason)"))
-        }
         context.close(promise: nil)
+    }
+
+    /// A paused handshake left pending would hold the TLS handler and this handler (its
+    /// responder closure) in a cycle for ever: once the machine is no longer waiting for
+    /// a reopened upstream (closed, deadline, client gone), the pause is abandoned.
+    private func abandonPausedClientHelloUnlessReconnecting() {
+        guard let paused = pausedClientHello, !machine.isReconnectingUpstream else { return }
+        pausedClientHello = nil
+        paused.fail(TLSHandlerError.abandonedAtClientHello("the connection ended while a new upstream was being opened"))
     }
 
     private func cancelTimers() {

@@ -118,6 +118,13 @@ struct ConnectStateMachine<Upstream: Equatable> {
         self.limits = limits
     }
 
+    /// True while a new upstream is being opened for the client's ALPN offer (the client's
+    /// handshake is paused at its ClientHello for exactly that long).
+    var isReconnectingUpstream: Bool {
+        if case .reconnectingUpstream = state { return true }
+        return false
+    }
+
     /// The request, once its head is parsed.
     var request: ConnectRequest? {
         switch state {

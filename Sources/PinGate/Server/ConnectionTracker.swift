@@ -45,13 +45,18 @@ final class ConnectionTracker: Sendable {
             return false
         }
         if empty { promise.succeed(()) }
+        // Whichever completes `result` first wins (a second completion is a no-op). The
+        // deadline completes the waiter too, so no promise is left pending if the
+        // connections never close.
         let result = eventLoop.makePromise(of: Bool.self)
-        let deadline = eventLoop.scheduleTask(in: timeout) { result.succeed(false) }
+        let deadline = eventLoop.scheduleTask(in: timeout) {
+            result.succeed(false)
+            promise.succeed(())
+        }
         promise.futureResult.whenSuccess {
             deadline.cancel()
             result.succeed(true)
         }
-        // Whichever comes first wins; the other completion is a harmless no-op.
         return result.futureResult
     }
 

@@ -1,9 +1,9 @@
 import Foundation
-import PinGateHTTP2
 import Logging
 import NIOCore
 import NIOPosix
 import PinGateCA
+import PinGateHTTP2
 import PinGateNIO
 import PinGateTLS
 import PinList
