@@ -28,8 +28,7 @@ public enum TestProcess {
         process.standardInput = stdin == nil ? FileHandle.nullDevice : inPipe
 
         let collector = OutputCollector()
-        outPipe.fileHandleForReading.readabilityHandler = { handle in collector.appendOut(handle.availableData) }
-        errPipe.fileHandleForReading.readabilityHandler = { handle in collector.appendErr(handle.availableData) }
+        var drains: [PipeDrain] = []
 
         let status: Int32 = try await withCheckedThrowingContinuation { continuation in
             process.terminationHandler = { finished in continuation.resume(returning: finished.terminationStatus) }
@@ -40,6 +39,9 @@ public enum TestProcess {
                 continuation.resume(throwing: error)
                 return
             }
+            // Read both pipes while the child runs, so a chatty child never blocks on a full pipe.
+            drains = [PipeDrain(outPipe.fileHandleForReading, into: collector.appendOut),
+                      PipeDrain(errPipe.fileHandleForReading, into: collector.appendErr)]
             if let stdin {
                 inPipe.fileHandleForWriting.write(stdin)
                 try? inPipe.fileHandleForWriting.close()
@@ -49,10 +51,9 @@ public enum TestProcess {
                 if process.isRunning { kill(pid, SIGKILL) }
             }
         }
-        outPipe.fileHandleForReading.readabilityHandler = nil
-        errPipe.fileHandleForReading.readabilityHandler = nil
-        collector.appendOut(outPipe.fileHandleForReading.readDataToEndOfFile())
-        collector.appendErr(errPipe.fileHandleForReading.readDataToEndOfFile())
+        // A grandchild that inherited the pipes could hold them open past the child's exit;
+        // the bound keeps such a test from hanging (its output so far is still returned).
+        for drain in drains { _ = await drain.finished(within: .seconds(10)) }
         let (out, err) = collector.contents
         return Result(status: status, stdout: String(decoding: out, as: UTF8.self),
                       stderr: String(decoding: err, as: UTF8.self), stdoutData: out)
@@ -76,6 +77,62 @@ public enum TestProcess {
         // On Linux the tests run from <build>/debug/pingatePackageTests.xctest.
         if directory.lastPathComponent.hasSuffix(".xctest") { directory = directory.deletingLastPathComponent() }
         return directory.appendingPathComponent("pingate").path
+    }
+}
+
+/// Reads a pipe to its end on a dedicated thread with blocking reads, handing each chunk
+/// to `sink`.
+///
+/// Why not `FileHandle.readabilityHandler`: on Linux it arms a libdispatch read source, and
+/// tearing such sources down while others are being set up races inside libdispatch's epoll
+/// bookkeeping (swift-corelibs-libdispatch #949, swift-corelibs-foundation #3276). It
+/// crashed this suite with SIGSEGV in `_dispatch_event_loop_drain` on a CI machine. A blocking
+/// read never registers the descriptor with libdispatch, so there is nothing to race.
+public final class PipeDrain: @unchecked Sendable {
+    private let lock = NSLock()
+    private var done = false
+    private var waiters: [CheckedContinuation<Void, Never>] = []
+
+    /// Starts reading `handle` until end of file. The writer's end must be closed in this
+    /// process (Foundation's `Process` does that once the child is launched).
+    public init(_ handle: FileHandle, into sink: @escaping @Sendable (Data) -> Void) {
+        let thread = Thread { [self] in
+            while true {
+                let chunk = handle.availableData  // blocks; empty only at end of file
+                if chunk.isEmpty { break }
+                sink(chunk)
+            }
+            lock.lock()
+            done = true
+            let waiting = waiters
+            waiters = []
+            lock.unlock()
+            for waiter in waiting { waiter.resume() }
+        }
+        thread.name = "test-pipe-drain"
+        thread.start()
+    }
+
+    /// True once the pipe reached end of file and every chunk went to the sink.
+    public var isFinished: Bool { lock.lock(); defer { lock.unlock() }; return done }
+
+    /// Waits, without blocking a thread, until the pipe reached end of file.
+    public func finished() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            lock.lock()
+            if done {
+                lock.unlock()
+                continuation.resume()
+            } else {
+                waiters.append(continuation)
+                lock.unlock()
+            }
+        }
+    }
+
+    /// Waits until end of file or `limit`, whichever comes first; true if the pipe finished.
+    public func finished(within limit: Duration) async -> Bool {
+        await eventually(timeout: limit, interval: .milliseconds(10)) { self.isFinished }
     }
 }
 

@@ -142,11 +142,13 @@ final class RunningGate: Sendable {
     let process: Process
     let port: Int
     private let log: OutputCollector
+    private let logDrain: PipeDrain
 
-    private init(process: Process, port: Int, log: OutputCollector) {
+    private init(process: Process, port: Int, log: OutputCollector, logDrain: PipeDrain) {
         self.process = process
         self.port = port
         self.log = log
+        self.logDrain = logDrain
     }
 
     /// Starts `pingate run ARGS`; nil if it exits before listening.
@@ -205,14 +207,20 @@ final class RunningGate: Sendable {
         process.standardError = pipe
         process.standardOutput = FileHandle.nullDevice
         let log = OutputCollector()
-        pipe.fileHandleForReading.readabilityHandler = { log.appendErr($0.availableData) }
         try process.run()
+        let drain = PipeDrain(pipe.fileHandleForReading, into: log.appendErr)
         _ = await eventually(timeout: .seconds(10), interval: .milliseconds(25)) {
             Self.listeningPort(in: log.errText) != nil || !process.isRunning
         }
-        if let port = Self.listeningPort(in: log.errText) { return (RunningGate(process: process, port: port, log: log), log.errText) }
-        if !process.isRunning { return (nil, log.errText) }
+        if let port = Self.listeningPort(in: log.errText) {
+            return (RunningGate(process: process, port: port, log: log, logDrain: drain), log.errText)
+        }
+        if !process.isRunning {
+            _ = await drain.finished(within: .seconds(5))  // its last words, e.g. why it refused to start
+            return (nil, log.errText)
+        }
         await process.terminateAndWait()
+        _ = await drain.finished(within: .seconds(5))
         throw TestFailure("pingate did not start: \(log.errText)")
     }
 
@@ -221,6 +229,7 @@ final class RunningGate: Sendable {
     @discardableResult
     func stop() async -> String {
         await process.terminateAndWait()
+        _ = await logDrain.finished(within: .seconds(5))  // everything up to its exit
         return log.errText
     }
 
