@@ -33,6 +33,9 @@ public struct InterceptingDecisionPolicy: DecisionPolicy {
     public func makeTunnelInspectors(target: String) -> [ChannelHandler] {
         [InterceptionRecorder(log: log, target: target)]
     }
+
+    /// False: the attacker relays bytes (its recorder reads them as they pass).
+    public var inspectsRequests: Bool { false }
 }
 
 /// What an intercepting proxy read from a tunnel: the proof that interception worked.

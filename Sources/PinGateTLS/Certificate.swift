@@ -107,6 +107,23 @@ public final class Certificate: @unchecked Sendable {
         return String(decoding: buffer.prefix(Int(length)).map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
+    /// True when this certificate names `host` (a DNS name, or an IP literal without
+    /// brackets) the way OpenSSL's own hostname check does during a handshake: subject
+    /// alternative names first, wildcards only as a whole left-most label, no partial
+    /// wildcards. The gate uses it to ask whether a tunnel's upstream certificate also
+    /// covers another name a request inside the tunnel asks for.
+    public func names(host: String) -> Bool {
+        // A failed check may leave entries on the thread's error queue; none of them is
+        // an error here ("does not name it" is an answer), so the queue is left clean.
+        OpenSSLErrorQueue.clear()
+        defer { OpenSSLErrorQueue.clear() }
+        if IPAddressText.isIPLiteral(host) {
+            return X509_check_ip_asc(pointer, host, 0) == 1
+        }
+        let flags = UInt32(X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS)
+        return host.withCString { X509_check_host(pointer, $0, host.utf8.count, flags, nil) } == 1
+    }
+
     /// The end of the validity period.
     public var notAfter: Date? { Certificate.date(X509_get0_notAfter(pointer)) }
 

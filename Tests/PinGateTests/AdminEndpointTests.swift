@@ -57,7 +57,9 @@ struct AdminEndpointTests {
                         try await TestProcess.run("curl", ["-sS", "--max-time", "20"] + arguments)
                     }
 
-                    let allowed = try await curl(["--proxy", "http://127.0.0.1:\(gate.port)", "--cacert", caPath, "https://\(host):\(origin.port)/"])
+                    // A body, so that bytes are counted both ways through the HTTP layer.
+                    let allowed = try await curl(["--proxy", "http://127.0.0.1:\(gate.port)", "--cacert", caPath, "--data", "ping",
+                                                  "https://\(host):\(origin.port)/"])
                     #expect(allowed.stdout == "hello admin", "\(allowed.stderr)")
                     _ = try await curl(["--proxy", "http://127.0.0.1:\(gate.port)", "--cacert", caPath, "https://nobody.pingate.test:443/"])
                     _ = await eventually { gate.statistics.snapshot.openTunnels == 0 } // the allowed tunnel's close is counted asynchronously

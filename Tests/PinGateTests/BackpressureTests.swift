@@ -11,7 +11,8 @@ struct BackpressureTests {
     func stalledClient() async throws {
         let total = 64 << 20
         let (result, whileStalled, after) = try await PinnedOriginScenario.with(
-            host: "stream.pingate.test", behaviour: .stream(bytes: total), alpn: nil
+            host: "stream.pingate.test", behaviour: .stream(bytes: total), alpn: nil,
+            configure: { $0.opaqueHosts = ["stream.pingate.test"] }  // a raw stream, relayed as bytes
         ) { scenario in
             let (gate, directory) = (scenario.gate, scenario.directory)
             let paused = directory.file("paused")

@@ -123,6 +123,7 @@ struct BadInputTests {
         """
         let (result, stats) = try await PinnedOriginScenario.with(behaviour: .echo, alpn: nil, configure: {
             $0.idleTimeout = .milliseconds(400)
+            $0.opaqueHosts = ["origin.pingate.test"]  // a raw TLS client, relayed as bytes
         }) { scenario in
             let gate = scenario.gate
             let result = try await TestProcess.run("python3", ["-c", script, "\(gate.port)", scenario.target, gate.caPath])

@@ -30,6 +30,8 @@ struct ConnectHandlerTests {
         func upstreamALPNOffer(configured: [String]) -> [String] { configured }
         func verdict(host: String, leaf: LeafIdentity?, chain: PinPolicy.ChainCheck, list: PinList?, now: Date) -> Verdict { verdict }
         func makeTunnelInspectors(target: String) -> [ChannelHandler] { [] }
+        // The embedded tests drive the admission and the join of a byte relay.
+        var inspectsRequests: Bool { false }
     }
 
     /// Hands out upstreams that the test completes. Only touched from the test's thread,

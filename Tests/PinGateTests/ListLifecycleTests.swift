@@ -78,8 +78,9 @@ struct ListLifecycleTests {
             isolation: isolated (any Actor)? = #isolation,
             _ body: (GateFixture) async throws -> Value
         ) async throws -> Value {
+            // B is an echo origin driven by raw TLS clients: relayed as bytes (opaque).
             try await GateFixture.with(pki: pki, listPath: nil, resolve: resolve, listSource: source ?? self.source(),
-                                       stateDirectory: stateDirectory, body)
+                                       stateDirectory: stateDirectory, configure: { $0.opaqueHosts = [Setup.hostB] }, body)
         }
 
         /// Stops the list server and both origins and removes the files. Safe to call more than once.

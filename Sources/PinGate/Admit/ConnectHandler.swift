@@ -159,8 +159,21 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             }
     }
 
+    /// True when this tunnel's requests are read and checked one by one (the HTTP layer);
+    /// false for a byte relay (opaque hosts, the harness's attacker).
+    private func inspectsRequests(_ request: ConnectRequest) -> Bool {
+        environment.decisionPolicy.inspectsRequests
+            && !environment.configuration.opaqueHosts.contains(request.host)
+    }
+
     private func connectUpstream(_ request: ConnectRequest, context: ChannelHandlerContext) {
-        let offer = environment.decisionPolicy.upstreamALPNOffer(configured: environment.configuration.upstreamALPNOffer)
+        var offer = environment.decisionPolicy.upstreamALPNOffer(configured: environment.configuration.upstreamALPNOffer)
+        if inspectsRequests(request) {
+            // The HTTP layer speaks HTTP/1.1 on both legs for now (HTTP/2 on nghttp2 is
+            // next): offering it alone means the one upstream connection the verdict is
+            // made on is one the layer can read.
+            offer = ["http/1.1"]
+        }
         openUpstream(request, offer: offer, context: context).assumeIsolated().whenComplete { result in
             switch result {
             case .success(let upstream):
@@ -245,9 +258,14 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         let handshake = context.eventLoop.makePromise(of: TLSPeerSummary.self)
         do {
             let leaf = try environment.minter.leaf(for: request.host, now: environment.now())
+            // A request-aware tunnel selects HTTP/1.1 for the client whatever the upstream
+            // chose (the HTTP layer translates); a byte relay must give the client the
+            // upstream's own protocol, or reopen the upstream with the client's offer.
+            let inspecting = inspectsRequests(request)
             let serverConnection = try TLSConnection(
                 serverOf: leaf.context,
-                options: .init(preferredALPN: upstream.peer.alpn, pauseWhenPreferredALPNMissing: true))
+                options: .init(preferredALPN: inspecting ? "http/1.1" : upstream.peer.alpn,
+                               pauseWhenPreferredALPNMissing: !inspecting))
             let tls = TLSHandler(connection: serverConnection, handshakePromise: handshake) { offer in
                 // Paused at the ClientHello: the client did not offer the upstream's protocol.
                 let promise = context.eventLoop.makePromise(of: String?.self)
@@ -343,13 +361,75 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             context.close(promise: nil)
             return
         }
-        GlueHandler.join(clientGlue, upstream.glue.value)
+        if inspectsRequests(request) {
+            do {
+                try installHTTPLayer(request, upstream: upstream, clientGlue: clientGlue, context: context)
+            } catch {
+                environment.logger.error("cannot set up the HTTP layer", metadata: ["host": "\(request.host)", "error": "\(error)"])
+                context.close(promise: nil)
+                return
+            }
+        } else {
+            GlueHandler.join(clientGlue, upstream.glue.value)
+        }
         if let leaf = upstream.leaf {
             environment.tunnels.add(.init(host: request.host, port: request.port, leaf: leaf,
                                           chain: Self.chainCheck(upstream), channel: context.channel))
         }
         // From here on the channel is TLS and relay only.
         context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
+    }
+
+    /// Replaces the byte relay with the HTTP layer: every request is checked against the
+    /// tunnel's authority before any of it reaches the upstream.
+    private func installHTTPLayer(_ request: ConnectRequest, upstream: UpstreamConnection, clientGlue: GlueHandler,
+                                  context: ChannelHandlerContext) throws {
+        let environment = self.environment
+        let statistics = environment.statistics
+        let bytes = tunnelBytes
+        let client = connection.client
+        let policy = environment.decisionPolicy
+        let leafCertificate = upstream.peer.leaf
+        let chainValid = upstream.peer.chainAndHostnameValid
+        let binding = AuthorityBinding(connectHost: request.host, connectPort: request.port) { otherHost in
+            // The same policy, on this tunnel's own upstream identity, for the other name:
+            // the chain must have validated, and the certificate must name that host too.
+            let namesIt = leafCertificate?.names(host: otherHost) ?? false
+            let chain = PinPolicy.ChainCheck(valid: chainValid && namesIt,
+                                             reason: namesIt ? upstream.peer.verifyReason : "the certificate does not name \(otherHost)")
+            let verdict = policy.verdict(host: otherHost, leaf: upstream.leaf, chain: chain,
+                                         list: environment.store.list, now: environment.now())
+            if case .trusted = verdict { return true }
+            return false
+        }
+        let observer = TunnelRouter.Observer(
+            refused: { reason, authority, detail in
+                environment.statistics.requestRefused(reason)
+                environment.refusals.record(.init(
+                    time: environment.now(), client: client, host: request.host, port: request.port, reason: reason,
+                    observedFingerprint: nil, expectedFingerprints: [], authority: authority))
+                environment.logger.notice("refused a request inside a tunnel", metadata: [
+                    "client": "\(client)", "host": "\(request.host)", "authority": "\(authority)",
+                    "reason": "\(reason.rawValue)", "detail": "\(detail)",
+                ])
+            },
+            forwarded: { environment.statistics.requestForwarded() },
+            relayed: { up, down in
+                statistics.relayed(up: up, down: down)
+                bytes.up.add(up, ordering: .relaxed)
+                bytes.down.add(down, ordering: .relaxed)
+            },
+            finished: { _ in })
+        let router = TunnelRouter(binding: binding, clientUsesStreamIDs: false, observer: observer, now: environment.now)
+        try RequestAwareTunnel.install(
+            client: context.channel, clientGlue: clientGlue, upstream: upstream.channel, upstreamGlue: upstream.glue.value,
+            router: router,
+            makeGlue: { clientSide in
+                GlueHandler(countRelayed: { count in
+                    statistics.relayed(up: clientSide ? count : 0, down: clientSide ? 0 : count)
+                    if clientSide { bytes.up.add(count, ordering: .relaxed) } else { bytes.down.add(count, ordering: .relaxed) }
+                })
+            })
     }
 
     private func closeEarly(_ reason: ConnectStateMachine<UpstreamConnection>.EarlyClose, upstream: UpstreamConnection?,

@@ -21,6 +21,11 @@ public protocol DecisionPolicy: Sendable {
     /// Handlers to put between the client's TLS and the relay of an admitted tunnel to
     /// `target` (`host:port`). Called on the connection's event loop.
     func makeTunnelInspectors(target: String) -> [ChannelHandler]
+
+    /// True when admitted tunnels carry HTTP that the gate reads and checks request by
+    /// request (the pinning gate); false for a byte relay (the harness's attacker, which
+    /// records what it reads instead).
+    var inspectsRequests: Bool { get }
 }
 
 /// The gate's own policy: a host with no unexpired pin is refused before any connection
@@ -47,6 +52,9 @@ public struct PinningDecisionPolicy: DecisionPolicy {
         pins.evaluate(host: host, leaf: leaf, chain: chain, list: list, now: now)
     }
 
-    /// None: the gate relays what it admitted untouched.
+    /// None: the gate's own checks inside a tunnel are its HTTP layer, not inspectors.
     public func makeTunnelInspectors(target: String) -> [ChannelHandler] { [] }
+
+    /// True: every request inside a tunnel is bound to the pinned host.
+    public var inspectsRequests: Bool { true }
 }

@@ -16,6 +16,7 @@ public final class GateMetrics: Sendable {
     private let clientHandshakeTimeouts: Counter
     private let tunnels = Mutex<[String: Counter]>([:])
     private let updates = Mutex<[String: Counter]>([:])
+    private let requests = Mutex<[String: Counter]>([:])
 
     /// Metrics created in `factory` (e.g. a `PrometheusMetricsFactory` over a registry).
     public init(factory: any MetricsFactory) {
@@ -39,6 +40,18 @@ public final class GateMetrics: Sendable {
             if let existing = counters[key] { return existing }
             let made = Counter(label: "pingate_tunnels_total",
                                dimensions: [("verdict", allowed ? "allowed" : "refused"), ("reason", reason)], factory: factory)
+            counters[key] = made
+            return made
+        }
+        counter.increment()
+    }
+
+    /// One request inside a tunnel: `pingate_requests_total{outcome,reason}`.
+    func request(outcome: String, reason: String) {
+        let key = outcome + "|" + reason
+        let counter = requests.withLock { counters in
+            if let known = counters[key] { return known }
+            let made = Counter(label: "pingate_requests_total", dimensions: [("outcome", outcome), ("reason", reason)], factory: factory)
             counters[key] = made
             return made
         }

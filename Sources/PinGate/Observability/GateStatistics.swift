@@ -23,9 +23,16 @@ public final class GateStatistics: Sendable {
         public var tunnelsClosedByUpdate: [String: Int] = [:]
         /// Connections allowed under report-only pins although no pin matched.
         public var reportOnlyViolations: Int = 0
+        /// Requests inside tunnels that were passed on to the upstream.
+        public var requestsForwarded: Int = 0
+        /// Requests (or whole tunnels, for `not-http`) refused inside admitted tunnels, by
+        /// reason token ("authority-mismatch", "malformed-request", "not-http").
+        public var requestsRefusedByReason: [String: Int] = [:]
 
         /// The count for one reason.
         public func count(_ reason: DecisionReason) -> Int { connectsByReason[reason.rawValue, default: 0] }
+        /// Requests refused inside tunnels for one reason.
+        public func requestsRefused(_ reason: DecisionReason) -> Int { requestsRefusedByReason[reason.rawValue, default: 0] }
     }
 
     private let state = Mutex(Snapshot())
@@ -64,6 +71,14 @@ public final class GateStatistics: Sendable {
         metrics.clientHandshakeTimedOut()
     }
     func tunnelClosedByUpdate(_ reason: DecisionReason) { state.withLock { $0.tunnelsClosedByUpdate[reason.rawValue, default: 0] += 1 } }
+    func requestForwarded() {
+        state.withLock { $0.requestsForwarded += 1 }
+        metrics.request(outcome: "forwarded", reason: "trusted")
+    }
+    func requestRefused(_ reason: DecisionReason) {
+        state.withLock { $0.requestsRefusedByReason[reason.rawValue, default: 0] += 1 }
+        metrics.request(outcome: "refused", reason: reason.rawValue)
+    }
     func reportOnlyViolation() { state.withLock { $0.reportOnlyViolations += 1 } }
     func relayed(up: Int, down: Int) {
         state.withLock {

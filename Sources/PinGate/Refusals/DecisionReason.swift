@@ -34,6 +34,15 @@ public enum DecisionReason: String, Sendable, Hashable, CaseIterable, Codable {
     case listUnavailable = "list-unavailable"
     /// The gate itself failed (500).
     case internalError = "internal-error"
+    /// A request inside an admitted tunnel named a host the tunnel's pins do not cover
+    /// (421 Misdirected Request): domain fronting, refused.
+    case authorityMismatch = "authority-mismatch"
+    /// A request inside an admitted tunnel was malformed or ambiguous HTTP (a smuggling
+    /// shape, a bad header, an HTTP/2 protocol error): refused, nothing forwarded.
+    case malformedRequest = "malformed-request"
+    /// The client spoke neither HTTP/1.x nor HTTP/2 inside a tunnel to a host that is not
+    /// listed in `opaque-hosts`.
+    case notHTTP = "not-http"
 
     /// The reason a verdict stands for.
     public init(_ verdict: Verdict) {

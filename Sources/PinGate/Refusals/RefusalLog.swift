@@ -4,7 +4,7 @@ import Synchronization
 /// The last refusals, newest last, in a fixed-size ring: what the admin endpoint shows
 /// an operator asking "what did it refuse and why".
 public final class RefusalLog: Sendable {
-    /// One refused CONNECT.
+    /// One refused CONNECT, or one refused request inside an admitted tunnel.
     public struct Entry: Sendable, Equatable, Codable {
         /// When it was refused.
         public var time: Date
@@ -20,6 +20,22 @@ public final class RefusalLog: Sendable {
         public var observedFingerprint: String?
         /// The host's unexpired pins at the time, if any.
         public var expectedFingerprints: [String]
+        /// For a request refused inside a tunnel: the authority it asked for (the tunnel's
+        /// CONNECT target is `host:port`). Nil for a refused CONNECT.
+        public var authority: String?
+
+        /// An entry; `authority` only for requests refused inside a tunnel.
+        public init(time: Date, client: String, host: String, port: Int, reason: DecisionReason,
+                    observedFingerprint: String?, expectedFingerprints: [String], authority: String? = nil) {
+            self.time = time
+            self.client = client
+            self.host = host
+            self.port = port
+            self.reason = reason
+            self.observedFingerprint = observedFingerprint
+            self.expectedFingerprints = expectedFingerprints
+            self.authority = authority
+        }
     }
 
     private struct Ring {

@@ -43,6 +43,15 @@ final class GlueHandler: ChannelDuplexHandler, RemovableChannelHandler {
         second.releaseUnpaired()
     }
 
+    /// Takes what this unpaired glue buffered (and whether input ended), for a layer that
+    /// replaces it at the join; it then holds nothing.
+    func takeUnpaired() -> (reads: [ByteBuffer], inputEnded: Bool) {
+        let reads = unpairedReads
+        unpairedReads = []
+        unpairedBytes = 0
+        return (reads, inputEndedBeforePairing)
+    }
+
     private func releaseUnpaired() {
         guard let partner else { return }
         let reads = unpairedReads

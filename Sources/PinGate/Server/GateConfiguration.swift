@@ -15,6 +15,9 @@ public struct GateConfiguration: Sendable {
     public var resolveOverrides: [ResolveOverride] = []
     /// Hosts whose pin alone decides; their chain and hostname errors are ignored.
     public var pinsOnlyHosts: Set<String> = []
+    /// Hosts whose tunnels are relayed as bytes, not read as HTTP: for TLS protocols other
+    /// than HTTP, by explicit choice. Every other tunnel's requests are bound to its host.
+    public var opaqueHosts: Set<String> = []
     /// ALPN protocols offered upstream on the first connection.
     public var upstreamALPNOffer: [String] = ["h2", "http/1.1"]
     /// How long the client may take to send its request head (408 after).

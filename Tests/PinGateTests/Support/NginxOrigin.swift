@@ -19,7 +19,7 @@ final class NginxOrigin {
     /// `http2: false` offers only HTTP/1.1, `serverDirectives` go into the `server` block
     /// (e.g. `limit_rate 128k;` to keep downloads in flight).
     static func start(certificatePath: String, keyPath: String, files: [String: Data], http2: Bool = true,
-                      serverDirectives: String = "") async throws -> NginxOrigin {
+                      serverDirectives: String = "", extraServers: String = "") async throws -> NginxOrigin {
         let directory = try TemporaryDirectory()
         let root = directory.file("www")
         try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
@@ -52,6 +52,7 @@ final class NginxOrigin {
                     root \(root);
                     \(serverDirectives)
                 }
+                \(extraServers.replacingOccurrences(of: "$PORT", with: "\(port)"))
             }
             """
             let configPath = try directory.write("nginx.conf", config)
@@ -74,14 +75,14 @@ final class NginxOrigin {
     /// files) whether `body` returns or throws.
     static func with<Value>(
         certificatePath: String, keyPath: String, files: [String: Data], http2: Bool = true,
-        serverDirectives: String = "",
+        serverDirectives: String = "", extraServers: String = "",
         isolation: isolated (any Actor)? = #isolation,
         _ body: (NginxOrigin) async throws -> Value
     ) async throws -> Value {
         try await withResource(
             start: {
                 try await start(certificatePath: certificatePath, keyPath: keyPath, files: files, http2: http2,
-                                serverDirectives: serverDirectives)
+                                serverDirectives: serverDirectives, extraServers: extraServers)
             },
             stop: { await $0.stop() },
             body: body)

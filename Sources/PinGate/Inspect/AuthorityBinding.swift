@@ -1,0 +1,146 @@
+import Foundation
+import PinGateNIO
+import PinGateTLS
+import PinList
+
+/// Decides, for each request inside an admitted tunnel, whether its authority may use the
+/// tunnel. Sans-IO: text in, a decision out, no sockets.
+///
+/// Why it exists: the CONNECT verdict proves who the upstream *is*; it says nothing
+/// about which site a request then asks that upstream for. A front end that serves many
+/// names on one certificate (a CDN, a shared load balancer) would otherwise answer a
+/// request for an unpinned name sent down a tunnel pinned for another one: domain
+/// fronting. So every request's authority must be the CONNECT host, or a host for which
+/// the pin policy, re-run on this tunnel's own upstream leaf and chain, says trusted
+/// (hostname check included). A wildcard or multi-name pin thus covers exactly the names
+/// it covers and nothing else.
+struct AuthorityBinding {
+    /// Why a request was not let through.
+    enum Refusal: Equatable, Sendable {
+        /// The request named another host (or port) that the tunnel's pins do not cover (421).
+        case mismatch(authority: String, detail: String)
+        /// The request named no authority, or one that is not `host[:port]` (400).
+        case malformed(detail: String)
+    }
+
+    /// The outcome for one request.
+    enum Decision: Equatable, Sendable {
+        /// Let through; the authority normalized (`host` or `host:port`, as sent upstream).
+        case pass(RequestAuthority)
+        /// Refused, with why.
+        case refuse(Refusal)
+    }
+
+    /// The tunnel's CONNECT target.
+    let connectHost: String
+    let connectPort: Int
+    /// Re-runs the pin policy for another host on this tunnel's upstream identity; true
+    /// only for a `trusted` verdict (not report-only: a name the pins merely tolerate does
+    /// not get to borrow another name's tunnel).
+    private let trustsOtherHost: (String) -> Bool
+    /// Earlier answers for other hosts, so a keep-alive connection asks once per name.
+    /// Bounded: a client cycling through names cannot grow it.
+    private var answers: [String: Bool] = [:]
+    private static let rememberedAnswers = 64
+
+    /// A binding for a tunnel to `connectHost:connectPort` whose other-host answers come
+    /// from `trustsOtherHost`.
+    init(connectHost: String, connectPort: Int, trustsOtherHost: @escaping (String) -> Bool) {
+        self.connectHost = HostName.normalize(connectHost)
+        self.connectPort = connectPort
+        self.trustsOtherHost = trustsOtherHost
+    }
+
+    /// The decision for a request whose authority is `authority` (HTTP/1.1 `Host` or the
+    /// absolute-form target's, HTTP/2 `:authority`); nil when it sent none.
+    mutating func decide(authority: String?) -> Decision {
+        guard let authority, !authority.isEmpty else {
+            return .refuse(.malformed(detail: "the request names no host (no Host header or :authority)"))
+        }
+        guard let parsed = RequestAuthority(parsing: authority, defaultPort: connectPort) else {
+            return .refuse(.malformed(detail: "\"\(authority)\" is not a host[:port] authority"))
+        }
+        guard parsed.port == connectPort else {
+            return .refuse(.mismatch(
+                authority: parsed.description,
+                detail: "the tunnel reaches \(connectHost) on port \(connectPort), not port \(parsed.port)"))
+        }
+        if parsed.host == connectHost { return .pass(parsed) }
+        let trusted: Bool
+        if let known = answers[parsed.host] {
+            trusted = known
+        } else {
+            trusted = trustsOtherHost(parsed.host)
+            if answers.count >= Self.rememberedAnswers { answers.removeAll(keepingCapacity: true) }
+            answers[parsed.host] = trusted
+        }
+        guard trusted else {
+            return .refuse(.mismatch(
+                authority: parsed.description,
+                detail: "the tunnel is pinned for \(connectHost); its pins and certificate do not cover \(parsed.host)"))
+        }
+        return .pass(parsed)
+    }
+}
+
+/// A request's authority, normalized the way CONNECT targets are: host lower case,
+/// one trailing dot dropped, IPv6 without brackets, and the port made explicit (the
+/// CONNECT port when the request left it out).
+struct RequestAuthority: Equatable, Sendable, CustomStringConvertible {
+    /// The normalized host.
+    let host: String
+    /// The port, explicit.
+    let port: Int
+    /// Whether the request spelled the port out (it is then kept when forwarding).
+    let portWasExplicit: Bool
+
+    /// Parses `host`, `host:port`, `[v6]` or `[v6]:port`; nil for anything else
+    /// (userinfo, empty host, a bad port, characters a host cannot have).
+    init?(parsing text: String, defaultPort: Int) {
+        guard !text.contains("@"), !text.contains("/"), !text.contains(" ") else { return nil }
+        var hostPart = Substring(text)
+        var port = defaultPort
+        var explicit = false
+        if hostPart.hasPrefix("[") {
+            guard let close = hostPart.firstIndex(of: "]") else { return nil }
+            let rest = hostPart[hostPart.index(after: close)...]
+            hostPart = hostPart[hostPart.index(after: hostPart.startIndex)..<close]
+            guard IPAddressText.isIPLiteral(String(hostPart)), hostPart.contains(":") else { return nil }
+            if !rest.isEmpty {
+                guard rest.hasPrefix(":"), let parsed = Self.port(rest.dropFirst()) else { return nil }
+                port = parsed
+                explicit = true
+            }
+            self.host = hostPart.lowercased()
+        } else {
+            if let colon = hostPart.lastIndex(of: ":") {
+                guard let parsed = Self.port(hostPart[hostPart.index(after: colon)...]) else { return nil }
+                port = parsed
+                explicit = true
+                hostPart = hostPart[..<colon]
+            }
+            guard !hostPart.isEmpty, !hostPart.contains(":") else { return nil }
+            let name = HostName.normalize(String(hostPart))
+            guard IPAddressText.isIPLiteral(name) || ConnectRequestParser.isValidHostName(name) else { return nil }
+            self.host = name
+        }
+        self.port = port
+        self.portWasExplicit = explicit
+    }
+
+    private static func port(_ text: Substring) -> Int? {
+        guard (1...5).contains(text.count), text.allSatisfy({ $0.isASCII && $0.isNumber }),
+              let port = Int(text), (1...65535).contains(port) else { return nil }
+        return port
+    }
+
+    /// `host:port` with IPv6 bracketed: how logs and refusals name it.
+    var description: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
+
+    /// The authority as forwarded upstream: the host, with the port only if the request
+    /// gave one (servers compare `Host` literally, and most expect no default port).
+    var headerValue: String {
+        let shownHost = host.contains(":") ? "[\(host)]" : host
+        return portWasExplicit ? "\(shownHost):\(port)" : shownHost
+    }
+}

@@ -1,0 +1,255 @@
+import NIOCore
+import NIOHTTP1
+
+/// The client side of a request-aware tunnel when the client speaks HTTP/1.x.
+///
+/// Pipeline (client channel, behind the TLS handler): NIO's `HTTPResponseEncoder` and
+/// `HTTPRequestDecoder` (llhttp, strict: `Content-Length` with `Transfer-Encoding`,
+/// duplicate `Content-Length`, bare LF and bad header bytes are parse errors), NIO's
+/// `HTTPServerPipelineHandler` (a pipelined request waits until the previous response
+/// has ended, so responses go out in order whether the gate or the upstream answers),
+/// then this handler. It turns parts into router calls and router calls into parts.
+///
+/// Backpressure: request body bytes handed to the router but not yet passed on by the
+/// upstream side are counted; past `bodyBytesInFlightLimit` this handler stops reading
+/// from the client until credits come back. Response body bytes are credited to the
+/// upstream side only while this channel is writable.
+final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias OutboundIn = Never
+    typealias OutboundOut = HTTPServerResponsePart
+
+    static let bodyBytesInFlightLimit = 256 * 1024
+
+    private let router: TunnelRouter
+    private var context: ChannelHandlerContext?
+    /// The request being read and answered (pipelining assistance hands them over one by one).
+    private var current: (id: Int, version: HTTPVersion, keepAlive: Bool, hasBody: Bool)?
+    private var nextID = 1
+    private var bodyBytesInFlight = 0
+    private var readPending = false
+    /// Response body bytes written while the channel was not writable, by exchange.
+    private var creditsOwed: [Int: Int] = [:]
+    private var closing = false
+    /// Set once an upgrade (WebSocket) made this a byte relay: parts no longer come.
+    private(set) var upgraded = false
+
+    init(router: TunnelRouter) {
+        self.router = router
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.context = nil
+    }
+
+    // MARK: from the client
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard !upgraded else {
+            // After an upgrade the decoder forwards raw bytes to the byte relay behind.
+            context.fireChannelRead(data)
+            return
+        }
+        switch unwrapInboundIn(data) {
+        case .head(let head):
+            started(head)
+        case .body(let bytes):
+            guard let current else { return }
+            bodyBytesInFlight += bytes.readableBytes
+            router.requestBody(current.id, bytes)
+        case .end(let trailers):
+            guard let current, current.hasBody else { return }
+            router.requestEnd(current.id, trailers: trailers)
+        }
+    }
+
+    private func started(_ head: HTTPRequestHead) {
+        let id = nextID
+        nextID += 1
+        let framing = head.headers
+        let hasBody = !framing[canonicalForm: "transfer-encoding"].isEmpty
+            || framing[canonicalForm: "content-length"].contains { $0 != "0" }
+        current = (id, head.version, head.isKeepAlive, hasBody)
+        guard let target = Self.splitTarget(head) else {
+            router.requestHead(id, ExchangeRequestHead(method: head.method.rawValue, path: head.uri, authority: nil,
+                                                       headers: [:], upgrade: nil, hasBody: hasBody), endStream: !hasBody)
+            return
+        }
+        var upgrade: String?
+        if framing[canonicalForm: "connection"].contains(where: { $0.lowercased() == "upgrade" }) {
+            upgrade = framing.first(name: "upgrade")
+        }
+        var headers = ConnectionSpecificHeaders.endToEnd(framing)
+        if ConnectionSpecificHeaders.wantsTrailers(framing) { headers.add(name: "te", value: "trailers") }
+        let exchange = ExchangeRequestHead(method: head.method.rawValue, path: target.path, authority: target.authority,
+                                           headers: headers, upgrade: upgrade, hasBody: hasBody)
+        router.requestHead(id, exchange, endStream: !hasBody)
+    }
+
+    /// The authority and origin-form path of a request: from an absolute-form target
+    /// (RFC 9112 §3.2.2: it wins over `Host`), else from the one `Host` header. Nil when
+    /// the request names no single authority (no `Host`, or two of them: RFC 9112 §3.2
+    /// says answer 400).
+    static func splitTarget(_ head: HTTPRequestHead) -> (authority: String, path: String)? {
+        let uri = head.uri
+        for scheme in ["https://", "http://"] where uri.lowercased().hasPrefix(scheme) {
+            let rest = uri.dropFirst(scheme.count)
+            let end = rest.firstIndex { $0 == "/" || $0 == "?" } ?? rest.endIndex
+            let path = rest[end...]
+            return (String(rest[..<end]), path.isEmpty ? "/" : (path.hasPrefix("?") ? "/" + path : String(path)))
+        }
+        let hosts = head.headers[canonicalForm: "host"]
+        guard hosts.count == 1, let host = hosts.first else { return nil }
+        return (String(host), uri)
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        router.clientReadComplete()
+        context.fireChannelReadComplete()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: Error) {
+        // The decoder refused the bytes (a smuggling shape, a bad header, an oversized
+        // head). Nothing of that request went upstream; the connection cannot be trusted
+        // to be in step any more, so the client gets a 400 and the connection closes.
+        guard !closing else { return }
+        closing = true
+        router.protocolError(detail: "\(error)")
+        if let current, router.isAwaitingResponse(current.id) {
+            context.close(promise: nil)
+            return
+        }
+        let body = "pingate: refused malformed HTTP/1.1 (\(error))\n"
+        var headers = HTTPHeaders()
+        headers.add(name: "content-type", value: "text/plain; charset=utf-8")
+        headers.add(name: "content-length", value: "\(body.utf8.count)")
+        headers.add(name: "pingate-refusal", value: DecisionReason.malformedRequest.rawValue)
+        headers.add(name: "connection", value: "close")
+        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .badRequest, headers: headers))), promise: nil)
+        context.write(wrapOutboundOut(.body(.byteBuffer(context.channel.allocator.buffer(string: body)))), promise: nil)
+        context.writeAndFlush(wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in context.close(promise: nil) }
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if event is IdleStateHandler.IdleStateEvent, !upgraded {
+            // No traffic either way for the idle timeout: the tunnel ends (the byte relay
+            // does the same after an upgrade).
+            close()
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        router.clientClosed()
+        context.fireChannelInactive()
+    }
+
+    func read(context: ChannelHandlerContext) {
+        if bodyBytesInFlight > Self.bodyBytesInFlightLimit {
+            readPending = true
+        } else {
+            context.read()
+        }
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable, !creditsOwed.isEmpty {
+            let owed = creditsOwed
+            creditsOwed = [:]
+            for (id, bytes) in owed { router.responseBodyTransmitted(id, bytes: bytes) }
+        }
+        context.fireChannelWritabilityChanged()
+    }
+
+    // MARK: from the router
+
+    func sendResponseHead(_ id: Int, _ head: ExchangeResponseHead, endStream: Bool) {
+        guard let context, let current, current.id == id else { return }
+        var headers = head.headers
+        if head.status == 101, let upgrade = head.upgrade {
+            headers.add(name: "connection", value: "upgrade")
+            headers.add(name: "upgrade", value: upgrade)
+        } else if !current.keepAlive && head.status >= 200 {
+            headers.add(name: "connection", value: "close")
+        }
+        let status = HTTPResponseStatus(statusCode: head.status)
+        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: current.version, status: status, headers: headers))), promise: nil)
+        if endStream && head.status >= 200 { endResponse(id, trailers: nil) }
+    }
+
+    func sendResponseBody(_ id: Int, _ bytes: ByteBuffer) {
+        guard let context, current?.id == id else { return }
+        let count = bytes.readableBytes
+        context.write(wrapOutboundOut(.body(.byteBuffer(bytes))), promise: nil)
+        if context.channel.isWritable {
+            router.responseBodyTransmitted(id, bytes: count)
+        } else {
+            creditsOwed[id, default: 0] += count
+        }
+    }
+
+    func endResponse(_ id: Int, trailers: HTTPHeaders?) {
+        guard let context, let finished = current, finished.id == id else { return }
+        current = nil
+        bodyBytesInFlight = 0
+        context.writeAndFlush(wrapOutboundOut(.end(trailers)), promise: nil)
+        if !finished.keepAlive { close() }
+        resumeReadingIfHeld()
+    }
+
+    func answer(_ id: Int, status: Int, refusal: String, detail: String) {
+        guard let context, let answered = current, answered.id == id else { return }
+        let body = "pingate: \(detail)\n"
+        var headers = HTTPHeaders()
+        headers.add(name: "content-type", value: "text/plain; charset=utf-8")
+        headers.add(name: "content-length", value: "\(body.utf8.count)")
+        headers.add(name: "pingate-refusal", value: refusal)
+        if !answered.keepAlive { headers.add(name: "connection", value: "close") }
+        let head = HTTPResponseHead(version: answered.version, status: HTTPResponseStatus(statusCode: status), headers: headers)
+        context.write(wrapOutboundOut(.head(head)), promise: nil)
+        context.write(wrapOutboundOut(.body(.byteBuffer(context.channel.allocator.buffer(string: body)))), promise: nil)
+        // The refused request's body may still be arriving; it is read and dropped by the
+        // router, and the next pipelined request is handed over once this answer ended.
+        endResponse(id, trailers: nil)
+    }
+
+    func cancel(_ id: Int) {
+        guard current?.id == id else { return }
+        // HTTP/1.1 has no way to abandon one response but to close the connection.
+        close()
+    }
+
+    func requestBodyPassedOn(_ id: Int, bytes: Int) {
+        bodyBytesInFlight = max(0, bodyBytesInFlight - bytes)
+        resumeReadingIfHeld()
+    }
+
+    func flush() {
+        context?.flush()
+    }
+
+    func close() {
+        guard let context, !closing else { return }
+        closing = true
+        // Whatever was written goes out first (close waits for nothing, flush does).
+        context.flush()
+        context.close(promise: nil)
+    }
+
+    /// After a `101`, this handler only passes raw bytes on (to the byte relay behind it).
+    func becomeByteRelay() {
+        upgraded = true
+        current = nil
+    }
+
+    private func resumeReadingIfHeld() {
+        guard readPending, bodyBytesInFlight <= Self.bodyBytesInFlightLimit, let context else { return }
+        readPending = false
+        context.read()
+    }
+}

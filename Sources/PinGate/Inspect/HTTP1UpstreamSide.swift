@@ -1,0 +1,254 @@
+import NIOCore
+import NIOHTTP1
+
+/// The upstream side of a request-aware tunnel when the upstream speaks HTTP/1.1.
+///
+/// Pipeline (upstream channel, behind the TLS handler): NIO's `HTTPRequestEncoder`, its
+/// `HTTPResponseDecoder` (which watches the requests going out, so a response to `HEAD`
+/// is read without a body; informational responses are passed on; bytes after a `101`
+/// are kept for the byte relay), then this handler.
+///
+/// One connection, one request at a time: the tunnel's single upstream connection is the
+/// one the verdict was made on, so an HTTP/2 client's concurrent streams are sent one
+/// after another (each waits, head and body, until the response before it has ended).
+final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
+    typealias InboundIn = HTTPClientResponsePart
+    typealias OutboundIn = Never
+    typealias OutboundOut = HTTPClientRequestPart
+
+    private enum Part {
+        case head(HTTPRequestHead)
+        case body(ByteBuffer)
+        case end(HTTPHeaders?)
+    }
+
+    private let router: TunnelRouter
+    private var context: ChannelHandlerContext?
+    private var nextID = 1
+    /// The exchange on the wire (its request sent or being sent, its response awaited).
+    private var active: Int?
+    private var activeResponseHeadSeen = false
+    private var activeRequestEnded = false
+    private var activeKeepAlive = true
+    /// Exchanges waiting for the connection, with their parts so far, in order.
+    private var waiting: [(id: Int, parts: [Part], ended: Bool)] = []
+    private var bodyBytesInFlight = 0
+    private var readPending = false
+    private var creditsOwed: [Int: Int] = [:]
+    private var closing = false
+    private(set) var upgraded = false
+    private var switchingProtocols = false
+    /// Called when a `101` switched the connection to another protocol.
+    var onUpgrade: (() -> Void)?
+
+    init(router: TunnelRouter) {
+        self.router = router
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.context = nil
+    }
+
+    // MARK: from the router
+
+    func startRequest(_ head: ExchangeRequestHead, authority: RequestAuthority, endStream: Bool) -> Int {
+        let id = nextID
+        nextID += 1
+        var headers = HTTPHeaders()
+        // Host first (RFC 9112 §3.2), from the checked authority, never the client's text.
+        headers.add(name: "host", value: authority.headerValue)
+        headers.add(contentsOf: head.headers)
+        if let upgrade = head.upgrade {
+            headers.add(name: "connection", value: "upgrade")
+            headers.add(name: "upgrade", value: upgrade)
+        }
+        if endStream, !headers.contains(name: "content-length"), ["POST", "PUT", "PATCH"].contains(head.method) {
+            headers.add(name: "content-length", value: "0")
+        }
+        let requestHead = HTTPRequestHead(version: .http1_1, method: HTTPMethod(rawValue: head.method), uri: head.path, headers: headers)
+        let parts: [Part] = endStream ? [.head(requestHead), .end(nil)] : [.head(requestHead)]
+        if active == nil {
+            activate(id)
+            for part in parts { write(part, id: id) }
+        } else {
+            waiting.append((id, parts, endStream))
+        }
+        return id
+    }
+
+    func sendRequestBody(_ id: Int, _ bytes: ByteBuffer) {
+        if active == id {
+            write(.body(bytes), id: id)
+        } else if let index = waiting.firstIndex(where: { $0.id == id }) {
+            waiting[index].parts.append(.body(bytes))
+        }
+    }
+
+    func endRequest(_ id: Int, trailers: HTTPHeaders?) {
+        if active == id {
+            write(.end(trailers), id: id)
+        } else if let index = waiting.firstIndex(where: { $0.id == id }) {
+            waiting[index].parts.append(.end(trailers))
+            waiting[index].ended = true
+        }
+    }
+
+    func cancel(_ id: Int) {
+        if active == id {
+            // HTTP/1.1 cannot abandon a request in flight but by closing the connection.
+            close()
+        } else {
+            waiting.removeAll { $0.id == id }
+        }
+    }
+
+    func responseBodyPassedOn(_ id: Int, bytes: Int) {
+        bodyBytesInFlight = max(0, bodyBytesInFlight - bytes)
+        resumeReadingIfHeld()
+    }
+
+    func flush() {
+        context?.flush()
+    }
+
+    func close() {
+        guard let context, !closing else { return }
+        closing = true
+        context.flush()
+        context.close(promise: nil)
+    }
+
+    private func activate(_ id: Int) {
+        active = id
+        activeResponseHeadSeen = false
+        activeRequestEnded = false
+        activeKeepAlive = true
+    }
+
+    private func write(_ part: Part, id: Int) {
+        guard let context else { return }
+        switch part {
+        case .head(let head):
+            context.write(wrapOutboundOut(.head(head)), promise: nil)
+        case .body(let bytes):
+            let count = bytes.readableBytes
+            context.write(wrapOutboundOut(.body(.byteBuffer(bytes))), promise: nil)
+            if context.channel.isWritable {
+                router.requestBodyTransmitted(id, bytes: count)
+            } else {
+                creditsOwed[id, default: 0] += count
+            }
+        case .end(let trailers):
+            activeRequestEnded = true
+            context.writeAndFlush(wrapOutboundOut(.end(trailers)), promise: nil)
+        }
+    }
+
+    // MARK: from the upstream
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard !upgraded else {
+            if switchingProtocols {
+                // The decoder's `.end` of the 101 itself; the switch happens now, when the
+                // decoder is done with the response (its removal hands on later bytes).
+                switchingProtocols = false
+                onUpgrade?()
+                return
+            }
+            // Raw bytes of the new protocol, handed on by the removed decoder.
+            context.fireChannelRead(data)
+            return
+        }
+        guard let id = active else {
+            // A response nobody asked for: the upstream is out of step; end the tunnel.
+            close()
+            return
+        }
+        switch unwrapInboundIn(data) {
+        case .head(let head):
+            if head.status.code == 101 {
+                let upgrade = head.headers.first(name: "upgrade")
+                router.responseHead(id, ExchangeResponseHead(status: 101, headers: ConnectionSpecificHeaders.endToEnd(head.headers),
+                                                             upgrade: upgrade), endStream: false)
+                upgraded = true
+                switchingProtocols = true
+                return
+            }
+            if head.status.code >= 200 {
+                activeResponseHeadSeen = true
+                activeKeepAlive = head.isKeepAlive
+            }
+            router.responseHead(id, ExchangeResponseHead(status: Int(head.status.code),
+                                                         headers: ConnectionSpecificHeaders.endToEnd(head.headers)), endStream: false)
+        case .body(let bytes):
+            bodyBytesInFlight += bytes.readableBytes
+            router.responseBody(id, bytes)
+        case .end(let trailers):
+            guard activeResponseHeadSeen else { return }  // the end of an informational response
+            active = nil
+            bodyBytesInFlight = 0
+            router.responseEnd(id, trailers: trailers)
+            if !activeKeepAlive || !activeRequestEnded {
+                // The upstream will close, or our request is still being sent after its
+                // answer: the connection cannot carry another exchange in step.
+                close()
+                return
+            }
+            startNextWaiting()
+            resumeReadingIfHeld()
+        }
+    }
+
+    private func startNextWaiting() {
+        guard active == nil, !waiting.isEmpty else { return }
+        let next = waiting.removeFirst()
+        activate(next.id)
+        for part in next.parts { write(part, id: next.id) }
+        if !next.ended { context?.flush() }
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        router.upstreamReadComplete()
+        context.fireChannelReadComplete()
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        if let id = active { router.responseCancelled(id) }
+        for entry in waiting { router.responseCancelled(entry.id) }
+        waiting = []
+        router.upstreamClosed()
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: Error) {
+        // A malformed response: nothing more of this connection can be trusted.
+        close()
+    }
+
+    func read(context: ChannelHandlerContext) {
+        if bodyBytesInFlight > HTTP1ClientSide.bodyBytesInFlightLimit {
+            readPending = true
+        } else {
+            context.read()
+        }
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable, !creditsOwed.isEmpty {
+            let owed = creditsOwed
+            creditsOwed = [:]
+            for (id, bytes) in owed { router.requestBodyTransmitted(id, bytes: bytes) }
+        }
+        context.fireChannelWritabilityChanged()
+    }
+
+    private func resumeReadingIfHeld() {
+        guard readPending, bodyBytesInFlight <= HTTP1ClientSide.bodyBytesInFlightLimit, let context else { return }
+        readPending = false
+        context.read()
+    }
+}

@@ -1,0 +1,93 @@
+import NIOCore
+import NIOHTTP1
+import PinGateNIO
+
+/// Puts the HTTP layer on both legs of an admitted tunnel at the join, in place of the
+/// byte relay: codecs and a side handler on each channel, one `TunnelRouter` between.
+///
+/// Both legs already hold an unpaired `GlueHandler` (it buffered whatever arrived after
+/// the handshakes). Each glue is taken out with what it buffered, the HTTP handlers go in
+/// behind the TLS handler, and the buffered bytes are replayed into them, so no byte read
+/// before the join is lost or skipped past the checks.
+enum RequestAwareTunnel {
+    /// Installs the layer. `clientGlue` and `upstreamGlue` are the legs' unpaired glues;
+    /// `makeGlue` makes fresh ones for a byte relay after an upgrade (WebSocket).
+    static func install(
+        client: Channel, clientGlue: GlueHandler,
+        upstream: Channel, upstreamGlue: GlueHandler,
+        router: TunnelRouter,
+        makeGlue: @escaping (_ clientSide: Bool) -> GlueHandler
+    ) throws {
+        let clientPipeline = client.pipeline.syncOperations
+        let upstreamPipeline = upstream.pipeline.syncOperations
+        let clientEarly = clientGlue.takeUnpaired()
+        let upstreamEarly = upstreamGlue.takeUnpaired()
+        clientPipeline.removeHandler(clientGlue, promise: nil)
+        upstreamPipeline.removeHandler(upstreamGlue, promise: nil)
+
+        let clientSide = HTTP1ClientSide(router: router)
+        try clientPipeline.configureHTTPServerPipeline(
+            position: .last, withPipeliningAssistance: true, withServerUpgrade: nil, withErrorHandling: false)
+        try clientPipeline.addHandler(clientSide)
+
+        let upstreamSide = HTTP1UpstreamSide(router: router)
+        let encoder = HTTPRequestEncoder()
+        let decoder = ByteToMessageHandler(HTTPResponseDecoder(leftOverBytesStrategy: .forwardBytes,
+                                                               informationalResponseStrategy: .forward))
+        try upstreamPipeline.addHandlers([encoder, decoder, upstreamSide])
+
+        router.client = clientSide
+        router.upstream = upstreamSide
+        // The sides are held by their pipelines; the router by the sides. When either
+        // channel closes, the router ends the other, and the pipelines let go of all.
+        upstreamSide.onUpgrade = { [weak clientSide, weak upstreamSide] in
+            guard let clientSide, let upstreamSide else { return }
+            switchToByteRelay(client: client, clientSide: clientSide, upstream: upstream, upstreamSide: upstreamSide,
+                              makeGlue: makeGlue)
+        }
+
+        replay(clientEarly, into: client)
+        replay(upstreamEarly, into: upstream)
+        // A glue that was holding reads back (its buffer was full) took its pending read
+        // with it: ask again, or a leg would never be read.
+        client.read()
+        upstream.read()
+    }
+
+    /// After a `101 Switching Protocols` the two legs carry another protocol (WebSocket):
+    /// the HTTP codecs leave, a byte relay takes over. The request that asked for the
+    /// upgrade was checked like any other, so the tunnel's authority binding stands.
+    private static func switchToByteRelay(client: Channel, clientSide: HTTP1ClientSide, upstream: Channel,
+                                          upstreamSide: HTTP1UpstreamSide, makeGlue: (_ clientSide: Bool) -> GlueHandler) {
+        let clientPipeline = client.pipeline.syncOperations
+        let upstreamPipeline = upstream.pipeline.syncOperations
+        // The 101 head is written; its end completes the response for the encoder.
+        _ = try? clientPipeline.context(handlerType: HTTP1ClientSide.self).writeAndFlush(NIOAny(HTTPServerResponsePart.end(nil)))
+        clientSide.becomeByteRelay()
+        let clientRelay = makeGlue(true)
+        let upstreamRelay = makeGlue(false)
+        do {
+            try clientPipeline.addHandler(clientRelay)
+            try upstreamPipeline.addHandler(upstreamRelay)
+            // Removing the decoders hands what they hold past the 101 to the relays
+            // (`.forwardBytes` upstream; a WebSocket client sends nothing before the 101).
+            clientPipeline.removeHandler(try clientPipeline.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self), promise: nil)
+            clientPipeline.removeHandler(try clientPipeline.handler(type: HTTPResponseEncoder.self), promise: nil)
+            clientPipeline.removeHandler(try clientPipeline.handler(type: NIOHTTPResponseHeadersValidator.self), promise: nil)
+            clientPipeline.removeHandler(try clientPipeline.handler(type: HTTPServerPipelineHandler.self), promise: nil)
+            upstreamPipeline.removeHandler(try upstreamPipeline.handler(type: ByteToMessageHandler<HTTPResponseDecoder>.self), promise: nil)
+            upstreamPipeline.removeHandler(try upstreamPipeline.handler(type: HTTPRequestEncoder.self), promise: nil)
+            GlueHandler.join(clientRelay, upstreamRelay)
+        } catch {
+            client.close(promise: nil)
+            upstream.close(promise: nil)
+        }
+    }
+
+    private static func replay(_ early: (reads: [ByteBuffer], inputEnded: Bool), into channel: Channel) {
+        guard let tls = try? channel.pipeline.syncOperations.context(handlerType: TLSHandler.self) else { return }
+        for buffer in early.reads { tls.fireChannelRead(NIOAny(buffer)) }
+        if !early.reads.isEmpty { tls.fireChannelReadComplete() }
+        if early.inputEnded { tls.fireUserInboundEventTriggered(ChannelEvent.inputClosed) }
+    }
+}

@@ -1,0 +1,272 @@
+import Foundation
+import NIOCore
+import NIOHTTP1
+
+/// The middle of a request-aware tunnel: every request the client side reads comes here,
+/// is checked against the tunnel's pinned authority, and is either refused on the spot
+/// (421 `authority-mismatch`, 400 `malformed-request`) or started on the upstream side;
+/// responses go back the other way. It owns the pairing of client exchange ids (HTTP/2
+/// stream ids, or HTTP/1.1 request numbers) to upstream ones, and the flow-control
+/// credits between the sides: a side is told it may read more of a body only once the
+/// other side has passed those bytes on, so neither side buffers without bound.
+///
+/// Both sides and the router live on the tunnel's one event loop (the upstream is dialled
+/// on the client's loop), so calls between them are plain calls.
+final class TunnelRouter {
+    /// What the router reports about each request; the gate turns it into counters,
+    /// the refusal log, log lines and the per-request audit log.
+    struct Observer {
+        /// A request was refused inside the tunnel (before any of it went upstream).
+        var refused: (_ reason: DecisionReason, _ authority: String, _ detail: String) -> Void
+        /// A request was passed on to the upstream.
+        var forwarded: () -> Void
+        /// Body bytes passed on: `up` from the client to the upstream, `down` the other way.
+        var relayed: (_ up: Int, _ down: Int) -> Void
+        /// An exchange ended (answered, refused or cancelled), with what it amounted to.
+        var finished: (ExchangeSummary) -> Void
+    }
+
+    /// What one finished exchange amounted to: the audit log's line, before formatting.
+    struct ExchangeSummary: Equatable {
+        var started: Date
+        var durationNanoseconds: Int64
+        var method: String
+        var path: String
+        var authority: String
+        var status: Int?
+        var bytesUp: Int
+        var bytesDown: Int
+        var clientStreamID: Int?
+        var refusal: DecisionReason?
+    }
+
+    private struct Exchange {
+        let started: Date
+        let startedTick: NIODeadline
+        let method: String
+        let path: String
+        let authority: String
+        var upstreamID: Int?
+        var refusal: DecisionReason?
+        var status: Int?
+        var bytesUp = 0
+        var bytesDown = 0
+        var requestEnded: Bool
+        var responseEnded = false
+    }
+
+    private var binding: AuthorityBinding
+    private let observer: Observer
+    private let clientUsesStreamIDs: Bool
+    private let now: () -> Date
+    /// Set by the tunnel's set-up once both sides exist; cleared when the tunnel ends,
+    /// which is what breaks the sides' references back to the router.
+    weak var client: (any TunnelClientSide)?
+    weak var upstream: (any TunnelUpstreamSide)?
+    private var exchanges: [Int: Exchange] = [:]
+    private var clientIDByUpstreamID: [Int: Int] = [:]
+    private var ended = false
+
+    /// A router for one tunnel: `binding` decides each request; `clientUsesStreamIDs` is
+    /// true for an HTTP/2 client (its exchange ids are stream ids, logged as such).
+    init(binding: AuthorityBinding, clientUsesStreamIDs: Bool, observer: Observer, now: @escaping () -> Date) {
+        self.binding = binding
+        self.clientUsesStreamIDs = clientUsesStreamIDs
+        self.observer = observer
+        self.now = now
+    }
+
+    /// The exchanges in flight (for tests and the drain).
+    var openExchanges: Int { exchanges.count }
+
+    // MARK: from the client side
+
+    /// A request head arrived. It is checked here, before anything of it goes upstream.
+    func requestHead(_ id: Int, _ head: ExchangeRequestHead, endStream: Bool) {
+        guard !ended else { return }
+        let decision = binding.decide(authority: head.authority)
+        var exchange = Exchange(started: now(), startedTick: .now(), method: head.method, path: head.path,
+                                authority: head.authority ?? "-", requestEnded: endStream)
+        switch decision {
+        case .refuse(let refusal):
+            let (status, reason, detail): (Int, DecisionReason, String)
+            switch refusal {
+            case .mismatch(let authority, let text):
+                (status, reason, detail) = (421, .authorityMismatch, text)
+                exchange = Exchange(started: exchange.started, startedTick: exchange.startedTick, method: head.method,
+                                    path: head.path, authority: authority, requestEnded: endStream)
+            case .malformed(let text):
+                (status, reason, detail) = (400, .malformedRequest, text)
+            }
+            exchange.refusal = reason
+            exchange.status = status
+            exchange.responseEnded = true
+            exchanges[id] = exchange
+            observer.refused(reason, exchange.authority, detail)
+            client?.answer(id, status: status, refusal: reason.rawValue, detail: detail)
+            finishIfDone(id)
+        case .pass(let authority):
+            guard let upstream else { return }
+            exchanges[id] = exchange
+            observer.forwarded()
+            let upstreamID = upstream.startRequest(head, authority: authority, endStream: endStream)
+            exchanges[id]?.upstreamID = upstreamID
+            clientIDByUpstreamID[upstreamID] = id
+        }
+    }
+
+    /// Request body bytes arrived for exchange `id`.
+    func requestBody(_ id: Int, _ bytes: ByteBuffer) {
+        guard var exchange = exchanges[id] else {
+            // An exchange already finished (refused and answered): its late body is
+            // dropped, and credited at once so the client's window does not shrink.
+            client?.requestBodyPassedOn(id, bytes: bytes.readableBytes)
+            return
+        }
+        guard let upstreamID = exchange.upstreamID else {
+            client?.requestBodyPassedOn(id, bytes: bytes.readableBytes)
+            return
+        }
+        exchange.bytesUp += bytes.readableBytes
+        exchanges[id] = exchange
+        observer.relayed(bytes.readableBytes, 0)
+        upstream?.sendRequestBody(upstreamID, bytes)
+    }
+
+    /// The request of exchange `id` ended.
+    func requestEnd(_ id: Int, trailers: HTTPHeaders?) {
+        guard var exchange = exchanges[id] else { return }
+        exchange.requestEnded = true
+        exchanges[id] = exchange
+        if let upstreamID = exchange.upstreamID { upstream?.endRequest(upstreamID, trailers: trailers) }
+        finishIfDone(id)
+    }
+
+    /// The client abandoned exchange `id` (HTTP/2 RST_STREAM).
+    func requestCancelled(_ id: Int) {
+        guard let exchange = exchanges[id] else { return }
+        if let upstreamID = exchange.upstreamID, !exchange.responseEnded {
+            upstream?.cancel(upstreamID)
+            clientIDByUpstreamID[upstreamID] = nil
+        }
+        finish(id)
+    }
+
+    /// The client sent bytes that are not valid HTTP: counted and logged as a refusal
+    /// (the side itself answers and closes).
+    func protocolError(detail: String) {
+        observer.refused(.malformedRequest, "-", detail)
+    }
+
+    /// True while exchange `id` was forwarded and its response has not ended.
+    func isAwaitingResponse(_ id: Int) -> Bool {
+        guard let exchange = exchanges[id] else { return false }
+        return exchange.upstreamID != nil && !exchange.responseEnded
+    }
+
+    /// The client side finished a read burst: what went to the upstream side goes out.
+    func clientReadComplete() { upstream?.flush() }
+
+    /// The upstream side finished a read burst: what went to the client side goes out.
+    func upstreamReadComplete() { client?.flush() }
+
+    /// The client side has passed `bytes` of response body on to the client.
+    func responseBodyTransmitted(_ id: Int, bytes: Int) {
+        guard let upstreamID = exchanges[id]?.upstreamID else { return }
+        upstream?.responseBodyPassedOn(upstreamID, bytes: bytes)
+    }
+
+    /// The client's connection is gone: the upstream goes too, and every exchange ends.
+    func clientClosed() {
+        end()
+        upstream?.close()
+    }
+
+    // MARK: from the upstream side
+
+    /// A response head arrived for upstream exchange `upstreamID`.
+    func responseHead(_ upstreamID: Int, _ head: ExchangeResponseHead, endStream: Bool) {
+        guard let id = clientIDByUpstreamID[upstreamID], var exchange = exchanges[id] else { return }
+        // Informational heads (1xx, bar 101) are passed on; the final status is the one logged.
+        if head.status >= 200 || head.status == 101 { exchange.status = head.status }
+        if endStream { exchange.responseEnded = true }
+        exchanges[id] = exchange
+        client?.sendResponseHead(id, head, endStream: endStream)
+        if endStream { finishIfDone(id) }
+    }
+
+    /// Response body bytes arrived for upstream exchange `upstreamID`.
+    func responseBody(_ upstreamID: Int, _ bytes: ByteBuffer) {
+        guard let id = clientIDByUpstreamID[upstreamID], exchanges[id] != nil else {
+            upstream?.responseBodyPassedOn(upstreamID, bytes: bytes.readableBytes)
+            return
+        }
+        exchanges[id]?.bytesDown += bytes.readableBytes
+        observer.relayed(0, bytes.readableBytes)
+        client?.sendResponseBody(id, bytes)
+    }
+
+    /// The response of upstream exchange `upstreamID` ended.
+    func responseEnd(_ upstreamID: Int, trailers: HTTPHeaders?) {
+        guard let id = clientIDByUpstreamID[upstreamID], exchanges[id] != nil else { return }
+        exchanges[id]?.responseEnded = true
+        client?.endResponse(id, trailers: trailers)
+        finishIfDone(id)
+    }
+
+    /// The upstream abandoned exchange `upstreamID` (HTTP/2 RST_STREAM, or its HTTP/1.1
+    /// connection ended mid-response).
+    func responseCancelled(_ upstreamID: Int) {
+        guard let id = clientIDByUpstreamID[upstreamID], let exchange = exchanges[id] else { return }
+        if exchange.status == nil {
+            // Nothing was answered yet: the client hears why, as it would from a proxy.
+            exchanges[id]?.status = 502
+            exchanges[id]?.responseEnded = true
+            client?.answer(id, status: 502, refusal: DecisionReason.upstreamUnreachable.rawValue,
+                           detail: "the upstream abandoned the request")
+            finishIfDone(id)
+        } else {
+            client?.cancel(id)
+            finish(id)
+        }
+    }
+
+    /// The upstream side has passed `bytes` of exchange `upstreamID`'s request body on.
+    func requestBodyTransmitted(_ upstreamID: Int, bytes: Int) {
+        guard let id = clientIDByUpstreamID[upstreamID] else { return }
+        client?.requestBodyPassedOn(id, bytes: bytes)
+    }
+
+    /// The upstream's connection is gone: the client's goes too, once what was written is out.
+    func upstreamClosed() {
+        end()
+        client?.close()
+    }
+
+    // MARK: bookkeeping
+
+    /// An exchange is finished (and logged) once its response has ended. A request body
+    /// still arriving then (a refused request's, or one the upstream answered early) is
+    /// dropped as it comes, and credited back at once.
+    private func finishIfDone(_ id: Int) {
+        guard let exchange = exchanges[id], exchange.responseEnded else { return }
+        finish(id)
+    }
+
+    private func finish(_ id: Int) {
+        guard let exchange = exchanges.removeValue(forKey: id) else { return }
+        if let upstreamID = exchange.upstreamID { clientIDByUpstreamID[upstreamID] = nil }
+        observer.finished(ExchangeSummary(
+            started: exchange.started, durationNanoseconds: (NIODeadline.now() - exchange.startedTick).nanoseconds,
+            method: exchange.method, path: exchange.path, authority: exchange.authority, status: exchange.status,
+            bytesUp: exchange.bytesUp, bytesDown: exchange.bytesDown,
+            clientStreamID: clientUsesStreamIDs ? id : nil, refusal: exchange.refusal))
+    }
+
+    /// Ends every exchange still open (each is logged as it stood).
+    private func end() {
+        guard !ended else { return }
+        ended = true
+        for id in exchanges.keys.sorted() { finish(id) }
+    }
+}
