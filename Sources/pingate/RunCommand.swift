@@ -147,7 +147,11 @@ struct RunCommand: AsyncParsableCommand {
             try adminConfiguration.validate()
             admin = adminConfiguration
         }
-        let decisionLogger = try Self.makeDecisionLogger(decisionLog ?? file?.decisionLog ?? "stderr", fallback: logger)
+        let (decisionLogger, decisionLogHandler) = try Self.makeDecisionLogger(decisionLog ?? file?.decisionLog ?? "stderr")
+        // Decision lines are written by a background thread: whatever it still holds is
+        // written before the process exits, however `run` ends. Bounded, so a stderr
+        // that nobody reads any more cannot keep the process from exiting.
+        defer { decisionLogHandler?.flush(timeout: .seconds(5)) }
         let (metrics, registry) = AdminServer.makeMetrics()
 
         // Trap the signals before starting: from here on SIGHUP (whose default action
@@ -235,18 +239,19 @@ struct RunCommand: AsyncParsableCommand {
         return source
     }
 
-    /// The decision log: JSON lines to stderr or a file, or (off) nowhere.
-    static func makeDecisionLogger(_ destination: String, fallback: Logger) throws -> Logger {
+    /// The decision log: JSON lines to stderr or a file, or (off) nowhere; with its
+    /// handler, to flush at exit (nil when off).
+    static func makeDecisionLogger(_ destination: String) throws -> (Logger, JSONLineLogHandler?) {
+        let handler: JSONLineLogHandler
         switch destination {
         case "off":
-            return Logger(label: "pingate.decisions") { _ in SwiftLogNoOpLogHandler() }
+            return (Logger(label: "pingate.decisions") { _ in SwiftLogNoOpLogHandler() }, nil)
         case "stderr":
-            let handler = try JSONLineLogHandler(destination: .standardError)
-            return Logger(label: "pingate.decisions") { _ in handler }
+            handler = try JSONLineLogHandler(destination: .standardError)
         default:
-            let handler = try JSONLineLogHandler(destination: .file(PathText.resolve(destination)))
-            return Logger(label: "pingate.decisions") { _ in handler }
+            handler = try JSONLineLogHandler(destination: .file(PathText.resolve(destination)))
         }
+        return (Logger(label: "pingate.decisions") { _ in handler }, handler)
     }
 
     /// Parses `HOST:PORT` or `[IPv6]:PORT` for a listen address (port 0: any free port).
