@@ -32,8 +32,8 @@ import PinGateNIO
 ///   listen: 127.0.0.1:9090       # or "off"; a non-loopback address needs a token
 ///   token-file: admin.token      # bearer token for POST /pins/update (or `token: …` inline)
 /// decision-log: stderr           # JSON line per CONNECT: stderr, a file path, or off
-/// request-log: requests.jsonl     # JSON line per HTTP request in a tunnel: stderr, a file path, or off (default)
-/// request-log-query: false        # keep query strings in logged paths (default: cut at the first ?)
+/// request-log: requests.jsonl    # JSON line per HTTP request in a tunnel: stderr, a file path, or off (default)
+/// request-log-query: false       # keep query strings in logged paths (default: cut at the first ?)
 /// refusal-log-size: 100          # refusals kept for GET /refusals
 /// idle-timeout-seconds: 300
 /// client-handshake-timeout-seconds: 10
