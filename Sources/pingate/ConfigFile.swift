@@ -32,6 +32,8 @@ import PinGateNIO
 ///   listen: 127.0.0.1:9090       # or "off"; a non-loopback address needs a token
 ///   token-file: admin.token      # bearer token for POST /pins/update (or `token: …` inline)
 /// decision-log: stderr           # JSON line per CONNECT: stderr, a file path, or off
+/// request-log: requests.jsonl    # JSON line per HTTP request in a tunnel: stderr, a file path, or off (default)
+/// request-log-query: false       # keep query strings in logged paths (default: cut at the first ?)
 /// refusal-log-size: 100          # refusals kept for GET /refusals
 /// idle-timeout-seconds: 300
 /// client-handshake-timeout-seconds: 10
@@ -78,6 +80,8 @@ struct ConfigFile: Decodable {
     var listen: String?
     var admin: Admin?
     var decisionLog: String?
+    var requestLog: String?
+    var requestLogQuery: Bool?
     var refusalLogSize: Int?
     var stateDir: String?
     var pins: Pins?
@@ -96,6 +100,8 @@ struct ConfigFile: Decodable {
     enum CodingKeys: String, CodingKey {
         case listen, admin
         case decisionLog = "decision-log"
+        case requestLog = "request-log"
+        case requestLogQuery = "request-log-query"
         case refusalLogSize = "refusal-log-size"
         case stateDir = "state-dir"
         case pins
@@ -143,6 +149,7 @@ struct ConfigFile: Decodable {
             file.admin = admin
         }
         if let log = file.decisionLog, log != "stderr", log != "off" { file.decisionLog = resolve(log) }
+        if let log = file.requestLog, log != "stderr", log != "off" { file.requestLog = resolve(log) }
         return file
     }
 }

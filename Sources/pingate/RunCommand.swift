@@ -66,6 +66,12 @@ struct RunCommand: AsyncParsableCommand {
     @Option(name: .long, help: "Decision log (one JSON line per CONNECT): stderr (default), a file path, or off.")
     var decisionLog: String?
 
+    @Option(name: .long, help: "Request log (one JSON line per HTTP request through a tunnel): stderr, a file path, or off (default).")
+    var requestLog: String?
+
+    @Flag(name: .long, inversion: .prefixedNo, help: "Keep query strings in the request log's paths (default: cut off at the first ?).")
+    var requestLogQuery: Bool?
+
     @Option(name: .long, help: "Seconds a client has, after the 200, to finish its TLS handshake with the gate (default 10); then both legs are closed.")
     var clientHandshakeTimeout: Int?
 
@@ -77,38 +83,7 @@ struct RunCommand: AsyncParsableCommand {
 
     func run() async throws {
         let file = try config.map(ConfigFile.load)
-        var configuration = GateConfiguration()
-
-        let listenText = listen ?? file?.listen ?? "127.0.0.1:8080"
-        (configuration.listenHost, configuration.listenPort) = try Self.parseHostPort(listenText)
-
-        let roots = upstreamCa.isEmpty ? (file?.upstreamCA ?? []) : upstreamCa.map { PathText.resolve($0) }
-        configuration.upstreamTrust = roots.isEmpty ? .system : .pemFiles(roots)
-        configuration.resolveOverrides = try (resolve.isEmpty ? (file?.resolve ?? []) : resolve).map(ResolveOverride.init(parsing:))
-        configuration.pinsOnlyHosts = Set(pinsOnly.isEmpty ? (file?.pinsOnly ?? []) : pinsOnly)
-        configuration.reportURIs = try (reportUri.isEmpty ? (file?.reportURIs ?? []) : reportUri).map { text in
-            guard text.lowercased().hasPrefix("https://"), let url = URL(string: text) else {
-                throw ConfigurationError("report URIs must be https:// URLs, got \(text)")
-            }
-            return url
-        }
-        if let roots = file?.reportCA, !roots.isEmpty { configuration.reportTrust = .pemFiles(roots) }
-        if let parent = upstreamProxy ?? file?.upstreamProxy {
-            configuration.upstreamProxy = try ParentProxy(parsing: parent)
-        }
-        if let idle = file?.idleTimeoutSeconds { configuration.idleTimeout = .seconds(Int64(idle)) }
-        if let seconds = clientHandshakeTimeout ?? file?.clientHandshakeTimeoutSeconds {
-            guard seconds > 0 else { throw ConfigurationError("the client handshake timeout must be at least 1 s, got \(seconds)") }
-            configuration.clientHandshakeTimeout = .seconds(Int64(seconds))
-        }
-        if let drain = drainTimeout ?? file?.drainTimeoutSeconds {
-            guard drain >= 0 else { throw ConfigurationError("the drain timeout must be 0 or more seconds, got \(drain)") }
-            configuration.drainTimeout = .seconds(Int64(drain))
-        }
-        if let upstream = file?.upstreamTimeoutSeconds {
-            configuration.upstreamConnectTimeout = .seconds(Int64(upstream))
-            configuration.upstreamHandshakeTimeout = .seconds(Int64(upstream))
-        }
+        let configuration = try gateConfiguration(file: file)
 
         let levelText = logLevel ?? file?.logLevel ?? "info"
         guard let level = Logger.Level(rawValue: levelText) else {
@@ -147,7 +122,11 @@ struct RunCommand: AsyncParsableCommand {
             try adminConfiguration.validate()
             admin = adminConfiguration
         }
-        let decisionLogger = try Self.makeDecisionLogger(decisionLog ?? file?.decisionLog ?? "stderr", fallback: logger)
+        let (decisionLogger, decisionLogHandler) = try Self.makeDecisionLogger(decisionLog ?? file?.decisionLog ?? "stderr")
+        // Decision lines are written by a background thread: whatever it still holds is
+        // written before the process exits, however `run` ends. Bounded, so a stderr
+        // that nobody reads any more cannot keep the process from exiting.
+        defer { decisionLogHandler?.flush(timeout: .seconds(5)) }
         let (metrics, registry) = AdminServer.makeMetrics()
 
         // Trap the signals before starting: from here on SIGHUP (whose default action
@@ -184,7 +163,50 @@ struct RunCommand: AsyncParsableCommand {
             }
         }
         defer { startupStop.cancel() }
+        // The gate writes its request log out when it shuts down; this covers a group
+        // that ends with an error before the gate's own shutdown has run.
+        defer { server.requestLog.flush(timeout: .seconds(5)) }
         try await group.run()
+    }
+
+    /// The gate's settings from the flags and the config file: a flag given overrides
+    /// the file's key.
+    func gateConfiguration(file: ConfigFile?) throws -> GateConfiguration {
+        var configuration = GateConfiguration()
+
+        let listenText = listen ?? file?.listen ?? "127.0.0.1:8080"
+        (configuration.listenHost, configuration.listenPort) = try Self.parseHostPort(listenText)
+
+        let roots = upstreamCa.isEmpty ? (file?.upstreamCA ?? []) : upstreamCa.map { PathText.resolve($0) }
+        configuration.upstreamTrust = roots.isEmpty ? .system : .pemFiles(roots)
+        configuration.resolveOverrides = try (resolve.isEmpty ? (file?.resolve ?? []) : resolve).map(ResolveOverride.init(parsing:))
+        configuration.pinsOnlyHosts = Set(pinsOnly.isEmpty ? (file?.pinsOnly ?? []) : pinsOnly)
+        configuration.reportURIs = try (reportUri.isEmpty ? (file?.reportURIs ?? []) : reportUri).map { text in
+            guard text.lowercased().hasPrefix("https://"), let url = URL(string: text) else {
+                throw ConfigurationError("report URIs must be https:// URLs, got \(text)")
+            }
+            return url
+        }
+        if let roots = file?.reportCA, !roots.isEmpty { configuration.reportTrust = .pemFiles(roots) }
+        if let parent = upstreamProxy ?? file?.upstreamProxy {
+            configuration.upstreamProxy = try ParentProxy(parsing: parent)
+        }
+        if let idle = file?.idleTimeoutSeconds { configuration.idleTimeout = .seconds(Int64(idle)) }
+        if let seconds = clientHandshakeTimeout ?? file?.clientHandshakeTimeoutSeconds {
+            guard seconds > 0 else { throw ConfigurationError("the client handshake timeout must be at least 1 s, got \(seconds)") }
+            configuration.clientHandshakeTimeout = .seconds(Int64(seconds))
+        }
+        if let drain = drainTimeout ?? file?.drainTimeoutSeconds {
+            guard drain >= 0 else { throw ConfigurationError("the drain timeout must be 0 or more seconds, got \(drain)") }
+            configuration.drainTimeout = .seconds(Int64(drain))
+        }
+        configuration.requestLog = Self.requestLogDestination(requestLog ?? file?.requestLog ?? "off")
+        configuration.requestLogIncludesQuery = requestLogQuery ?? file?.requestLogQuery ?? false
+        if let upstream = file?.upstreamTimeoutSeconds {
+            configuration.upstreamConnectTimeout = .seconds(Int64(upstream))
+            configuration.upstreamHandshakeTimeout = .seconds(Int64(upstream))
+        }
+        return configuration
     }
 
     /// The list source from flags and config. A local file is verified now, and start-up
@@ -235,17 +257,27 @@ struct RunCommand: AsyncParsableCommand {
         return source
     }
 
-    /// The decision log: JSON lines to stderr or a file, or (off) nowhere.
-    static func makeDecisionLogger(_ destination: String, fallback: Logger) throws -> Logger {
+    /// The decision log: JSON lines to stderr or a file, or (off) nowhere; with its
+    /// handler, to flush at exit (nil when off).
+    static func makeDecisionLogger(_ destination: String) throws -> (Logger, JSONLineLogHandler?) {
+        let handler: JSONLineLogHandler
         switch destination {
         case "off":
-            return Logger(label: "pingate.decisions") { _ in SwiftLogNoOpLogHandler() }
+            return (Logger(label: "pingate.decisions") { _ in SwiftLogNoOpLogHandler() }, nil)
         case "stderr":
-            let handler = try JSONLineLogHandler(destination: .standardError)
-            return Logger(label: "pingate.decisions") { _ in handler }
+            handler = try JSONLineLogHandler(destination: .standardError)
         default:
-            let handler = try JSONLineLogHandler(destination: .file(PathText.resolve(destination)))
-            return Logger(label: "pingate.decisions") { _ in handler }
+            handler = try JSONLineLogHandler(destination: .file(PathText.resolve(destination)))
+        }
+        return (Logger(label: "pingate.decisions") { _ in handler }, handler)
+    }
+
+    /// A `--request-log` / `request-log:` value: off, stderr, or a file path.
+    static func requestLogDestination(_ text: String) -> RequestLog.Destination {
+        switch text {
+        case "off": .off
+        case "stderr": .standardError
+        default: .file(PathText.resolve(text))
         }
     }
 

@@ -70,7 +70,8 @@ struct ConnectHandlerTests {
                 configuration: configuration, store: PinListStore(nil),
                 decisionPolicy: ScriptedPolicy(pinned: [ConnectHandlerTests.host], verdict: verdict),
                 minter: try LeafMinter(ca: ca), connector: dialer, statistics: GateStatistics(), tunnels: TunnelRegistry(),
-                reporter: nil, updater: nil, refusals: RefusalLog(capacity: 10), decisionLogger: quiet, logger: quiet, now: { Date() })
+                reporter: nil, updater: nil, refusals: RefusalLog(capacity: 10), decisionLogger: quiet,
+                requestLog: try RequestLog(destination: .off, includeQuery: false), logger: quiet, now: { Date() })
             loop = EmbeddedEventLoop()
             client = EmbeddedChannel(loop: loop)
             let handler = ConnectHandler(environment: environment)

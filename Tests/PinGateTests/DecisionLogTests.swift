@@ -14,11 +14,11 @@ struct DecisionLogTests {
         let dates = [0, 1, 951_782_400.5, 1_795_000_000.123, 1_795_000_000.999, 1_795_000_000.9996, 1_795_000_000.0004, 1_795_000_000.0005, 4_102_444_799.001].map(Date.init(timeIntervalSince1970:))
             + (0..<200).map { _ in Date(timeIntervalSince1970: Double(Int64.random(in: 0...4_102_444_799_999)) / 1000) }
         for date in dates {
-            #expect(JSONLineLogHandler.timestamp(date) == reference.string(from: date), "\(date.timeIntervalSince1970)")
+            #expect(RFC3339Timestamp.string(date) == reference.string(from: date), "\(date.timeIntervalSince1970)")
         }
     }
 
-    @Test("lines written from many threads at once stay whole JSON objects in a file")
+    @Test("lines logged from many threads at once stay whole JSON objects in a file, all there after flush()")
     func concurrentLines() async throws {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
@@ -34,6 +34,9 @@ struct DecisionLogTests {
                 }
             }
         }
+        // Written by a background thread: flushed before the file is read.
+        handler.flush()
+        #expect(handler.droppedLines == 0)
         let lines = try String(contentsOfFile: path, encoding: .utf8).split(separator: "\n")
         #expect(lines.count == 2000)
         let objects = lines.compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }

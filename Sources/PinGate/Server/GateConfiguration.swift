@@ -44,6 +44,11 @@ public struct GateConfiguration: Sendable {
     public var reportURIs: [URL] = []
     /// Roots the report collectors' chains must reach.
     public var reportTrust: TrustRoots = .system
+    /// The request log: one JSON line per HTTP request through a tunnel (off by default).
+    public var requestLog: RequestLog.Destination = .off
+    /// Whether the request log keeps query strings (off by default: queries often carry
+    /// tokens and personal data).
+    public var requestLogIncludesQuery = false
     /// The event-loop thread count (default: one per core).
     public var eventLoopThreads: Int = System.coreCount
 

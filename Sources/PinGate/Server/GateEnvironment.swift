@@ -24,6 +24,8 @@ struct GateEnvironment: Sendable {
     let refusals: RefusalLog
     /// Where the one-line-per-CONNECT decision log goes.
     let decisionLogger: Logger
+    /// Where the one-line-per-HTTP-request log goes (off unless configured).
+    let requestLog: RequestLog
     let logger: Logger
     /// The clock: injectable so expiry behaviour is testable at fixed times.
     let now: @Sendable () -> Date

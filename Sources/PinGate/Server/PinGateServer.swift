@@ -37,6 +37,9 @@ public final class PinGateServer: Service, Sendable {
     public let updater: PinListUpdater?
     /// The pin-failure reporter, when report URIs are configured.
     let reporter: ViolationReporter?
+    /// The request log (off unless `configuration.requestLog` says where); flushed when
+    /// the gate has shut down.
+    public let requestLog: RequestLog
     private let group: MultiThreadedEventLoopGroup
     private let listener: Channel
     private let connections: ConnectionTracker
@@ -52,7 +55,7 @@ public final class PinGateServer: Service, Sendable {
 
     private init(configuration: GateConfiguration, store: PinListStore, statistics: GateStatistics, refusals: RefusalLog,
                  ca: LocalCA, minter: LeafMinter, updater: PinListUpdater?, reporter: ViolationReporter?,
-                 group: MultiThreadedEventLoopGroup, listener: Channel, connections: ConnectionTracker, logger: Logger,
+                 requestLog: RequestLog, group: MultiThreadedEventLoopGroup, listener: Channel, connections: ConnectionTracker, logger: Logger,
                  startedAt: Date) {
         self.configuration = configuration
         self.store = store
@@ -63,6 +66,7 @@ public final class PinGateServer: Service, Sendable {
         self.minter = minter
         self.updater = updater
         self.reporter = reporter
+        self.requestLog = requestLog
         self.group = group
         self.listener = listener
         self.connections = connections
@@ -91,6 +95,9 @@ public final class PinGateServer: Service, Sendable {
         // A write to a peer that has gone away must be an error, not the end of the process.
         signal(SIGPIPE, SIG_IGN)
         let upstreamContext = try TLSContext.client(trustRoots: configuration.upstreamTrust)
+        // Opened before the event loops exist: a log file that cannot be opened stops
+        // start-up with nothing to undo.
+        let requestLog = try RequestLog(destination: configuration.requestLog, includeQuery: configuration.requestLogIncludesQuery)
         let statistics = GateStatistics(metrics: metrics)
         let refusals = RefusalLog(capacity: refusalLogCapacity)
         let minter = try LeafMinter(ca: ca)
@@ -133,7 +140,7 @@ public final class PinGateServer: Service, Sendable {
             let environment = GateEnvironment(
                 configuration: configuration, store: store, decisionPolicy: policy, minter: minter, connector: connector,
                 statistics: statistics, tunnels: tunnels, reporter: reporter, updater: updater,
-                refusals: refusals, decisionLogger: decisionLogger ?? logger, logger: logger, now: now)
+                refusals: refusals, decisionLogger: decisionLogger ?? logger, requestLog: requestLog, logger: logger, now: now)
             try await updater?.start().get()
             let listener = try await ServerBootstrap(group: group)
                 .serverChannelOption(.backlog, value: 256)
@@ -157,7 +164,8 @@ public final class PinGateServer: Service, Sendable {
                 "nghttp2": "\(Self.nghttp2Version)",
             ])
             return PinGateServer(configuration: configuration, store: store, statistics: statistics, refusals: refusals,
-                                 ca: ca, minter: minter, updater: updater, reporter: reporter, group: group, listener: listener,
+                                 ca: ca, minter: minter, updater: updater, reporter: reporter, requestLog: requestLog,
+                                 group: group, listener: listener,
                                  connections: connections, logger: logger, startedAt: now())
         } catch {
             updater?.stop()
@@ -264,7 +272,15 @@ public final class PinGateServer: Service, Sendable {
             // Closing is quick; this bounds it anyway so a stuck close cannot hang the exit.
             _ = try await connections.drain(on: eventLoop, timeout: .seconds(2)).get()
         }
-        try await group.shutdownGracefully()
+        // Once the event loops are stopped no request can be logged any more: what is
+        // queued then is all there will be, and it is written before this returns.
+        do {
+            try await group.shutdownGracefully()
+        } catch {
+            await requestLog.waitUntilWritten()
+            throw error
+        }
+        await requestLog.waitUntilWritten()
     }
 
     /// The version of the linked libnghttp2.
