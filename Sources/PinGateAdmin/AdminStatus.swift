@@ -84,6 +84,10 @@ public struct AdminSnapshot: Sendable, Codable {
         public var tunnelsClosedByUpdate: [String: Int]
         /// Connections allowed under report-only pins with no match.
         public var reportOnlyViolations: Int
+        /// Requests inside tunnels passed on to their upstream.
+        public var requestsForwarded: Int
+        /// Requests refused inside tunnels, by reason token (`authority-mismatch`, …).
+        public var requestsRefusedByReason: [String: Int]
     }
 
     /// One pin in `/pins`.
@@ -145,7 +149,8 @@ public struct AdminSnapshot: Sendable, Codable {
                 bytesDown: stats.bytesDown, clientHandshakeFailures: stats.clientHandshakeFailures,
                 clientHandshakeTimeouts: stats.clientHandshakeTimeouts,
                 upstreamConnections: stats.upstreamConnections, tunnelsClosedByUpdate: stats.tunnelsClosedByUpdate,
-                reportOnlyViolations: stats.reportOnlyViolations))
+                reportOnlyViolations: stats.reportOnlyViolations, requestsForwarded: stats.requestsForwarded,
+                requestsRefusedByReason: stats.requestsRefusedByReason))
         var reason: String?
         if !usable {
             reason = list == nil ? "no fingerprint list in force" : "the fingerprint list in force has no unexpired pin or is stale"

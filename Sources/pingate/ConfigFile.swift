@@ -25,6 +25,7 @@ import PinGateNIO
 /// upstream-ca: [origin-ca.pem]
 /// resolve: ["api.example.test:8443:127.0.0.1"]
 /// pins-only: []
+/// opaque-hosts: []               # relayed as bytes, not read as HTTP (non-HTTP TLS protocols)
 /// upstream-proxy: http://proxy.corp:3128    # parent proxy; pins still apply end to end
 /// report-uris: [https://reports.example.com/pins]   # TrustKit-style pin-failure reports
 /// report-ca: [reports-ca.pem]                        # roots for the collector (default: system)
@@ -88,6 +89,7 @@ struct ConfigFile: Decodable {
     var upstreamCA: [String]?
     var resolve: [String]?
     var pinsOnly: [String]?
+    var opaqueHosts: [String]?
     var upstreamProxy: String?
     var reportURIs: [String]?
     var reportCA: [String]?
@@ -108,6 +110,7 @@ struct ConfigFile: Decodable {
         case upstreamCA = "upstream-ca"
         case resolve
         case pinsOnly = "pins-only"
+        case opaqueHosts = "opaque-hosts"
         case upstreamProxy = "upstream-proxy"
         case reportURIs = "report-uris"
         case reportCA = "report-ca"

@@ -51,6 +51,11 @@ struct RunCommand: AsyncParsableCommand {
     @Option(name: .long, help: "Host whose pin alone decides (chain and hostname errors ignored). Repeatable.")
     var pinsOnly: [String] = []
 
+    @Option(name: .long, help: ArgumentHelp(
+        "Host whose tunnels are relayed as bytes instead of read as HTTP (for TLS protocols other than HTTP). Repeatable.",
+        discussion: "Every other tunnel's requests are bound to the pinned host: another authority gets 421."))
+    var opaqueHost: [String] = []
+
     @Option(name: .long, help: "https:// URL that pin-failure reports (TrustKit JSON) are POSTed to. Repeatable.")
     var reportUri: [String] = []
 
@@ -181,6 +186,7 @@ struct RunCommand: AsyncParsableCommand {
         configuration.upstreamTrust = roots.isEmpty ? .system : .pemFiles(roots)
         configuration.resolveOverrides = try (resolve.isEmpty ? (file?.resolve ?? []) : resolve).map(ResolveOverride.init(parsing:))
         configuration.pinsOnlyHosts = Set(pinsOnly.isEmpty ? (file?.pinsOnly ?? []) : pinsOnly)
+        configuration.opaqueHosts = Set((opaqueHost.isEmpty ? (file?.opaqueHosts ?? []) : opaqueHost).map(HostName.normalize))
         configuration.reportURIs = try (reportUri.isEmpty ? (file?.reportURIs ?? []) : reportUri).map { text in
             guard text.lowercased().hasPrefix("https://"), let url = URL(string: text) else {
                 throw ConfigurationError("report URIs must be https:// URLs, got \(text)")

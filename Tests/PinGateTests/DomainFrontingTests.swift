@@ -63,6 +63,7 @@ struct DomainFrontingTests {
     /// logs to its own file, so a test can tell which name the gate let a request reach.
     static func withFrontEnd<Value>(
         pins: (TestPKI, TestPKI.Identity) throws -> String,
+        configure: (inout GateConfiguration) -> Void = { _ in },
         _ body: (GateFixture, NginxOrigin) async throws -> Value
     ) async throws -> Value {
         let directory = try TemporaryDirectory()
@@ -85,7 +86,8 @@ struct DomainFrontingTests {
             extraServers: extra
         ) { nginx in
             try await GateFixture.with(pki: pki, listPath: try pins(pki, leaf),
-                                       resolve: ["\(pinned):\(nginx.port)", "\(other):\(nginx.port)"]) { gate in
+                                       resolve: ["\(pinned):\(nginx.port)", "\(other):\(nginx.port)"],
+                                       configure: configure) { gate in
                 try await body(gate, nginx)
             }
         }
@@ -204,6 +206,53 @@ struct DomainFrontingTests {
             #expect(Self.logLines(nginx, "pay.log").isEmpty)
             #expect(gate.statistics.requestsForwarded == 0)
             #expect(gate.statistics.requestsRefused(.malformedRequest) == shapes.count)
+        }
+    }
+
+    @Test("the request log: one JSON line per request with exact fields, query cut, no headers or bodies")
+    func requestAuditLog() async throws {
+        let logDirectory = try TemporaryDirectory()
+        defer { logDirectory.remove() }
+        let logPath = logDirectory.file("requests.jsonl")
+        try await Self.withFrontEnd(pins: { pki, leaf in try pki.signedList([(Self.pinned, leaf.fingerprint)]) },
+                                    configure: { $0.requestLog = .file(logPath) }) { gate, nginx in
+            let steps = try await Self.run([
+                "GET /a?secret=1 HTTP/1.1\r\nHost: \(Self.pinned)\r\nAuthorization: Bearer x\r\n\r\n",
+                "GET /b HTTP/1.1\r\nHost: \(Self.other)\r\n\r\n",
+                "POST /c HTTP/1.1\r\nHost: \(Self.pinned)\r\nContent-Length: 5\r\n\r\nhello",
+            ], gate: gate, target: "\(Self.pinned):\(nginx.port)")
+            #expect(steps.map(\.status) == [200, 421, 200])
+            gate.server.requestLog.flush()
+            let text = try String(contentsOfFile: logPath, encoding: .utf8)
+            #expect(!text.contains("secret") && !text.contains("Bearer") && !text.contains("hello"))
+            let lines = try text.split(separator: "\n").map {
+                try #require(try JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any])
+            }
+            #expect(lines.count == 3)
+            guard lines.count == 3 else { return }
+            let expectedKeys: Set<String> = ["ts", "client", "connect_host", "connect_port", "authority", "method", "path", "status",
+                                             "bytes_up", "bytes_down", "duration_ms", "protocol", "upstream_protocol"]
+            #expect(Set(lines[0].keys) == expectedKeys)
+            #expect(Set(lines[1].keys) == expectedKeys.union(["refusal"]))
+            for line in lines {
+                #expect(line["connect_host"] as? String == Self.pinned)
+                #expect(line["connect_port"] as? Int == nginx.port)
+                #expect(line["protocol"] as? String == "HTTP/1.1")
+                #expect(line["upstream_protocol"] as? String == "HTTP/1.1")
+                #expect((line["client"] as? String)?.hasPrefix("127.0.0.1:") == true)
+            }
+            #expect(lines[0]["method"] as? String == "GET")
+            #expect(lines[0]["path"] as? String == "/a")
+            #expect(lines[0]["authority"] as? String == Self.pinned)
+            #expect(lines[0]["status"] as? Int == 200)
+            #expect(lines[0]["bytes_down"] as? Int == 4)
+            #expect(lines[1]["path"] as? String == "/b")
+            #expect(lines[1]["status"] as? Int == 421)
+            #expect(lines[1]["refusal"] as? String == "authority-mismatch")
+            #expect(lines[1]["authority"] as? String == "\(Self.other):\(nginx.port)")
+            #expect(lines[2]["method"] as? String == "POST")
+            #expect(lines[2]["bytes_up"] as? Int == 5)
+            #expect(lines[2]["status"] as? Int == 200)
         }
     }
 }

@@ -388,6 +388,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         let statistics = environment.statistics
         let bytes = tunnelBytes
         let client = connection.client
+        let upstreamProtocol = upstream.peer.alpn == "h2" ? "HTTP/2" : "HTTP/1.1"
         let policy = environment.decisionPolicy
         let leafCertificate = upstream.peer.leaf
         let chainValid = upstream.peer.chainAndHostnameValid
@@ -419,7 +420,17 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                 bytes.up.add(up, ordering: .relaxed)
                 bytes.down.add(down, ordering: .relaxed)
             },
-            finished: { _ in })
+            finished: { summary in
+                // The audit line: who asked which host for what, and what came of it.
+                // Never a header or a body.
+                guard environment.requestLog.isEnabled else { return }
+                environment.requestLog.record(RequestRecord(
+                    time: summary.started, client: client, connectHost: request.host, connectPort: request.port,
+                    authority: summary.authority, method: summary.method, path: summary.path, status: summary.status ?? 0,
+                    bytesUp: summary.bytesUp, bytesDown: summary.bytesDown,
+                    durationMilliseconds: Int(summary.durationNanoseconds / 1_000_000), protocolName: "HTTP/1.1",
+                    upstreamProtocol: upstreamProtocol, streamID: summary.clientStreamID, refusal: summary.refusal?.rawValue))
+            })
         let router = TunnelRouter(binding: binding, clientUsesStreamIDs: false, observer: observer, now: environment.now)
         try RequestAwareTunnel.install(
             client: context.channel, clientGlue: clientGlue, upstream: upstream.channel, upstreamGlue: upstream.glue.value,
