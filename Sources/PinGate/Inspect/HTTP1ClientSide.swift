@@ -31,6 +31,8 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     /// Response body bytes written while the channel was not writable, by exchange.
     private var creditsOwed: [Int: Int] = [:]
     private var closing = false
+    /// The client half-closed: no request will follow the one in flight.
+    private var inputEnded = false
     /// Set once an upgrade (WebSocket) made this a byte relay: parts no longer come.
     private(set) var upgraded = false
 
@@ -135,6 +137,14 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if let event = event as? ChannelEvent, event == .inputClosed, !upgraded {
+            // The client sent its last request (or left). The connection is half-open:
+            // answer what is in flight, then close; with nothing in flight, close now,
+            // which also closes the upstream leg.
+            inputEnded = true
+            if current == nil { close() }
+            return
+        }
         if event is IdleStateHandler.IdleStateEvent, !upgraded {
             // No traffic either way for the idle timeout: the tunnel ends (the byte relay
             // does the same after an upgrade).
@@ -198,7 +208,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         current = nil
         bodyBytesInFlight = 0
         context.writeAndFlush(wrapOutboundOut(.end(trailers)), promise: nil)
-        if !finished.keepAlive { close() }
+        if !finished.keepAlive || inputEnded { close() }
         resumeReadingIfHeld()
     }
 

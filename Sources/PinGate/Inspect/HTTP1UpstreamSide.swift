@@ -224,6 +224,17 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         context.fireChannelInactive()
     }
 
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if let event = event as? ChannelEvent, event == .inputClosed, !upgraded {
+            // The upstream is done sending. The decoder has already delivered the end of
+            // a response delimited by the close; anything still awaited is cancelled as
+            // the channel goes (channelInactive), and the client leg goes with it.
+            close()
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
     func errorCaught(context: ChannelHandlerContext, error: Error) {
         // A malformed response: nothing more of this connection can be trusted.
         close()
