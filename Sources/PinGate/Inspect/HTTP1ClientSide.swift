@@ -11,7 +11,7 @@ import NIOHTTP1
 /// then this handler. It turns parts into router calls and router calls into parts.
 ///
 /// Backpressure: request body bytes handed to the router but not yet passed on by the
-/// upstream side are counted; past `bodyBytesInFlightLimit` this handler stops reading
+/// upstream side are counted; past `BodyFlowControl.bytesInFlightLimit` this handler stops reading
 /// from the client until credits come back. Response body bytes are credited to the
 /// upstream side only while this channel is writable.
 final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
@@ -19,17 +19,12 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     typealias OutboundIn = Never
     typealias OutboundOut = HTTPServerResponsePart
 
-    static let bodyBytesInFlightLimit = 256 * 1024
-
     private let router: TunnelRouter
     private var context: ChannelHandlerContext?
     /// The request being read and answered (pipelining assistance hands them over one by one).
     private var current: (id: Int, version: HTTPVersion, keepAlive: Bool, hasBody: Bool)?
     private var nextID = 1
-    private var bodyBytesInFlight = 0
-    private var readPending = false
-    /// Response body bytes written while the channel was not writable, by exchange.
-    private var creditsOwed: [Int: Int] = [:]
+    private var flow = BodyFlowControl()
     private var closing = false
     /// The client half-closed: no request will follow the one in flight.
     private var inputEnded = false
@@ -61,7 +56,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
             started(head)
         case .body(let bytes):
             guard let current else { return }
-            bodyBytesInFlight += bytes.readableBytes
+            flow.handedOver(bytes.readableBytes)
             router.requestBody(current.id, bytes)
         case .end(let trailers):
             guard let current, current.hasBody else { return }
@@ -160,18 +155,12 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     }
 
     func read(context: ChannelHandlerContext) {
-        if bodyBytesInFlight > Self.bodyBytesInFlightLimit {
-            readPending = true
-        } else {
-            context.read()
-        }
+        if flow.mayRead() { context.read() }
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
-        if context.channel.isWritable, !creditsOwed.isEmpty {
-            let owed = creditsOwed
-            creditsOwed = [:]
-            for (id, bytes) in owed { router.responseBodyTransmitted(id, bytes: bytes) }
+        if context.channel.isWritable {
+            for (id, bytes) in flow.takeOwed() { router.responseBodyTransmitted(id, bytes: bytes) }
         }
         context.fireChannelWritabilityChanged()
     }
@@ -196,20 +185,17 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         guard let context, current?.id == id else { return }
         let count = bytes.readableBytes
         context.write(wrapOutboundOut(.body(.byteBuffer(bytes))), promise: nil)
-        if context.channel.isWritable {
-            router.responseBodyTransmitted(id, bytes: count)
-        } else {
-            creditsOwed[id, default: 0] += count
+        if let credit = flow.wrote(id, bytes: count, writable: context.channel.isWritable) {
+            router.responseBodyTransmitted(id, bytes: credit)
         }
     }
 
     func endResponse(_ id: Int, trailers: HTTPHeaders?) {
         guard let context, let finished = current, finished.id == id else { return }
         current = nil
-        bodyBytesInFlight = 0
         context.writeAndFlush(wrapOutboundOut(.end(trailers)), promise: nil)
         if !finished.keepAlive || inputEnded { close() }
-        resumeReadingIfHeld()
+        resumeReading(afterPassingOn: nil)
     }
 
     func answer(_ id: Int, status: Int, refusal: String, detail: String) {
@@ -235,8 +221,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     }
 
     func requestBodyPassedOn(_ id: Int, bytes: Int) {
-        bodyBytesInFlight = max(0, bodyBytesInFlight - bytes)
-        resumeReadingIfHeld()
+        resumeReading(afterPassingOn: bytes)
     }
 
     func flush() {
@@ -257,9 +242,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         current = nil
     }
 
-    private func resumeReadingIfHeld() {
-        guard readPending, bodyBytesInFlight <= Self.bodyBytesInFlightLimit, let context else { return }
-        readPending = false
-        context.read()
+    private func resumeReading(afterPassingOn count: Int?) {
+        if flow.passedOn(count) { context?.read() }
     }
 }

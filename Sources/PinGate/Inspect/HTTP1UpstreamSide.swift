@@ -32,9 +32,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     private var activeKeepAlive = true
     /// Exchanges waiting for the connection, with their parts so far, in order.
     private var waiting: [(id: Int, parts: [Part], ended: Bool)] = []
-    private var bodyBytesInFlight = 0
-    private var readPending = false
-    private var creditsOwed: [Int: Int] = [:]
+    private var flow = BodyFlowControl()
     private var closing = false
     private(set) var upgraded = false
     private var switchingProtocols = false
@@ -107,8 +105,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     }
 
     func responseBodyPassedOn(_ id: Int, bytes: Int) {
-        bodyBytesInFlight = max(0, bodyBytesInFlight - bytes)
-        resumeReadingIfHeld()
+        resumeReading(afterPassingOn: bytes)
     }
 
     func flush() {
@@ -137,10 +134,8 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         case .body(let bytes):
             let count = bytes.readableBytes
             context.write(wrapOutboundOut(.body(.byteBuffer(bytes))), promise: nil)
-            if context.channel.isWritable {
-                router.requestBodyTransmitted(id, bytes: count)
-            } else {
-                creditsOwed[id, default: 0] += count
+            if let credit = flow.wrote(id, bytes: count, writable: context.channel.isWritable) {
+                router.requestBodyTransmitted(id, bytes: credit)
             }
         case .end(let trailers):
             activeRequestEnded = true
@@ -185,12 +180,11 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             router.responseHead(id, ExchangeResponseHead(status: Int(head.status.code),
                                                          headers: ConnectionSpecificHeaders.endToEnd(head.headers)), endStream: false)
         case .body(let bytes):
-            bodyBytesInFlight += bytes.readableBytes
+            flow.handedOver(bytes.readableBytes)
             router.responseBody(id, bytes)
         case .end(let trailers):
             guard activeResponseHeadSeen else { return }  // the end of an informational response
             active = nil
-            bodyBytesInFlight = 0
             router.responseEnd(id, trailers: trailers)
             if !activeKeepAlive || !activeRequestEnded {
                 // The upstream will close, or our request is still being sent after its
@@ -199,7 +193,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
                 return
             }
             startNextWaiting()
-            resumeReadingIfHeld()
+            resumeReading(afterPassingOn: nil)
         }
     }
 
@@ -241,25 +235,17 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     }
 
     func read(context: ChannelHandlerContext) {
-        if bodyBytesInFlight > HTTP1ClientSide.bodyBytesInFlightLimit {
-            readPending = true
-        } else {
-            context.read()
-        }
+        if flow.mayRead() { context.read() }
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
-        if context.channel.isWritable, !creditsOwed.isEmpty {
-            let owed = creditsOwed
-            creditsOwed = [:]
-            for (id, bytes) in owed { router.requestBodyTransmitted(id, bytes: bytes) }
+        if context.channel.isWritable {
+            for (id, bytes) in flow.takeOwed() { router.requestBodyTransmitted(id, bytes: bytes) }
         }
         context.fireChannelWritabilityChanged()
     }
 
-    private func resumeReadingIfHeld() {
-        guard readPending, bodyBytesInFlight <= HTTP1ClientSide.bodyBytesInFlightLimit, let context else { return }
-        readPending = false
-        context.read()
+    private func resumeReading(afterPassingOn count: Int?) {
+        if flow.passedOn(count) { context?.read() }
     }
 }
