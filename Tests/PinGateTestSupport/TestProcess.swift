@@ -91,7 +91,6 @@ public enum TestProcess {
 public final class PipeDrain: @unchecked Sendable {
     private let lock = NSLock()
     private var done = false
-    private var waiters: [CheckedContinuation<Void, Never>] = []
 
     /// Starts reading `handle` until end of file. The writer's end must be closed in this
     /// process (Foundation's `Process` does that once the child is launched).
@@ -104,10 +103,7 @@ public final class PipeDrain: @unchecked Sendable {
             }
             lock.lock()
             done = true
-            let waiting = waiters
-            waiters = []
             lock.unlock()
-            for waiter in waiting { waiter.resume() }
         }
         thread.name = "test-pipe-drain"
         thread.start()
@@ -115,20 +111,6 @@ public final class PipeDrain: @unchecked Sendable {
 
     /// True once the pipe reached end of file and every chunk went to the sink.
     public var isFinished: Bool { lock.lock(); defer { lock.unlock() }; return done }
-
-    /// Waits, without blocking a thread, until the pipe reached end of file.
-    public func finished() async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            lock.lock()
-            if done {
-                lock.unlock()
-                continuation.resume()
-            } else {
-                waiters.append(continuation)
-                lock.unlock()
-            }
-        }
-    }
 
     /// Waits until end of file or `limit`, whichever comes first; true if the pipe finished.
     public func finished(within limit: Duration) async -> Bool {

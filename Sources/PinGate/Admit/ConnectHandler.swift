@@ -35,7 +35,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     private var pausedClientHello: EventLoopPromise<String?>?
     /// For logs and the decision line.
     private var connection = ConnectionFacts()
-    private let tunnelBytes = TunnelBytes()
+    private let tunnelBytes: TunnelBytes
 
     /// What the logs say about this connection; none of it steers anything.
     private struct ConnectionFacts {
@@ -46,6 +46,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     init(environment: GateEnvironment) {
         self.environment = environment
+        tunnelBytes = TunnelBytes(statistics: environment.statistics)
         let configuration = environment.configuration
         machine = ConnectStateMachine(
             maximumHeadBytes: configuration.maximumHeadBytes,
@@ -189,14 +190,8 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     private func openUpstream(_ request: ConnectRequest, offer: [String]?, context: ChannelHandlerContext) -> EventLoopFuture<UpstreamConnection> {
-        let statistics = environment.statistics
-        let bytes = tunnelBytes
-        return environment.connector.connect(
-            host: request.host, port: request.port, alpnOffer: offer, on: context.eventLoop,
-            countRelayed: {
-                statistics.relayed(up: 0, down: $0)
-                bytes.down.add($0, ordering: .relaxed)
-            })
+        environment.connector.connect(host: request.host, port: request.port, alpnOffer: offer, on: context.eventLoop,
+                                      countRelayed: tunnelBytes.counter(clientSide: false))
     }
 
     private func verdict(on upstream: UpstreamConnection, for request: ConnectRequest) -> Verdict {
@@ -254,7 +249,6 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         // Only when that is in place is the 200 sent; until then a failure can still be
         // answered as a refusal.
         let statistics = environment.statistics
-        let bytes = tunnelBytes
         let handshake = context.eventLoop.makePromise(of: TLSPeerSummary.self)
         do {
             let leaf = try environment.minter.leaf(for: request.host, now: environment.now())
@@ -273,10 +267,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                 self.perform(self.machine.clientOfferNeedsNewUpstream(offer), context: context)
                 return promise.futureResult
             }
-            let clientGlue = GlueHandler(countRelayed: {
-                statistics.relayed(up: $0, down: 0)
-                bytes.up.add($0, ordering: .relaxed)
-            })
+            let clientGlue = GlueHandler(countRelayed: tunnelBytes.counter(clientSide: true))
             var handlers: [ChannelHandler] = [IdleStateHandler(allTimeout: environment.configuration.idleTimeout), tls]
             handlers.append(contentsOf: environment.decisionPolicy.makeTunnelInspectors(target: request.authority))
             handlers.append(clientGlue)
@@ -385,7 +376,6 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     private func installHTTPLayer(_ request: ConnectRequest, upstream: UpstreamConnection, clientGlue: GlueHandler,
                                   context: ChannelHandlerContext) throws {
         let environment = self.environment
-        let statistics = environment.statistics
         let bytes = tunnelBytes
         let client = connection.client
         let upstreamProtocol = upstream.peer.alpn == "h2" ? "HTTP/2" : "HTTP/1.1"
@@ -415,11 +405,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                 ])
             },
             forwarded: { environment.statistics.requestForwarded() },
-            relayed: { up, down in
-                statistics.relayed(up: up, down: down)
-                bytes.up.add(up, ordering: .relaxed)
-                bytes.down.add(down, ordering: .relaxed)
-            },
+            relayed: { up, down in bytes.count(up: up, down: down) },
             finished: { summary in
                 // The audit line: who asked which host for what, and what came of it.
                 // Never a header or a body.
@@ -435,12 +421,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         try RequestAwareTunnel.install(
             client: context.channel, clientGlue: clientGlue, upstream: upstream.channel, upstreamGlue: upstream.glue.value,
             router: router,
-            makeGlue: { clientSide in
-                GlueHandler(countRelayed: { count in
-                    statistics.relayed(up: clientSide ? count : 0, down: clientSide ? 0 : count)
-                    if clientSide { bytes.up.add(count, ordering: .relaxed) } else { bytes.down.add(count, ordering: .relaxed) }
-                })
-            })
+            makeGlue: { clientSide in GlueHandler(countRelayed: bytes.counter(clientSide: clientSide)) })
     }
 
     private func closeEarly(_ reason: ConnectStateMachine<UpstreamConnection>.EarlyClose, upstream: UpstreamConnection?,
@@ -508,8 +489,26 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     }
 }
 
-/// Bytes relayed by one tunnel, counted from both glue handlers.
+/// Bytes relayed by one tunnel (for its decision line), also added to the gate's
+/// counters: the one place every relay (glues, the HTTP layer) counts through.
 final class TunnelBytes: Sendable {
     let up = Atomic<Int>(0)
     let down = Atomic<Int>(0)
+    private let statistics: GateStatistics
+
+    init(statistics: GateStatistics) {
+        self.statistics = statistics
+    }
+
+    /// Counts `up` bytes client → upstream and `down` bytes upstream → client.
+    func count(up: Int, down: Int) {
+        statistics.relayed(up: up, down: down)
+        if up > 0 { self.up.add(up, ordering: .relaxed) }
+        if down > 0 { self.down.add(down, ordering: .relaxed) }
+    }
+
+    /// A glue's counter: what the client side reads goes up, what the upstream side reads down.
+    func counter(clientSide: Bool) -> GlueHandler.ByteCounter {
+        { [self] bytes in clientSide ? count(up: bytes, down: 0) : count(up: 0, down: bytes) }
+    }
 }

@@ -1,6 +1,4 @@
 import Foundation
-import PinGateNIO
-import PinGateTLS
 import PinList
 
 /// Decides, for each request inside an admitted tunnel, whether its authority may use the
@@ -95,43 +93,17 @@ struct RequestAuthority: Equatable, Sendable, CustomStringConvertible {
     let portWasExplicit: Bool
 
     /// Parses `host`, `host:port`, `[v6]` or `[v6]:port`; nil for anything else
-    /// (userinfo, empty host, a bad port, characters a host cannot have).
+    /// (userinfo, empty host, a bad port, characters a host cannot have). The text is
+    /// checked and normalized by the CONNECT parser itself, so a request's authority and a
+    /// CONNECT target compare equal exactly when they name the same origin.
     init?(parsing text: String, defaultPort: Int) {
-        guard !text.contains("@"), !text.contains("/"), !text.contains(" ") else { return nil }
-        var hostPart = Substring(text)
-        var port = defaultPort
-        var explicit = false
-        if hostPart.hasPrefix("[") {
-            guard let close = hostPart.firstIndex(of: "]") else { return nil }
-            let rest = hostPart[hostPart.index(after: close)...]
-            hostPart = hostPart[hostPart.index(after: hostPart.startIndex)..<close]
-            guard IPAddressText.isIPLiteral(String(hostPart)), hostPart.contains(":") else { return nil }
-            if !rest.isEmpty {
-                guard rest.hasPrefix(":"), let parsed = Self.port(rest.dropFirst()) else { return nil }
-                port = parsed
-                explicit = true
-            }
-            self.host = hostPart.lowercased()
-        } else {
-            if let colon = hostPart.lastIndex(of: ":") {
-                guard let parsed = Self.port(hostPart[hostPart.index(after: colon)...]) else { return nil }
-                port = parsed
-                explicit = true
-                hostPart = hostPart[..<colon]
-            }
-            guard !hostPart.isEmpty, !hostPart.contains(":") else { return nil }
-            let name = HostName.normalize(String(hostPart))
-            guard IPAddressText.isIPLiteral(name) || ConnectRequestParser.isValidHostName(name) else { return nil }
-            self.host = name
-        }
-        self.port = port
-        self.portWasExplicit = explicit
-    }
-
-    private static func port(_ text: Substring) -> Int? {
-        guard (1...5).contains(text.count), text.allSatisfy({ $0.isASCII && $0.isNumber }),
-              let port = Int(text), (1...65535).contains(port) else { return nil }
-        return port
+        // An authority has a port when its last colon is not inside IPv6 brackets.
+        let hasPort = text.hasPrefix("[") ? !text.hasSuffix("]") : text.contains(":")
+        let target = hasPort ? text : "\(text):\(defaultPort)"
+        guard case .success(let parsed) = ConnectRequestParser.parseAuthority(Substring(target)) else { return nil }
+        self.host = parsed.host
+        self.port = parsed.port
+        self.portWasExplicit = hasPort
     }
 
     /// `host:port` with IPv6 bracketed: how logs and refusals name it.

@@ -17,8 +17,6 @@ struct ExchangeRequestHead: Equatable {
     var headers: HTTPHeaders
     /// The protocol an HTTP/1.1 `Upgrade` asked for (e.g. `websocket`), when it did.
     var upgrade: String?
-    /// Whether the request has a body to follow its head.
-    var hasBody: Bool
 }
 
 /// A response head, version-neutral as `ExchangeRequestHead` is.

@@ -73,7 +73,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         current = (id, head.version, head.isKeepAlive, hasBody)
         guard let target = Self.splitTarget(head) else {
             router.requestHead(id, ExchangeRequestHead(method: head.method.rawValue, path: head.uri, authority: nil,
-                                                       headers: [:], upgrade: nil, hasBody: hasBody), endStream: !hasBody)
+                                                       headers: [:], upgrade: nil), endStream: !hasBody)
             return
         }
         var upgrade: String?
@@ -83,7 +83,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         var headers = ConnectionSpecificHeaders.endToEnd(framing)
         if ConnectionSpecificHeaders.wantsTrailers(framing) { headers.add(name: "te", value: "trailers") }
         let exchange = ExchangeRequestHead(method: head.method.rawValue, path: target.path, authority: target.authority,
-                                           headers: headers, upgrade: upgrade, hasBody: hasBody)
+                                           headers: headers, upgrade: upgrade)
         router.requestHead(id, exchange, endStream: !hasBody)
     }
 

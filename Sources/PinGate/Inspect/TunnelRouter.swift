@@ -45,13 +45,13 @@ final class TunnelRouter {
         let startedTick: NIODeadline
         let method: String
         let path: String
-        let authority: String
+        /// As sent; for a refusal, as normalized (what the refusal names).
+        var authority: String
         var upstreamID: Int?
         var refusal: DecisionReason?
         var status: Int?
         var bytesUp = 0
         var bytesDown = 0
-        var requestEnded: Bool
         var responseEnded = false
     }
 
@@ -76,9 +76,6 @@ final class TunnelRouter {
         self.now = now
     }
 
-    /// The exchanges in flight (for tests and the drain).
-    var openExchanges: Int { exchanges.count }
-
     // MARK: from the client side
 
     /// A request head arrived. It is checked here, before anything of it goes upstream.
@@ -86,15 +83,14 @@ final class TunnelRouter {
         guard !ended else { return }
         let decision = binding.decide(authority: head.authority)
         var exchange = Exchange(started: now(), startedTick: .now(), method: head.method, path: head.path,
-                                authority: head.authority ?? "-", requestEnded: endStream)
+                                authority: head.authority ?? "-")
         switch decision {
         case .refuse(let refusal):
             let (status, reason, detail): (Int, DecisionReason, String)
             switch refusal {
             case .mismatch(let authority, let text):
                 (status, reason, detail) = (421, .authorityMismatch, text)
-                exchange = Exchange(started: exchange.started, startedTick: exchange.startedTick, method: head.method,
-                                    path: head.path, authority: authority, requestEnded: endStream)
+                exchange.authority = authority
             case .malformed(let text):
                 (status, reason, detail) = (400, .malformedRequest, text)
             }
@@ -117,29 +113,21 @@ final class TunnelRouter {
 
     /// Request body bytes arrived for exchange `id`.
     func requestBody(_ id: Int, _ bytes: ByteBuffer) {
-        guard var exchange = exchanges[id] else {
-            // An exchange already finished (refused and answered): its late body is
-            // dropped, and credited at once so the client's window does not shrink.
+        guard let upstreamID = exchanges[id]?.upstreamID else {
+            // A refused request's body, or one whose exchange already ended: dropped, and
+            // credited at once so the client's window does not shrink.
             client?.requestBodyPassedOn(id, bytes: bytes.readableBytes)
             return
         }
-        guard let upstreamID = exchange.upstreamID else {
-            client?.requestBodyPassedOn(id, bytes: bytes.readableBytes)
-            return
-        }
-        exchange.bytesUp += bytes.readableBytes
-        exchanges[id] = exchange
+        exchanges[id]?.bytesUp += bytes.readableBytes
         observer.relayed(bytes.readableBytes, 0)
         upstream?.sendRequestBody(upstreamID, bytes)
     }
 
     /// The request of exchange `id` ended.
     func requestEnd(_ id: Int, trailers: HTTPHeaders?) {
-        guard var exchange = exchanges[id] else { return }
-        exchange.requestEnded = true
-        exchanges[id] = exchange
-        if let upstreamID = exchange.upstreamID { upstream?.endRequest(upstreamID, trailers: trailers) }
-        finishIfDone(id)
+        guard let upstreamID = exchanges[id]?.upstreamID else { return }
+        upstream?.endRequest(upstreamID, trailers: trailers)
     }
 
     /// The client abandoned exchange `id` (HTTP/2 RST_STREAM).

@@ -40,9 +40,6 @@ public enum DecisionReason: String, Sendable, Hashable, CaseIterable, Codable {
     /// A request inside an admitted tunnel was malformed or ambiguous HTTP (a smuggling
     /// shape, a bad header, an HTTP/2 protocol error): refused, nothing forwarded.
     case malformedRequest = "malformed-request"
-    /// The client spoke neither HTTP/1.x nor HTTP/2 inside a tunnel to a host that is not
-    /// listed in `opaque-hosts`.
-    case notHTTP = "not-http"
 
     /// The reason a verdict stands for.
     public init(_ verdict: Verdict) {
