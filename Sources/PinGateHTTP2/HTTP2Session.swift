@@ -101,11 +101,17 @@ public final class HTTP2Session {
     /// Body bytes queued to send, by stream, with whether the stream ends after them.
     private var outgoing: [Int32: OutgoingBody] = [:]
 
+    /// Body bytes handed to nghttp2 for sending since the last `takeSentBodyBytes()`, by
+    /// stream: what left the session (into `takeOutput()`), not what was queued.
+    private var sentBodyBytes: [Int32: Int] = [:]
+
     private struct OutgoingBody {
         var bytes: [UInt8] = []
         var offset = 0
         var ended = false
         var deferred = false
+        /// Sent as a HEADERS frame after the last DATA frame (RFC 9113 §8.1).
+        var trailers: [HTTP2HeaderField]?
     }
 
     /// A session in `role` advertising `limits`. The SETTINGS frame (and, for a client,
@@ -226,13 +232,23 @@ public final class HTTP2Session {
     }
 
     /// Queues body bytes on `streamID` (opened with `endStream: false`); `endStream` ends
-    /// it after them. They go out as the peer's windows allow.
-    public func sendBody(streamID: Int32, _ bytes: [UInt8], endStream: Bool) throws(HTTP2Error) {
+    /// it after them, with `trailers` when there are any. They go out as the peer's
+    /// windows allow.
+    public func sendBody(streamID: Int32, _ bytes: [UInt8], endStream: Bool,
+                         trailers: [HTTP2HeaderField]? = nil) throws(HTTP2Error) {
+        try sendBody(streamID: streamID, count: bytes.count, endStream: endStream, trailers: trailers) { $0.append(contentsOf: bytes) }
+    }
+
+    /// As `sendBody(streamID:_:endStream:trailers:)`, with the bytes appended by `append`
+    /// straight into the session's queue (one copy, from wherever the caller holds them).
+    public func sendBody(streamID: Int32, count: Int, endStream: Bool, trailers: [HTTP2HeaderField]? = nil,
+                         append: (inout [UInt8]) -> Void) throws(HTTP2Error) {
         guard var body = outgoing[streamID] else {
             throw HTTP2Error(code: NGHTTP2_ERR_INVALID_STATE.rawValue, operation: "sending a body on stream \(streamID)")
         }
-        body.bytes.append(contentsOf: bytes)
+        if count > 0 { append(&body.bytes) }
         body.ended = body.ended || endStream
+        if endStream, let trailers, !trailers.isEmpty { body.trailers = trailers }
         let wasDeferred = body.deferred
         body.deferred = false
         outgoing[streamID] = body
@@ -240,6 +256,24 @@ public final class HTTP2Session {
             let result = nghttp2_session_resume_data(session, streamID)
             guard result == 0 else { throw HTTP2Error(code: result, operation: "resuming stream \(streamID)") }
         }
+    }
+
+    /// Sends a header block on `streamID` that is neither the request nor the final
+    /// response head: an informational (1xx) response.
+    public func submitInformational(streamID: Int32, _ fields: [HTTP2HeaderField]) throws(HTTP2Error) {
+        let result = withNameValues(fields) { (pairs: UnsafePointer<nghttp2_nv>, count: Int) -> Int32 in
+            nghttp2_submit_headers(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID, nil, pairs, count, nil)
+        }
+        guard result >= 0 else { throw HTTP2Error(code: result, operation: "submitting headers on stream \(streamID)") }
+    }
+
+    /// The body bytes that left the session since the last call, by stream: what the
+    /// peer's windows let go into `takeOutput()`. The owner credits the other leg with
+    /// them once they are written out, which is how backpressure crosses the gate.
+    public func takeSentBodyBytes() -> [Int32: Int] {
+        let sent = sentBodyBytes
+        sentBodyBytes = [:]
+        return sent
     }
 
     /// Ends `streamID` with RST_STREAM and `errorCode` (RFC 9113 §7).
@@ -320,6 +354,7 @@ public final class HTTP2Session {
             if let base = source.baseAddress, count > 0 { buffer.update(from: base + body.offset, count: count) }
         }
         body.offset += count
+        if count > 0 { sentBodyBytes[streamID, default: 0] += count }
         // Drop what was sent once it is most of the buffer, so a long stream does not grow it.
         if body.offset > 64 * 1024 && body.offset * 2 > body.bytes.count {
             body.bytes.removeFirst(body.offset)
@@ -328,6 +363,15 @@ public final class HTTP2Session {
         if body.ended && body.offset == body.bytes.count {
             flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue
             outgoing[streamID] = nil
+            if let trailers = body.trailers {
+                // The stream ends with the trailers' HEADERS frame, not this DATA frame;
+                // nghttp2 allows submitting them from inside this callback.
+                flags.pointee |= NGHTTP2_DATA_FLAG_NO_END_STREAM.rawValue
+                let result = withNameValues(trailers) { (pairs: UnsafePointer<nghttp2_nv>, count: Int) -> Int32 in
+                    nghttp2_submit_trailer(session, streamID, pairs, count)
+                }
+                if result != 0 { return Int(NGHTTP2_ERR_CALLBACK_FAILURE.rawValue) }
+            }
         } else {
             outgoing[streamID] = body
         }
@@ -391,6 +435,8 @@ public final class HTTP2Session {
             guard let owner = HTTP2Session.owner(userData) else { return 0 }
             owner.pendingHeaders[streamID] = nil
             owner.outgoing[streamID] = nil
+            // `sentBodyBytes` stays: bytes that went out just before the close are still
+            // owed to the other leg (its connection window needs them back).
             owner.events.append(.streamClosed(streamID: streamID, errorCode: errorCode))
             return 0
         }

@@ -121,6 +121,49 @@ struct HTTP2SessionTests {
         #expect(ended)
     }
 
+    @Test("a 100 Continue, a body and trailers cross in order; the stream ends with the trailers")
+    func informationalAndTrailers() throws {
+        let client = try HTTP2Session(role: .client)
+        let server = try HTTP2Session(role: .server)
+        _ = try client.submitRequest(Self.request + [HTTP2HeaderField("te", "trailers")], endStream: true)
+        _ = try Self.exchange(client, server)
+        try server.submitInformational(streamID: 1, [HTTP2HeaderField(":status", "100")])
+        try server.submitResponse(streamID: 1, [HTTP2HeaderField(":status", "200")], endStream: false)
+        try server.sendBody(streamID: 1, Array("body".utf8), endStream: true, trailers: [HTTP2HeaderField("grpc-status", "0")])
+        let events = try Self.exchange(client, server).client
+        let heads = events.compactMap { event -> [HTTP2HeaderField]? in
+            if case .headers(1, let fields, _) = event { return fields }
+            return nil
+        }
+        #expect(heads == [[HTTP2HeaderField(":status", "100")], [HTTP2HeaderField(":status", "200")],
+                          [HTTP2HeaderField("grpc-status", "0")]])
+        #expect(events.contains(.headers(streamID: 1, fields: [HTTP2HeaderField("grpc-status", "0")], endStream: true)))
+        #expect(Self.body(events, stream: 1) == (Array("body".utf8), false), "the DATA frame does not end the stream")
+        #expect(events.contains(.streamClosed(streamID: 1, errorCode: 0)))
+    }
+
+    @Test("sent body bytes are reported when they leave the session, as far as the peer's window lets them")
+    func sentBodyAccounting() throws {
+        var limits = HTTP2Session.Limits()
+        limits.initialWindowSize = 10_000
+        let client = try HTTP2Session(role: .client, limits: limits)
+        let server = try HTTP2Session(role: .server)
+        _ = try client.submitRequest(Self.request, endStream: true)
+        _ = try Self.exchange(client, server)
+        try server.submitResponse(streamID: 1, [HTTP2HeaderField(":status", "200")], endStream: false)
+        try server.sendBody(streamID: 1, [UInt8](repeating: 7, count: 25_000), endStream: true)
+        #expect(server.takeSentBodyBytes().isEmpty, "queued is not sent")
+        _ = try Self.exchange(client, server)
+        #expect(server.takeSentBodyBytes() == [1: 10_000], "one window's worth left")
+        #expect(server.takeSentBodyBytes().isEmpty, "taking resets the count")
+        try client.consumed(streamID: 1, bytes: 10_000)
+        _ = try Self.exchange(client, server)
+        #expect(server.takeSentBodyBytes() == [1: 10_000])
+        try client.consumed(streamID: 1, bytes: 10_000)
+        _ = try Self.exchange(client, server)
+        #expect(server.takeSentBodyBytes() == [1: 5_000], "the last bytes count though the stream closed with them")
+    }
+
     @Test("bytes that are not the client preface are a fatal error with nghttp2's reason; nothing more is sent")
     func badPreface() throws {
         let server = try HTTP2Session(role: .server)
