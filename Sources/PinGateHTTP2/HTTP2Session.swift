@@ -26,7 +26,8 @@ public struct HTTP2Error: Error, Sendable, Equatable, CustomStringConvertible {
     /// nghttp2's text for `code`.
     public let reason: String
 
-    init(code: Int32, operation: String) {
+    /// An error with nghttp2's `code` met while doing `operation`.
+    public init(code: Int32, operation: String) {
         self.code = code
         self.operation = operation
         reason = nghttp2_strerror(code).map { String(cString: $0) } ?? "unknown error \(code)"

@@ -64,11 +64,15 @@ public final class TLSConnection {
         /// Pause at the ClientHello when the client does not offer `preferredALPN`,
         /// so the caller can fetch a matching upstream before answering.
         public var pauseWhenPreferredALPNMissing: Bool
+        /// The protocol to select when the client does not offer `preferredALPN` but
+        /// offers this one (the gate's HTTP layer: `h2`, else `http/1.1`).
+        public var fallbackALPN: String?
 
         /// Creates server options.
-        public init(preferredALPN: String?, pauseWhenPreferredALPNMissing: Bool) {
+        public init(preferredALPN: String?, pauseWhenPreferredALPNMissing: Bool, fallbackALPN: String? = nil) {
             self.preferredALPN = preferredALPN
             self.pauseWhenPreferredALPNMissing = pauseWhenPreferredALPNMissing
+            self.fallbackALPN = fallbackALPN
         }
     }
 
@@ -140,6 +144,7 @@ public final class TLSConnection {
         let hooks = TLSConnectionHooks()
         hooks.preferredALPN = options.preferredALPN
         hooks.pauseWhenPreferredALPNMissing = options.pauseWhenPreferredALPNMissing
+        hooks.fallbackALPN = options.fallbackALPN
         try self.init(context: context, role: .server, hooks: hooks)
         SSL_set_accept_state(ssl)
     }
@@ -273,6 +278,7 @@ public final class TLSConnection {
 final class TLSConnectionHooks {
     var preferredALPN: String?
     var pauseWhenPreferredALPNMissing = false
+    var fallbackALPN: String?
     var offeredALPN: [String]?
 
     private static func hooks(_ ssl: OpaquePointer?) -> TLSConnectionHooks? {
@@ -299,28 +305,29 @@ final class TLSConnectionHooks {
         return pg_SSL_CLIENT_HELLO_SUCCESS()
     }
 
-    /// Selects the preferred protocol when the client offered it, and no protocol otherwise.
+    /// Selects the preferred protocol when the client offered it, else the fallback when
+    /// it offered that, and no protocol otherwise.
     static let alpnSelectCallback: @convention(c) (
         OpaquePointer?, UnsafeMutablePointer<UnsafePointer<UInt8>?>?, UnsafeMutablePointer<UInt8>?,
         UnsafePointer<UInt8>?, UInt32, UnsafeMutableRawPointer?
     ) -> Int32 = { ssl, out, outLength, input, inputLength, _ in
-        guard let hooks = TLSConnectionHooks.hooks(ssl), let preferred = hooks.preferredALPN,
-              let input, let out, let outLength
+        guard let hooks = TLSConnectionHooks.hooks(ssl), let input, let out, let outLength
         else { return pg_SSL_TLSEXT_ERR_NOACK() }
-        let wanted = Array(preferred.utf8)
-        var index = 0
-        let count = Int(inputLength)
-        while index < count {
-            let length = Int(input[index])
-            let start = index + 1
-            guard start + length <= count else { break }
-            if length == wanted.count, Array(UnsafeBufferPointer(start: input + start, count: length)) == wanted {
-                // `out` must point into OpenSSL's own buffer, which outlives this call.
-                out.pointee = input + start
-                outLength.pointee = UInt8(length)
-                return pg_SSL_TLSEXT_ERR_OK()
+        for wanted in [hooks.preferredALPN, hooks.fallbackALPN].compactMap({ $0 }).map({ Array($0.utf8) }) {
+            var index = 0
+            let count = Int(inputLength)
+            while index < count {
+                let length = Int(input[index])
+                let start = index + 1
+                guard start + length <= count else { break }
+                if length == wanted.count, Array(UnsafeBufferPointer(start: input + start, count: length)) == wanted {
+                    // `out` must point into OpenSSL's own buffer, which outlives this call.
+                    out.pointee = input + start
+                    outLength.pointee = UInt8(length)
+                    return pg_SSL_TLSEXT_ERR_OK()
+                }
+                index = start + length
             }
-            index = start + length
         }
         return pg_SSL_TLSEXT_ERR_NOACK()
     }

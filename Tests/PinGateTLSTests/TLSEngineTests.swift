@@ -147,6 +147,21 @@ struct TLSEngineTests {
         #expect(buffer.withUnsafeMutableBytes { server.readPlaintext(into: $0) } == .closeNotify)
     }
 
+    @Test("ALPN: the preferred protocol when offered, else the fallback when offered, else none")
+    func alpnFallback() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let peers = try Self.makePeers(names: [.dns("engine.test")], directory: directory)
+        for (offer, expected) in [(["http/1.1", "h2"], "h2"), (["http/1.1"], "http/1.1"), (["spdy/3"], nil)] as [([String], String?)] {
+            let client = try TLSConnection(clientOf: peers.clientContext, options: .init(expectedHost: "engine.test", alpnOffer: offer))
+            let server = try TLSConnection(serverOf: peers.serverContext,
+                                           options: .init(preferredALPN: "h2", pauseWhenPreferredALPNMissing: false, fallbackALPN: "http/1.1"))
+            let (clientState, serverState) = Self.pump(client, server)
+            #expect(clientState == .complete && serverState == .complete)
+            #expect(client.peerSummary().alpn == expected, "offer \(offer)")
+        }
+    }
+
     @Test("a name the certificate does not carry: the handshake completes but the verify code says hostname mismatch")
     func hostnameMismatch() throws {
         let directory = try TemporaryDirectory()

@@ -168,13 +168,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     private func connectUpstream(_ request: ConnectRequest, context: ChannelHandlerContext) {
-        var offer = environment.decisionPolicy.upstreamALPNOffer(configured: environment.configuration.upstreamALPNOffer)
-        if inspectsRequests(request) {
-            // The HTTP layer speaks HTTP/1.1 on both legs for now (HTTP/2 on nghttp2 is
-            // next): offering it alone means the one upstream connection the verdict is
-            // made on is one the layer can read.
-            offer = ["http/1.1"]
-        }
+        let offer = environment.decisionPolicy.upstreamALPNOffer(configured: environment.configuration.upstreamALPNOffer)
         openUpstream(request, offer: offer, context: context).assumeIsolated().whenComplete { result in
             switch result {
             case .success(let upstream):
@@ -252,14 +246,17 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         let handshake = context.eventLoop.makePromise(of: TLSPeerSummary.self)
         do {
             let leaf = try environment.minter.leaf(for: request.host, now: environment.now())
-            // A request-aware tunnel selects HTTP/1.1 for the client whatever the upstream
-            // chose (the HTTP layer translates); a byte relay must give the client the
-            // upstream's own protocol, or reopen the upstream with the client's offer.
+            // A request-aware tunnel selects for the client what the client prefers, h2
+            // else HTTP/1.1, whatever the upstream chose: the HTTP layer bridges the two
+            // versions over the one upstream connection the verdict was made on. A byte
+            // relay must give the client the upstream's own protocol, or reopen the
+            // upstream with the client's offer.
             let inspecting = inspectsRequests(request)
             let serverConnection = try TLSConnection(
                 serverOf: leaf.context,
-                options: .init(preferredALPN: inspecting ? "http/1.1" : upstream.peer.alpn,
-                               pauseWhenPreferredALPNMissing: !inspecting))
+                options: inspecting
+                    ? .init(preferredALPN: "h2", pauseWhenPreferredALPNMissing: false, fallbackALPN: "http/1.1")
+                    : .init(preferredALPN: upstream.peer.alpn, pauseWhenPreferredALPNMissing: true))
             let tls = TLSHandler(connection: serverConnection, handshakePromise: handshake) { offer in
                 // Paused at the ClientHello: the client did not offer the upstream's protocol.
                 let promise = context.eventLoop.makePromise(of: String?.self)
@@ -378,6 +375,8 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         let environment = self.environment
         let bytes = tunnelBytes
         let client = connection.client
+        let clientALPN = connection.clientALPN
+        let clientProtocol = clientALPN == "h2" ? "HTTP/2" : "HTTP/1.1"
         let upstreamProtocol = upstream.peer.alpn == "h2" ? "HTTP/2" : "HTTP/1.1"
         let policy = environment.decisionPolicy
         let leafCertificate = upstream.peer.leaf
@@ -414,12 +413,14 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                     time: summary.started, client: client, connectHost: request.host, connectPort: request.port,
                     authority: summary.authority, method: summary.method, path: summary.path, status: summary.status ?? 0,
                     bytesUp: summary.bytesUp, bytesDown: summary.bytesDown,
-                    durationMilliseconds: Int(summary.durationNanoseconds / 1_000_000), protocolName: "HTTP/1.1",
+                    durationMilliseconds: Int(summary.durationNanoseconds / 1_000_000), protocolName: clientProtocol,
                     upstreamProtocol: upstreamProtocol, streamID: summary.clientStreamID, refusal: summary.refusal?.rawValue))
             })
-        let router = TunnelRouter(binding: binding, clientUsesStreamIDs: false, observer: observer, now: environment.now)
+        let router = TunnelRouter(binding: binding, clientUsesStreamIDs: clientALPN == "h2", observer: observer, now: environment.now)
         try RequestAwareTunnel.install(
-            client: context.channel, clientGlue: clientGlue, upstream: upstream.channel, upstreamGlue: upstream.glue.value,
+            client: context.channel, clientGlue: clientGlue, clientProtocol: clientALPN,
+            upstream: upstream.channel, upstreamGlue: upstream.glue.value, upstreamProtocol: upstream.peer.alpn,
+            limits: environment.configuration.http2Limits,
             router: router,
             makeGlue: { clientSide in GlueHandler(countRelayed: bytes.counter(clientSide: clientSide)) })
     }

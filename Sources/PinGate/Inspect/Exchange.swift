@@ -83,6 +83,8 @@ protocol TunnelClientSide: AnyObject {
 
 /// One side of a request-aware tunnel, toward the upstream the verdict was made on.
 protocol TunnelUpstreamSide: AnyObject {
+    /// Whether a request with an HTTP/1.1 `Upgrade` can be carried (it cannot over HTTP/2).
+    var carriesUpgrades: Bool { get }
     /// Sends a request head; returns the id this side uses for the exchange.
     func startRequest(_ head: ExchangeRequestHead, authority: RequestAuthority, endStream: Bool) -> Int
     /// Sends request body bytes of exchange `id`.

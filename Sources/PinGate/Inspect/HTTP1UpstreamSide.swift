@@ -53,6 +53,9 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
 
     // MARK: from the router
 
+    /// An HTTP/1.1 upstream can switch protocols (`101`, WebSocket).
+    var carriesUpgrades: Bool { true }
+
     func startRequest(_ head: ExchangeRequestHead, authority: RequestAuthority, endStream: Bool) -> Int {
         let id = nextID
         nextID += 1

@@ -1,5 +1,6 @@
 import NIOCore
 import NIOHTTP1
+import PinGateHTTP2
 import PinGateNIO
 
 /// Puts the HTTP layer on both legs of an admitted tunnel at the join, in place of the
@@ -10,11 +11,15 @@ import PinGateNIO
 /// behind the TLS handler, and the buffered bytes are replayed into them, so no byte read
 /// before the join is lost or skipped past the checks.
 enum RequestAwareTunnel {
-    /// Installs the layer. `clientGlue` and `upstreamGlue` are the legs' unpaired glues;
-    /// `makeGlue` makes fresh ones for a byte relay after an upgrade (WebSocket).
+    /// Installs the layer. `clientProtocol` and `upstreamProtocol` are what each leg's TLS
+    /// negotiated (`h2` means HTTP/2 on nghttp2, anything else HTTP/1.1): each leg gets
+    /// the side for its own version, and the router bridges between them, so neither leg
+    /// is reopened for the other's sake. `clientGlue` and `upstreamGlue` are the legs'
+    /// unpaired glues; `makeGlue` makes fresh ones for a byte relay after an upgrade.
     static func install(
-        client: Channel, clientGlue: GlueHandler,
-        upstream: Channel, upstreamGlue: GlueHandler,
+        client: Channel, clientGlue: GlueHandler, clientProtocol: String?,
+        upstream: Channel, upstreamGlue: GlueHandler, upstreamProtocol: String?,
+        limits: HTTP2Session.Limits,
         router: TunnelRouter,
         makeGlue: @escaping (_ clientSide: Bool) -> GlueHandler
     ) throws {
@@ -25,26 +30,41 @@ enum RequestAwareTunnel {
         clientPipeline.removeHandler(clientGlue, promise: nil)
         upstreamPipeline.removeHandler(upstreamGlue, promise: nil)
 
-        let clientSide = HTTP1ClientSide(router: router)
-        try clientPipeline.configureHTTPServerPipeline(
-            position: .last, withPipeliningAssistance: true, withServerUpgrade: nil, withErrorHandling: false)
-        try clientPipeline.addHandler(clientSide)
+        var http1Client: HTTP1ClientSide?
+        if clientProtocol == "h2" {
+            let clientSide = try HTTP2ClientSide(router: router, limits: limits)
+            router.client = clientSide
+            try clientPipeline.addHandler(clientSide)
+        } else {
+            let clientSide = HTTP1ClientSide(router: router)
+            try clientPipeline.configureHTTPServerPipeline(
+                position: .last, withPipeliningAssistance: true, withServerUpgrade: nil, withErrorHandling: false)
+            try clientPipeline.addHandler(clientSide)
+            router.client = clientSide
+            http1Client = clientSide
+        }
 
-        let upstreamSide = HTTP1UpstreamSide(router: router)
-        let encoder = HTTPRequestEncoder()
-        let decoder = ByteToMessageHandler(HTTPResponseDecoder(leftOverBytesStrategy: .forwardBytes,
-                                                               informationalResponseStrategy: .forward))
-        try upstreamPipeline.addHandlers([encoder, decoder, upstreamSide])
-
-        router.client = clientSide
-        router.upstream = upstreamSide
+        if upstreamProtocol == "h2" {
+            let upstreamSide = try HTTP2UpstreamSide(router: router, limits: limits)
+            router.upstream = upstreamSide
+            try upstreamPipeline.addHandler(upstreamSide)
+        } else {
+            let upstreamSide = HTTP1UpstreamSide(router: router)
+            let encoder = HTTPRequestEncoder()
+            let decoder = ByteToMessageHandler(HTTPResponseDecoder(leftOverBytesStrategy: .forwardBytes,
+                                                                   informationalResponseStrategy: .forward))
+            try upstreamPipeline.addHandlers([encoder, decoder, upstreamSide])
+            router.upstream = upstreamSide
+            // Only an HTTP/1.1 client asks for an upgrade (HTTP/2 has no `Upgrade`), and
+            // only an HTTP/1.1 upstream carries one (the router refuses it otherwise).
+            upstreamSide.onUpgrade = { [weak http1Client, weak upstreamSide] in
+                guard let clientSide = http1Client, let upstreamSide else { return }
+                switchToByteRelay(client: client, clientSide: clientSide, upstream: upstream, upstreamSide: upstreamSide,
+                                  makeGlue: makeGlue)
+            }
+        }
         // The sides are held by their pipelines; the router by the sides. When either
         // channel closes, the router ends the other, and the pipelines let go of all.
-        upstreamSide.onUpgrade = { [weak clientSide, weak upstreamSide] in
-            guard let clientSide, let upstreamSide else { return }
-            switchToByteRelay(client: client, clientSide: clientSide, upstream: upstream, upstreamSide: upstreamSide,
-                              makeGlue: makeGlue)
-        }
 
         replay(clientEarly, into: client)
         replay(upstreamEarly, into: upstream)

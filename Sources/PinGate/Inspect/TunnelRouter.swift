@@ -86,29 +86,38 @@ final class TunnelRouter {
                                 authority: head.authority ?? "-")
         switch decision {
         case .refuse(let refusal):
-            let (status, reason, detail): (Int, DecisionReason, String)
             switch refusal {
             case .mismatch(let authority, let text):
-                (status, reason, detail) = (421, .authorityMismatch, text)
                 exchange.authority = authority
+                refuse(id, exchange, status: 421, reason: .authorityMismatch, detail: text)
             case .malformed(let text):
-                (status, reason, detail) = (400, .malformedRequest, text)
+                refuse(id, exchange, status: 400, reason: .malformedRequest, detail: text)
             }
-            exchange.refusal = reason
-            exchange.status = status
-            exchange.responseEnded = true
-            exchanges[id] = exchange
-            observer.refused(reason, exchange.authority, detail)
-            client?.answer(id, status: status, refusal: reason.rawValue, detail: detail)
-            finishIfDone(id)
         case .pass(let authority):
             guard let upstream else { return }
+            if let upgrade = head.upgrade, !upstream.carriesUpgrades {
+                refuse(id, exchange, status: 501, reason: .upgradeUnsupported,
+                       detail: "the upstream speaks HTTP/2, which cannot carry an Upgrade to \(upgrade) (RFC 9113 §8.6)")
+                return
+            }
             exchanges[id] = exchange
             observer.forwarded()
             let upstreamID = upstream.startRequest(head, authority: authority, endStream: endStream)
             exchanges[id]?.upstreamID = upstreamID
             clientIDByUpstreamID[upstreamID] = id
         }
+    }
+
+    /// Answers exchange `id` itself: nothing of it goes upstream.
+    private func refuse(_ id: Int, _ refused: Exchange, status: Int, reason: DecisionReason, detail: String) {
+        var exchange = refused
+        exchange.refusal = reason
+        exchange.status = status
+        exchange.responseEnded = true
+        exchanges[id] = exchange
+        observer.refused(reason, exchange.authority, detail)
+        client?.answer(id, status: status, refusal: reason.rawValue, detail: detail)
+        finishIfDone(id)
     }
 
     /// Request body bytes arrived for exchange `id`.

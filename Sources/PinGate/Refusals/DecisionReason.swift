@@ -40,6 +40,10 @@ public enum DecisionReason: String, Sendable, Hashable, CaseIterable, Codable {
     /// A request inside an admitted tunnel was malformed or ambiguous HTTP (a smuggling
     /// shape, a bad header, an HTTP/2 protocol error): refused, nothing forwarded.
     case malformedRequest = "malformed-request"
+    /// A request inside an admitted tunnel asked for an HTTP/1.1 `Upgrade` (WebSocket) that
+    /// the tunnel's upstream connection cannot carry (it speaks HTTP/2): refused, nothing
+    /// forwarded.
+    case upgradeUnsupported = "upgrade-unsupported"
 
     /// The reason a verdict stands for.
     public init(_ verdict: Verdict) {

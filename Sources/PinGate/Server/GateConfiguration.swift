@@ -1,5 +1,6 @@
 import Foundation
 import NIOCore
+import PinGateHTTP2
 import PinGateNIO
 import PinGateTLS
 
@@ -49,6 +50,10 @@ public struct GateConfiguration: Sendable {
     /// Whether the request log keeps query strings (off by default: queries often carry
     /// tokens and personal data).
     public var requestLogIncludesQuery = false
+    /// The HTTP/2 limits both legs of a request-aware tunnel advertise and enforce:
+    /// concurrent streams, header-list size (the HPACK-bomb cut-off), HPACK table size,
+    /// stream and connection windows (how far a body may run ahead of the other leg).
+    public var http2Limits = HTTP2Session.Limits()
     /// The event-loop thread count (default: one per core).
     public var eventLoopThreads: Int = System.coreCount
 

@@ -91,6 +91,8 @@ struct CurlResult {
     let httpVersion: String
     let body: Data
     let stderr: String
+    /// "status version" of each transfer, in the order curl finished them.
+    var transfers: [String] = []
 
     /// Headers of the proxy's CONNECT answer, from curl's verbose output.
     var proxyHeaders: [String: String] {
@@ -106,18 +108,26 @@ struct CurlResult {
 
 /// Runs curl through the gate as an app would: `--proxy` plus `--cacert` of the gate's CA.
 func curlThroughGate(_ gate: GateFixture, _ url: String, _ extra: [String] = []) async throws -> CurlResult {
+    try await curlThroughGate(gate, urls: [url], extra)
+}
+
+/// Runs one curl for several `urls` (curl reuses its connection, or with `--parallel`
+/// multiplexes them over HTTP/2). The result's body is the bodies in `urls` order; its
+/// status and version are the first transfer's, and every transfer's are in `transfers`.
+func curlThroughGate(_ gate: GateFixture, urls: [String], _ extra: [String] = []) async throws -> CurlResult {
     let output = try TemporaryDirectory()
     defer { output.remove() }
-    let bodyPath = output.file("body")
+    var targets: [String] = []
+    for (index, url) in urls.enumerated() { targets += ["-o", output.file("body.\(index)"), url] }
     let result = try await TestProcess.run("curl", [
         "-sS", "-v", "--max-time", "60",
         "--proxy", "http://127.0.0.1:\(gate.port)",
         "--cacert", gate.caPath,
-        "-o", bodyPath,
-        "-w", "%{http_code} %{http_version}",
-    ] + extra + [url])
-    let fields = result.stdout.split(separator: " ").map(String.init)
-    let body = (try? Data(contentsOf: URL(fileURLWithPath: bodyPath))) ?? Data()
-    return CurlResult(exitStatus: result.status, httpCode: fields.first ?? "", httpVersion: fields.dropFirst().first ?? "",
-                      body: body, stderr: result.stderr)
+        "-w", "%{http_code} %{http_version}\\n",
+    ] + extra + targets)
+    let transfers = result.stdout.split(separator: "\n").map { $0.split(separator: " ").map(String.init) }
+    var body = Data()
+    for index in urls.indices { body += (try? Data(contentsOf: URL(fileURLWithPath: output.file("body.\(index)")))) ?? Data() }
+    return CurlResult(exitStatus: result.status, httpCode: transfers.first?.first ?? "", httpVersion: transfers.first?.dropFirst().first ?? "",
+                      body: body, stderr: result.stderr, transfers: transfers.map { $0.joined(separator: " ") })
 }

@@ -37,7 +37,7 @@ final class NginxOrigin {
             error_log \(directory.file("error.log")) warn;
             events { worker_connections 512; }
             http {
-                log_format proto '$server_protocol $status $body_bytes_sent $request_uri';
+                log_format proto '$server_protocol $status $body_bytes_sent $request_uri $connection';
                 access_log \(directory.file("access.log")) proto;
                 client_body_temp_path \(directory.file("tmp-body"));
                 proxy_temp_path \(directory.file("tmp-proxy"));
@@ -92,6 +92,13 @@ final class NginxOrigin {
     func accessLogProtocols() -> [String] {
         let log = (try? String(contentsOfFile: directory.file("access.log"), encoding: .utf8)) ?? ""
         return log.split(separator: "\n").compactMap { $0.split(separator: " ").first.map(String.init) }
+    }
+
+    /// The connection serial number (`$connection`) of each access-log line: how many
+    /// distinct TCP connections nginx served the logged requests on.
+    func accessLogConnections() -> [String] {
+        let log = (try? String(contentsOfFile: directory.file("access.log"), encoding: .utf8)) ?? ""
+        return log.split(separator: "\n").compactMap { $0.split(separator: " ").last.map(String.init) }
     }
 
     private func waitUntilListening() async -> Bool {

@@ -1,0 +1,251 @@
+import NIOCore
+import NIOHTTP1
+import PinGateHTTP2
+
+/// The client side of a request-aware tunnel when the client negotiated `h2`.
+///
+/// Pipeline (client channel, behind the TLS handler): this handler alone. It owns an
+/// nghttp2 server session; every byte the client sends goes through nghttp2, which
+/// enforces RFC 9113's framing and message rules before anything reaches the router:
+/// - an invalid frame, a bad preface, an HPACK failure or a flow-control violation is a
+///   connection error: GOAWAY with its code, then the connection closes;
+/// - a malformed request (missing or repeated pseudo-headers, a pseudo-header after a
+///   regular one, upper-case names, connection-specific fields, a `content-length` that
+///   the DATA frames contradict) is a stream error: RST_STREAM PROTOCOL_ERROR, and the
+///   request never surfaces;
+/// - a header block over `maxHeaderListSize` (an HPACK bomb included) is dropped and its
+///   stream reset, the connection stays up.
+/// What surfaces is a well-formed request head, which the router checks (authority
+/// binding) before any of it goes upstream.
+///
+/// Backpressure: the client may send a stream's body only as far as its windows allow,
+/// and the windows reopen (WINDOW_UPDATE) only as the upstream side passes bytes on.
+/// Response bodies leave the session as the client's windows allow; the upstream side is
+/// credited with them only once they were written while this channel was writable.
+final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundIn = Never
+    typealias OutboundOut = ByteBuffer
+
+    /// RFC 9113 §7 error codes the gate sends.
+    private enum ErrorCode {
+        static let internalError: UInt32 = 0x2
+    }
+
+    private let router: TunnelRouter
+    private let wire: HTTP2Wire
+    private var context: ChannelHandlerContext?
+    /// Streams whose request head reached the router (a later HEADERS frame on one of
+    /// them is its trailers).
+    private var requestStreams: Set<Int32> = []
+    /// Streams whose response head went out with a body still to follow.
+    private var respondingStreams: Set<Int32> = []
+    /// Between `channelRead` and `channelReadComplete`: output waits for the burst's end.
+    private var inReadBurst = false
+    private var closing = false
+
+    /// A side on a fresh nghttp2 server session with `limits`.
+    init(router: TunnelRouter, limits: HTTP2Session.Limits) throws(HTTP2Error) {
+        self.router = router
+        self.wire = HTTP2Wire(session: try HTTP2Session(role: .server, limits: limits))
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+        // The server's SETTINGS go out at once (RFC 9113 §3.4: the server preface).
+        writeOutput(flush: true)
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.context = nil
+    }
+
+    // MARK: from the client
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard !closing else { return }
+        inReadBurst = true
+        switch wire.receive(unwrapInboundIn(data)) {
+        case .success(let events):
+            for event in events { handle(event) }
+            if !wire.session.isAlive { close() }
+        case .failure(let error):
+            // Not HTTP/2, or a connection error: nghttp2 queued a GOAWAY with the code when
+            // the peer is owed one (a missing preface gets none). Counted and logged as a
+            // refusal; nothing of it went upstream.
+            router.protocolError(detail: "HTTP/2: \(error.reason)")
+            close()
+        }
+    }
+
+    private func handle(_ event: HTTP2Event) {
+        switch event {
+        case .headers(let streamID, let fields, let endStream):
+            let id = Int(streamID)
+            if requestStreams.contains(streamID) {
+                // A second block on a stream is its trailers (nghttp2 checked that it ends it).
+                router.requestEnd(id, trailers: HTTP2Wire.headers(fields))
+                return
+            }
+            requestStreams.insert(streamID)
+            let authority = HTTP2Wire.pseudo(":authority", in: fields)
+                ?? fields.first { $0.name == "host" }?.value
+            let head = ExchangeRequestHead(
+                method: HTTP2Wire.pseudo(":method", in: fields) ?? "", path: HTTP2Wire.pseudo(":path", in: fields) ?? "",
+                authority: authority, headers: HTTP2Wire.headers(fields), upgrade: nil)
+            router.requestHead(id, head, endStream: endStream)
+        case .data(let streamID, let bytes, let endStream):
+            let id = Int(streamID)
+            if !bytes.isEmpty {
+                var buffer = context?.channel.allocator.buffer(capacity: bytes.count) ?? ByteBuffer()
+                buffer.writeBytes(bytes)
+                router.requestBody(id, buffer)
+            }
+            if endStream { router.requestEnd(id, trailers: nil) }
+        case .streamClosed(let streamID, let errorCode):
+            requestStreams.remove(streamID)
+            respondingStreams.remove(streamID)
+            // A reset (by the client, or by nghttp2 for a malformed request after its head
+            // surfaced): the exchange is abandoned upstream too. A clean close comes after
+            // the response ended, when the router is already done with it.
+            if errorCode != 0 { router.requestCancelled(Int(streamID)) }
+        case .goAway:
+            // The client opens no more streams; those open finish, then the session is done.
+            break
+        }
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        router.clientReadComplete()
+        inReadBurst = false
+        writeOutput(flush: true)
+        context.fireChannelReadComplete()
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if let event = event as? ChannelEvent, event == .inputClosed {
+            // The client will send nothing more: nothing in flight can be completed in a
+            // way it could act on (no more WINDOW_UPDATEs), so the tunnel ends.
+            close()
+            return
+        }
+        if event is IdleStateHandler.IdleStateEvent {
+            close()
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        router.clientClosed()
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: Error) {
+        close()
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable {
+            for (id, bytes) in wire.takeOwed() { router.responseBodyTransmitted(id, bytes: bytes) }
+        }
+        context.fireChannelWritabilityChanged()
+    }
+
+    // MARK: from the router
+
+    func sendResponseHead(_ id: Int, _ head: ExchangeResponseHead, endStream: Bool) {
+        let streamID = Int32(id)
+        let fields = [HTTP2HeaderField(":status", "\(head.status)")] + HTTP2Wire.fields(head.headers)
+        do {
+            if head.status < 200 {
+                // 101 has no meaning in HTTP/2 (§8.6); an HTTP/2 client never asks for it.
+                guard head.status != 101 else {
+                    cancel(id)
+                    return
+                }
+                try wire.session.submitInformational(streamID: streamID, fields)
+                return
+            }
+            try wire.session.submitResponse(streamID: streamID, fields, endStream: endStream)
+            if !endStream { respondingStreams.insert(streamID) }
+        } catch {
+            reset(streamID)
+        }
+    }
+
+    func sendResponseBody(_ id: Int, _ bytes: ByteBuffer) {
+        let streamID = Int32(id)
+        guard respondingStreams.contains(streamID) else { return }
+        do {
+            try wire.session.sendBody(streamID: streamID, count: bytes.readableBytes, endStream: false) {
+                $0.append(contentsOf: bytes.readableBytesView)
+            }
+        } catch {
+            reset(streamID)
+        }
+    }
+
+    func endResponse(_ id: Int, trailers: HTTPHeaders?) {
+        let streamID = Int32(id)
+        guard respondingStreams.remove(streamID) != nil else { return }
+        do {
+            try wire.session.sendBody(streamID: streamID, [], endStream: true, trailers: trailers.map(HTTP2Wire.fields))
+        } catch {
+            reset(streamID)
+        }
+    }
+
+    func answer(_ id: Int, status: Int, refusal: String, detail: String) {
+        let streamID = Int32(id)
+        let body = Array("pingate: \(detail)\n".utf8)
+        let fields = [
+            HTTP2HeaderField(":status", "\(status)"), HTTP2HeaderField("content-type", "text/plain; charset=utf-8"),
+            HTTP2HeaderField("content-length", "\(body.count)"), HTTP2HeaderField("pingate-refusal", refusal),
+        ]
+        do {
+            try wire.session.submitResponse(streamID: streamID, fields, endStream: false)
+            try wire.session.sendBody(streamID: streamID, body, endStream: true)
+        } catch {
+            reset(streamID)
+        }
+        // A refusal is the gate's own answer: out now, whatever burst is going on.
+        if !inReadBurst { writeOutput(flush: true) }
+    }
+
+    func cancel(_ id: Int) {
+        reset(Int32(id))
+    }
+
+    func requestBodyPassedOn(_ id: Int, bytes: Int) {
+        // The window reopens by what the upstream side took: the client may send that much
+        // more. Within a read burst the WINDOW_UPDATE waits for the burst's end.
+        try? wire.session.consumed(streamID: Int32(id), bytes: bytes)
+        if !inReadBurst { writeOutput(flush: true) }
+    }
+
+    func flush() {
+        writeOutput(flush: true)
+    }
+
+    func close() {
+        guard let context, !closing else { return }
+        closing = true
+        // GOAWAY first when the session can still send one (a graceful end for streams the
+        // client may retry); whatever is queued goes out before the close.
+        if wire.session.isAlive { try? wire.session.goAway(errorCode: 0) }
+        writeOutput(flush: true)
+        context.close(promise: nil)
+    }
+
+    private func reset(_ streamID: Int32) {
+        respondingStreams.remove(streamID)
+        try? wire.session.resetStream(streamID, errorCode: ErrorCode.internalError)
+        if !inReadBurst { writeOutput(flush: true) }
+    }
+
+    private func writeOutput(flush: Bool) {
+        guard let context else { return }
+        for credit in wire.write(context, flush: flush) { router.responseBodyTransmitted(Int(credit.streamID), bytes: credit.bytes) }
+    }
+}

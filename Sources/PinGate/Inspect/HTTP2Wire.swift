@@ -1,0 +1,108 @@
+import NIOCore
+import NIOHTTP1
+import PinGateHTTP2
+
+/// What both HTTP/2 sides of a request-aware tunnel share: the nghttp2 session, the
+/// channel its bytes go over, and the credits for body bytes that left through it.
+///
+/// nghttp2 is sans-IO: frames come in through `receive`, and whatever the session wants
+/// to send is taken after each step and written to the channel. Body bytes leave the
+/// session only as far as the peer's flow-control windows allow; the bytes that did are
+/// credited to the other leg only once they were written while this channel was writable
+/// (else when it drains), so a slow peer on this side holds the other leg back through
+/// its windows, and the gate never buffers a body whole.
+///
+/// A class, not a struct: crediting the other leg can call back into this side (its
+/// answer reopens our windows) while a write is still being accounted for.
+final class HTTP2Wire {
+    /// The session (server toward the client, client toward the upstream).
+    let session: HTTP2Session
+    private var flow = BodyFlowControl()
+
+    init(session: HTTP2Session) {
+        self.session = session
+    }
+
+    /// Feeds what the peer sent; returns the events, or the error that ends the connection
+    /// (its GOAWAY, when nghttp2 queued one, goes out with the next `write`).
+    func receive(_ buffer: ByteBuffer) -> Result<[HTTP2Event], HTTP2Error> {
+        do {
+            return .success(try buffer.withUnsafeReadableBytes { try session.receive($0) })
+        } catch let error as HTTP2Error {
+            return .failure(error)
+        } catch {
+            return .failure(HTTP2Error(code: -902, operation: "receiving frames: \(error)"))
+        }
+    }
+
+    /// Writes whatever the session has to send (flushed when `flush`); returns the body
+    /// bytes that left, per stream, that may be credited to the other leg now. When the
+    /// session cannot produce its output the connection cannot go on: it is closed.
+    func write(_ context: ChannelHandlerContext, flush: Bool) -> [(streamID: Int32, bytes: Int)] {
+        let output: [UInt8]
+        do {
+            output = try session.takeOutput()
+        } catch {
+            context.close(promise: nil)
+            return []
+        }
+        if !output.isEmpty {
+            var buffer = context.channel.allocator.buffer(capacity: output.count)
+            buffer.writeBytes(output)
+            context.write(NIOAny(buffer), promise: nil)
+        }
+        if flush { context.flush() }
+        let writable = context.channel.isWritable
+        var credits: [(streamID: Int32, bytes: Int)] = []
+        for (streamID, count) in session.takeSentBodyBytes() {
+            if let now = flow.wrote(Int(streamID), bytes: count, writable: writable) { credits.append((streamID, now)) }
+        }
+        return credits
+    }
+
+    /// The credits held back while the channel was not writable, once it is again.
+    func takeOwed() -> [Int: Int] {
+        flow.takeOwed()
+    }
+
+    // MARK: header mapping
+
+    /// HTTP/2 header fields for end-to-end `headers`: names lower case (RFC 9113 §8.2.1),
+    /// connection-specific fields already gone (`ConnectionSpecificHeaders`), and `te`
+    /// kept only as `trailers` (§8.2.2).
+    static func fields(_ headers: HTTPHeaders) -> [HTTP2HeaderField] {
+        var fields: [HTTP2HeaderField] = []
+        fields.reserveCapacity(headers.count)
+        for (name, value) in headers {
+            let lower = name.lowercased()
+            if lower == "te" && value.lowercased() != "trailers" { continue }
+            if ConnectionSpecificHeaders.names.contains(lower) && lower != "te" { continue }
+            fields.append(HTTP2HeaderField(lower, value))
+        }
+        return fields
+    }
+
+    /// The regular (non-pseudo) fields of an HTTP/2 header block as HTTP/1.1 headers,
+    /// end-to-end only. Split `cookie` fields are joined with "; " into one, as an
+    /// HTTP/1.1 peer expects (RFC 9113 §8.2.3).
+    static func headers(_ fields: [HTTP2HeaderField]) -> HTTPHeaders {
+        var headers = HTTPHeaders()
+        var cookies: [String] = []
+        for field in fields where !field.name.hasPrefix(":") {
+            if field.name == "cookie" {
+                cookies.append(field.value)
+            } else if field.name == "te" {
+                if field.value.lowercased() == "trailers" { headers.add(name: "te", value: "trailers") }
+            } else if !ConnectionSpecificHeaders.names.contains(field.name) {
+                headers.add(name: field.name, value: field.value)
+            }
+        }
+        if !cookies.isEmpty { headers.add(name: "cookie", value: cookies.joined(separator: "; ")) }
+        return headers
+    }
+
+    /// The value of pseudo-header `name` in `fields`, if present.
+    static func pseudo(_ name: String, in fields: [HTTP2HeaderField]) -> String? {
+        fields.first { $0.name == name }?.value
+    }
+}
