@@ -102,6 +102,11 @@ public final class HTTP2Session {
     /// Body bytes queued to send, by stream, with whether the stream ends after them.
     private var outgoing: [Int32: OutgoingBody] = [:]
 
+    /// The error code of the GOAWAY this session sent for a connection error (nghttp2 sends
+    /// one by itself on an invalid frame, a flow-control or an HPACK failure); nil while it
+    /// has sent none, or only a graceful one.
+    public private(set) var connectionErrorSent: UInt32?
+
     /// Body bytes handed to nghttp2 for sending since the last `takeSentBodyBytes()`, by
     /// stream: what left the session (into `takeOutput()`), not what was queued.
     private var sentBodyBytes: [Int32: Int] = [:]
@@ -178,12 +183,19 @@ public final class HTTP2Session {
     /// speaking HTTP/2 at all (no client preface) throws a fatal `HTTP2Error` and gets
     /// nothing: close it.
     public func receive(_ bytes: UnsafeRawBufferPointer) throws(HTTP2Error) -> [HTTP2Event] {
-        events = []
-        guard let base = bytes.baseAddress?.assumingMemoryBound(to: UInt8.self) else { return [] }
+        guard let base = bytes.baseAddress?.assumingMemoryBound(to: UInt8.self) else { return takeEvents() }
         let consumed = nghttp2_session_mem_recv(session, base, bytes.count)
+        let produced = takeEvents()
+        if consumed < 0 { throw HTTP2Error(code: Int32(consumed), operation: "receiving frames") }
+        return produced
+    }
+
+    /// Events that arose while sending, not receiving: a stream closes when the frame that
+    /// ends it goes out (our END_STREAM after the peer's, or a RST_STREAM nghttp2 sent for
+    /// a malformed request). Call after `takeOutput()`; `receive` also returns them.
+    public func takeEvents() -> [HTTP2Event] {
         let produced = events
         events = []
-        if consumed < 0 { throw HTTP2Error(code: Int32(consumed), operation: "receiving frames") }
         return produced
     }
 
@@ -424,6 +436,13 @@ public final class HTTP2Session {
                 owner.events.append(.goAway(lastStreamID: goAway.last_stream_id, errorCode: goAway.error_code))
             default:
                 break
+            }
+            return 0
+        }
+        nghttp2_session_callbacks_set_on_frame_send_callback(callbacks) { _, frame, userData in
+            guard let owner = HTTP2Session.owner(userData), let frame else { return 0 }
+            if Int(frame.pointee.hd.type) == Int(NGHTTP2_GOAWAY.rawValue), frame.pointee.goaway.error_code != 0 {
+                owner.connectionErrorSent = frame.pointee.goaway.error_code
             }
             return 0
         }

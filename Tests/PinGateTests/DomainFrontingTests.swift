@@ -64,6 +64,7 @@ struct DomainFrontingTests {
     static func withFrontEnd<Value>(
         pins: (TestPKI, TestPKI.Identity) throws -> String,
         configure: (inout GateConfiguration) -> Void = { _ in },
+        http2: Bool = false,
         _ body: (GateFixture, NginxOrigin) async throws -> Value
     ) async throws -> Value {
         let directory = try TemporaryDirectory()
@@ -81,7 +82,7 @@ struct DomainFrontingTests {
         }
         """
         return try await NginxOrigin.with(
-            certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: [:], http2: false,
+            certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: [:], http2: http2,
             serverDirectives: "server_name \(pinned); access_log pay.log proto; location / { return 200 \"pay\\n\"; }",
             extraServers: extra
         ) { nginx in
@@ -148,11 +149,12 @@ struct DomainFrontingTests {
     func curlFronting() async throws {
         try await Self.withFrontEnd(pins: { pki, leaf in try pki.signedList([(Self.pinned, leaf.fingerprint)]) }) { gate, nginx in
             let url = "https://\(Self.pinned):\(nginx.port)/"
-            // A client that asks for h2 is answered in HTTP/1.1 (the gate's HTTP/2 layer is
-            // not in yet): either way the request is read and refused.
-            for version in ["--http1.1", "--http2"] {
+            // curl sends `-H Host:` as `:authority` over h2: the gate's HTTP/2 side reads it
+            // and answers the stream itself (the front end speaks HTTP/1.1 here, bridged).
+            for (version, expected) in [("--http1.1", "1.1"), ("--http2", "2")] {
                 let fronted = try await curlThroughGate(gate, url, [version, "-H", "Host: \(Self.other)", "-i"])
                 #expect(fronted.httpCode == "421", "\(version): \(fronted.stderr)")
+                #expect(fronted.httpVersion == expected)
                 #expect(String(decoding: fronted.body, as: UTF8.self).lowercased().contains("pingate-refusal: authority-mismatch"))
                 let direct = try await curlThroughGate(gate, url, [version])
                 #expect(direct.httpCode == "200", "\(version)")

@@ -38,6 +38,10 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
     /// Streams whose request head reached the router (a later HEADERS frame on one of
     /// them is its trailers).
     private var requestStreams: Set<Int32> = []
+    /// Streams opened and reset in one read: never handed to the router.
+    private var skippedStreams: Set<Int32> = []
+    /// Whether a connection error this session sent was already counted.
+    private var connectionErrorCounted = false
     /// Streams whose response head went out with a body still to follow.
     private var respondingStreams: Set<Int32> = []
     /// Between `channelRead` and `channelReadComplete`: output waits for the burst's end.
@@ -67,8 +71,18 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
         inReadBurst = true
         switch wire.receive(unwrapInboundIn(data)) {
         case .success(let events):
-            for event in events { handle(event) }
-            if !wire.session.isAlive { close() }
+            // A stream opened and reset in the same read (the "rapid reset" pattern, CVE-
+            // 2023-44487) never reaches the router: the upstream is not asked for work the
+            // client has already abandoned.
+            var abandoned = Set<Int32>()
+            for case .streamClosed(let streamID, let errorCode) in events where errorCode != 0 { abandoned.insert(streamID) }
+            for event in events {
+                if case .headers(let streamID, _, _) = event, abandoned.contains(streamID), !requestStreams.contains(streamID) {
+                    skippedStreams.insert(streamID)
+                    continue
+                }
+                handle(event)
+            }
         case .failure(let error):
             // Not HTTP/2, or a connection error: nghttp2 queued a GOAWAY with the code when
             // the peer is owed one (a missing preface gets none). Counted and logged as a
@@ -103,12 +117,20 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
             }
             if endStream { router.requestEnd(id, trailers: nil) }
         case .streamClosed(let streamID, let errorCode):
-            requestStreams.remove(streamID)
             respondingStreams.remove(streamID)
-            // A reset (by the client, or by nghttp2 for a malformed request after its head
-            // surfaced): the exchange is abandoned upstream too. A clean close comes after
-            // the response ended, when the router is already done with it.
-            if errorCode != 0 { router.requestCancelled(Int(streamID)) }
+            let surfaced = requestStreams.remove(streamID) != nil
+            if skippedStreams.remove(streamID) != nil { return }
+            if errorCode != 0 && surfaced {
+                // A reset after the head reached the router (by the client, or by nghttp2
+                // for a body that broke the rules): abandoned upstream too. A clean close
+                // comes after the response ended, when the router is done with it.
+                router.requestCancelled(Int(streamID))
+            } else if errorCode != 0 {
+                // Reset before its head surfaced: nghttp2 refused the request itself
+                // (pseudo-header misuse, a connection-specific field, a header list over the
+                // limit). Nothing of it went anywhere; it is counted as a refusal.
+                router.protocolError(detail: "HTTP/2 stream \(streamID) reset with error \(errorCode) before its request was accepted")
+            }
         case .goAway:
             // The client opens no more streams; those open finish, then the session is done.
             break
@@ -247,5 +269,15 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
     private func writeOutput(flush: Bool) {
         guard let context else { return }
         for credit in wire.write(context, flush: flush) { router.responseBodyTransmitted(Int(credit.streamID), bytes: credit.bytes) }
+        // Streams that closed as their last frame went out (only closes arise here).
+        for event in wire.session.takeEvents() { handle(event) }
+        if let code = wire.session.connectionErrorSent, !connectionErrorCounted {
+            // nghttp2 answered a connection error (an invalid frame, a window overflow, an
+            // HPACK failure) with GOAWAY: counted and logged as a refusal.
+            connectionErrorCounted = true
+            router.protocolError(detail: "HTTP/2 connection error \(code): GOAWAY sent")
+        }
+        // Once GOAWAY went out both ways and no stream is left, the connection is done.
+        if flush && !wire.session.isAlive { close() }
     }
 }

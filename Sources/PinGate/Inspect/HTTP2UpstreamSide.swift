@@ -134,7 +134,6 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         switch wire.receive(unwrapInboundIn(data)) {
         case .success(let events):
             for event in events { handle(event) }
-            if !wire.session.isAlive { close() }
         case .failure:
             // The upstream broke HTTP/2: nothing more of this connection can be trusted.
             close()
@@ -206,5 +205,9 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     private func writeOutput(flush: Bool) {
         guard let context else { return }
         for credit in wire.write(context, flush: flush) { router.requestBodyTransmitted(Int(credit.streamID), bytes: credit.bytes) }
+        // Streams that closed as their last frame went out (only closes arise here).
+        for event in wire.session.takeEvents() { handle(event) }
+        // Once GOAWAY went out both ways and no stream is left, the connection is done.
+        if flush && !wire.session.isAlive { close() }
     }
 }

@@ -1,0 +1,118 @@
+import Foundation
+import PinGateTestSupport
+import Testing
+@testable import PinGate
+
+/// A hostile HTTP/2 client (Python `h2`, `Tests/Peers/h2_client.py`) inside a tunnel
+/// pinned for one name of a front end that serves two: every scenario's answer comes from
+/// the gate's nghttp2 session as RFC 9113 says, the gate survives, and nothing the gate
+/// refused reaches the front end.
+@Suite("HTTP/2 clients inside a tunnel")
+struct HTTP2InsideTunnelTests {
+    static let peer = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .appendingPathComponent("Peers/h2_client.py").path
+
+    static func scenario(_ name: String, gate: GateFixture, nginx: NginxOrigin, authority: String? = nil) async throws -> [String: Any] {
+        var arguments = [peer, "--proxy", "127.0.0.1:\(gate.port)", "--connect", "\(DomainFrontingTests.pinned):\(nginx.port)",
+                         "--cacert", gate.caPath, "--scenario", name]
+        if let authority { arguments += ["--authority", authority] }
+        let result = try await TestProcess.run("python3", arguments, timeout: 60)
+        #expect(result.status == 0, "\(name): \(result.stderr) \(result.stdout)")
+        let object = try JSONSerialization.jsonObject(with: result.stdoutData) as? [String: Any]
+        return object ?? [:]
+    }
+
+    typealias Fronting = DomainFrontingTests
+
+    static func withFrontEnd<Value>(_ body: (GateFixture, NginxOrigin) async throws -> Value) async throws -> Value {
+        try await Fronting.withFrontEnd(pins: { pki, leaf in try pki.signedList([(Fronting.pinned, leaf.fingerprint)]) },
+                                        http2: true, body)
+    }
+
+    /// The report of stream `id` in a scenario's output.
+    static func stream(_ output: [String: Any], _ id: String) -> [String: Any] {
+        (output["streams"] as? [String: Any])?[id] as? [String: Any] ?? [:]
+    }
+
+    @Test("streams for another authority get a 421 stream response, one at a time or concurrent; the pinned host's streams pass on the same connection")
+    func frontingStreams() async throws {
+        try await Self.withFrontEnd { gate, nginx in
+            let sequential = try await Self.scenario("get-two", gate: gate, nginx: nginx, authority: Fronting.other)
+            #expect(Self.stream(sequential, "1")["status"] as? Int == 200)
+            #expect(Self.stream(sequential, "1")["body_text"] as? String == "pay\n")
+            #expect(Self.stream(sequential, "3")["status"] as? Int == 421)
+            #expect((Self.stream(sequential, "3")["headers"] as? [String: String])?["pingate-refusal"] == "authority-mismatch")
+            #expect(Self.stream(sequential, "5")["status"] as? Int == 200)
+            #expect(sequential["goaway"] is NSNull)
+            #expect(sequential["closed"] as? Bool == false)
+
+            let concurrent = try await Self.scenario("concurrent-mixed", gate: gate, nginx: nginx, authority: Fronting.other)
+            #expect(Self.stream(concurrent, "1")["status"] as? Int == 200)
+            #expect(Self.stream(concurrent, "3")["status"] as? Int == 421)
+
+            #expect(Fronting.logLines(nginx, "other.log").isEmpty)
+            #expect(Fronting.logLines(nginx, "pay.log").count == 3)
+            #expect(Fronting.logLines(nginx, "pay.log").allSatisfy { $0.hasPrefix("HTTP/2.0 200") })
+            let stats = gate.statistics
+            #expect(stats.requestsRefused(.authorityMismatch) == 2)
+            #expect(stats.requestsForwarded == 3)
+            #expect(stats.upstreamConnections == 2)
+        }
+    }
+
+    @Test("pseudo-header misuse, connection-specific fields, an oversized header list and an HPACK bomb: stream errors, nothing forwarded, the connection stays usable")
+    func malformedStreams() async throws {
+        try await Self.withFrontEnd { gate, nginx in
+            let pseudo = try await Self.scenario("bad-pseudo", gate: gate, nginx: nginx, authority: Fronting.other)
+            let cases = pseudo["cases"] as? [String: [String: Any]] ?? [:]
+            #expect(Set(cases.keys) == ["missing-path", "duplicate-authority", "pseudo-after-regular", "uppercase-name",
+                                        "connection-header", "connect-with-path"])
+            for (name, report) in cases {
+                // RFC 9113 §8.1.1: a malformed request is a stream error of type PROTOCOL_ERROR.
+                #expect(report["reset"] as? Int == 1, "\(name): \(report)")
+                #expect(report["status"] is NSNull, "\(name)")
+            }
+            #expect(pseudo["connections"] as? Int == 1, "stream errors do not end the connection")
+
+            let oversized = try await Self.scenario("oversized-headers", gate: gate, nginx: nginx, authority: Fronting.other)
+            #expect(Self.stream(oversized, "1")["reset"] as? Int != nil, "\(oversized)")
+            #expect(Self.stream(oversized, "1")["status"] is NSNull)
+            #expect(Self.stream(oversized, "3")["status"] as? Int == 200, "the probe after it passes")
+
+            let bomb = try await Self.scenario("hpack-bomb", gate: gate, nginx: nginx, authority: Fronting.other)
+            #expect(bomb["decoded_bytes"] as? Int ?? 0 > 4_000_000, "the bomb really decodes to megabytes")
+            #expect(Self.stream(bomb, "1")["reset"] as? Int != nil, "\(bomb)")
+            #expect(Self.stream(bomb, "3")["status"] as? Int == 200, "the probe after it passes")
+
+            #expect(Fronting.logLines(nginx, "other.log").isEmpty)
+            #expect(Fronting.logLines(nginx, "pay.log").count == 2, "only the two probes reached the front end")
+            let stats = gate.statistics
+            #expect(stats.requestsForwarded == 2)
+            #expect(stats.requestsRefused(.malformedRequest) == 8)
+        }
+    }
+
+    @Test("invalid frames and a window overflow are connection errors (GOAWAY with the RFC 9113 code, then the close); a rapid reset burst costs the upstream nothing; the gate goes on")
+    func connectionErrorsAndRapidReset() async throws {
+        try await Self.withFrontEnd { gate, nginx in
+            let invalid = try await Self.scenario("invalid-frame", gate: gate, nginx: nginx)
+            #expect((invalid["goaway"] as? [String: Int])?["error_code"] == 1, "PROTOCOL_ERROR: \(invalid)")
+            #expect(invalid["closed"] as? Bool == true)
+
+            let overflow = try await Self.scenario("window-overflow", gate: gate, nginx: nginx)
+            #expect((overflow["goaway"] as? [String: Int])?["error_code"] == 3, "FLOW_CONTROL_ERROR: \(overflow)")
+            #expect(overflow["closed"] as? Bool == true)
+
+            let rapid = try await Self.scenario("rapid-reset", gate: gate, nginx: nginx)
+            #expect(rapid["reset_sent"] as? Int == 200)
+            #expect(rapid["probe_ok"] as? Bool == true, "\(rapid)")
+            #expect(Fronting.logLines(nginx, "pay.log").count == 1, "only the probe reached the front end")
+            #expect(gate.statistics.requestsForwarded == 1, "the 200 abandoned streams were never started upstream")
+            #expect(gate.statistics.requestsRefused(.malformedRequest) == 2)
+
+            // Still serving: a fresh tunnel works.
+            let after = try await Self.scenario("get", gate: gate, nginx: nginx)
+            #expect(Self.stream(after, "1")["status"] as? Int == 200)
+        }
+    }
+}
