@@ -247,5 +247,40 @@ struct EndToEndTests {
         #expect(origin.observed.applicationBytes == 1 << 20)
         #expect(stats.bytesUp == 1 << 20)
     }
-}
 
+    @Test("the same client to a host that is not opaque: its bytes are not HTTP, so the tunnel is refused as not-http and not one byte reaches the origin")
+    func notHTTPIsRefused() async throws {
+        let script = """
+        import os, socket, ssl, sys
+        gate_port, host, port, ca = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+        raw = socket.create_connection(("127.0.0.1", gate_port), timeout=30)
+        raw.sendall(f"CONNECT {host}:{port} HTTP/1.1\\r\\nHost: {host}:{port}\\r\\n\\r\\n".encode())
+        head = b""
+        while b"\\r\\n\\r\\n" not in head:
+            head += raw.recv(1)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        tls = ssl.create_default_context(cafile=ca).wrap_socket(raw, server_hostname=host)
+        tls.sendall(b"\\x00\\x01binary protocol hello" + os.urandom(4096))
+        received = b""
+        try:
+            while True:
+                chunk = tls.recv(65536)
+                if not chunk: break
+                received += chunk
+        except (ssl.SSLError, OSError):
+            pass
+        print(len(received), "closed")
+        """
+        let (result, stats, origin, refusals) = try await PinnedOriginScenario.with(host: Self.host, behaviour: .echo, alpn: nil) { scenario in
+            let (gate, origin) = (scenario.gate, scenario.origin)
+            let result = try await TestProcess.run("python3", ["-c", script, "\(gate.port)", Self.host, "\(origin.port)", gate.caPath])
+            return (result, gate.statistics, origin, gate.server.refusals.entries)
+        }
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "0 closed")
+        #expect(origin.observed.applicationBytes == 0)
+        #expect(stats.bytesUp == 0)
+        #expect(stats.requestsRefused(.notHTTP) == 1)
+        #expect(refusals.last?.reason == .notHTTP)
+    }
+}

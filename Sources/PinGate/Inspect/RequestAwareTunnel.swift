@@ -30,19 +30,35 @@ enum RequestAwareTunnel {
         clientPipeline.removeHandler(clientGlue, promise: nil)
         upstreamPipeline.removeHandler(upstreamGlue, promise: nil)
 
-        var http1Client: HTTP1ClientSide?
-        if clientProtocol == "h2" {
-            let clientSide = try HTTP2ClientSide(router: router, limits: limits)
-            router.client = clientSide
-            try clientPipeline.addHandler(clientSide)
-        } else {
-            let clientSide = HTTP1ClientSide(router: router)
-            try clientPipeline.configureHTTPServerPipeline(
-                position: .last, withPipeliningAssistance: true, withServerUpgrade: nil, withErrorHandling: false)
-            try clientPipeline.addHandler(clientSide)
-            router.client = clientSide
-            http1Client = clientSide
+        // The client side is chosen by the client's first bytes (ALPN alone would trust a
+        // client that negotiated one protocol and speaks another, or none at all).
+        let upgradable = UpgradableClient()
+        let sniffer = ClientProtocolSniffer { context, verdict in
+            do {
+                switch (verdict, clientProtocol) {
+                case (.http2, "h2"), (.http2, nil):
+                    let clientSide = try HTTP2ClientSide(router: router, limits: limits)
+                    router.client = clientSide
+                    try context.pipeline.syncOperations.addHandler(clientSide, position: .last)
+                case (.http1, "http/1.1"), (.http1, nil):
+                    let clientSide = HTTP1ClientSide(router: router)
+                    try context.pipeline.syncOperations.configureHTTPServerPipeline(
+                        position: .last, withPipeliningAssistance: true, withServerUpgrade: nil, withErrorHandling: false)
+                    try context.pipeline.syncOperations.addHandler(clientSide, position: .last)
+                    router.client = clientSide
+                    upgradable.side = clientSide
+                case (.notHTTP(let what), _):
+                    router.refuseConnection(detail: "the client's first bytes are not HTTP: \(what)")
+                    context.close(promise: nil)
+                default:
+                    router.refuseConnection(detail: "the client negotiated \(clientProtocol ?? "no protocol") with ALPN but sent \(verdict == .http2 ? "the HTTP/2 preface" : "an HTTP/1 request line")")
+                    context.close(promise: nil)
+                }
+            } catch {
+                context.close(promise: nil)
+            }
         }
+        try clientPipeline.addHandler(sniffer)
 
         if upstreamProtocol == "h2" {
             let upstreamSide = try HTTP2UpstreamSide(router: router, limits: limits)
@@ -57,8 +73,10 @@ enum RequestAwareTunnel {
             router.upstream = upstreamSide
             // Only an HTTP/1.1 client asks for an upgrade (HTTP/2 has no `Upgrade`), and
             // only an HTTP/1.1 upstream carries one (the router refuses it otherwise).
-            upstreamSide.onUpgrade = { [weak http1Client, weak upstreamSide] in
-                guard let clientSide = http1Client, let upstreamSide else { return }
+            // The box is held strongly here (the sniffer that filled it is gone by then); it
+            // holds the client side weakly, so no cycle keeps a closed tunnel alive.
+            upstreamSide.onUpgrade = { [weak upstreamSide] in
+                guard let clientSide = upgradable.side, let upstreamSide else { return }
                 switchToByteRelay(client: client, clientSide: clientSide, upstream: upstream, upstreamSide: upstreamSide,
                                   makeGlue: makeGlue)
             }
@@ -72,6 +90,11 @@ enum RequestAwareTunnel {
         // with it: ask again, or a leg would never be read.
         client.read()
         upstream.read()
+    }
+
+    /// The HTTP/1.1 client side, once the sniffer put one in: the side an upgrade switches.
+    private final class UpgradableClient {
+        weak var side: HTTP1ClientSide?
     }
 
     /// After a `101 Switching Protocols` the two legs carry another protocol (WebSocket):

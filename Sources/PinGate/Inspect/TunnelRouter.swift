@@ -155,6 +155,15 @@ final class TunnelRouter {
         observer.refused(.malformedRequest, "-", detail)
     }
 
+    /// The client's bytes are not HTTP at all (nor the protocol its ALPN named): the tunnel
+    /// is refused as a whole, counted and logged; the caller closes the client, and the
+    /// upstream goes with it.
+    func refuseConnection(detail: String) {
+        observer.refused(.notHTTP, "-", detail)
+        end()
+        upstream?.close()
+    }
+
     /// True while exchange `id` was forwarded and its response has not ended.
     func isAwaitingResponse(_ id: Int) -> Bool {
         guard let exchange = exchanges[id] else { return false }

@@ -44,6 +44,10 @@ public enum DecisionReason: String, Sendable, Hashable, CaseIterable, Codable {
     /// the tunnel's upstream connection cannot carry (it speaks HTTP/2): refused, nothing
     /// forwarded.
     case upgradeUnsupported = "upgrade-unsupported"
+    /// A client's first bytes inside an admitted tunnel were neither an HTTP/1.x request
+    /// line nor the HTTP/2 preface (or not the protocol its ALPN named), and its host is not
+    /// an opaque host: the tunnel was closed, nothing forwarded.
+    case notHTTP = "not-http"
 
     /// The reason a verdict stands for.
     public init(_ verdict: Verdict) {
