@@ -203,12 +203,20 @@ public final class HTTP2Session {
     /// under the peer's windows). Empty when there is nothing.
     public func takeOutput() throws(HTTP2Error) -> [UInt8] {
         var output: [UInt8] = []
+        try takeOutput { output.append(contentsOf: $0) }
+        return output
+    }
+
+    /// As `takeOutput()`, handing each chunk nghttp2 serialized to `sink` as it comes (the
+    /// bytes are nghttp2's and valid only during the call), so the owner copies them once,
+    /// straight into its own buffer.
+    public func takeOutput(_ sink: (UnsafeRawBufferPointer) -> Void) throws(HTTP2Error) {
         while true {
             var chunk: UnsafePointer<UInt8>?
             let length = nghttp2_session_mem_send(session, &chunk)
             if length < 0 { throw HTTP2Error(code: Int32(length), operation: "sending frames") }
-            guard length > 0, let chunk else { return output }
-            output.append(contentsOf: UnsafeBufferPointer(start: chunk, count: length))
+            guard length > 0, let chunk else { return }
+            sink(UnsafeRawBufferPointer(start: chunk, count: length))
         }
     }
 

@@ -39,18 +39,17 @@ final class HTTP2Wire {
     /// bytes that left, per stream, that may be credited to the other leg now. When the
     /// session cannot produce its output the connection cannot go on: it is closed.
     func write(_ context: ChannelHandlerContext, flush: Bool) -> [(streamID: Int32, bytes: Int)] {
-        let output: [UInt8]
+        var buffer: ByteBuffer?
         do {
-            output = try session.takeOutput()
+            try session.takeOutput { chunk in
+                if buffer == nil { buffer = context.channel.allocator.buffer(capacity: max(chunk.count, 16 * 1024)) }
+                buffer?.writeBytes(chunk)
+            }
         } catch {
             context.close(promise: nil)
             return []
         }
-        if !output.isEmpty {
-            var buffer = context.channel.allocator.buffer(capacity: output.count)
-            buffer.writeBytes(output)
-            context.write(NIOAny(buffer), promise: nil)
-        }
+        if let buffer { context.write(NIOAny(buffer), promise: nil) }
         if flush { context.flush() }
         let writable = context.channel.isWritable
         var credits: [(streamID: Int32, bytes: Int)] = []
