@@ -329,7 +329,9 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     /// The client cannot speak the protocol the upstream chose (it offered only
     /// `http/1.1` and the upstream picked `h2`): a new upstream with the client's exact
-    /// offer, pin-checked like the first.
+    /// offer, pin-checked like the first. Byte relays (opaque hosts, the harness) only: a
+    /// byte relay cannot translate, while a request-aware tunnel bridges the versions over
+    /// its one upstream connection and never pauses the client's handshake.
     private func reconnectUpstream(_ request: ConnectRequest, offer: [String]?, context: ChannelHandlerContext) {
         openUpstream(request, offer: offer, context: context).assumeIsolated().whenComplete { result in
             switch result {
