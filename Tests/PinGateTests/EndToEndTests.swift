@@ -210,20 +210,26 @@ struct EndToEndTests {
         withExtendedLifetime(refusing) {}
     }
 
+    /// The start of a Python client script: CONNECT through the gate (argv: gate port, host,
+    /// port, CA file), then TLS inside the tunnel, verified against the gate's CA, as `tls`.
+    static let pythonTunnel = """
+    import hashlib, os, socket, ssl, sys
+    gate_port, host, port, ca = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    raw = socket.create_connection(("127.0.0.1", gate_port), timeout=30)
+    raw.sendall(f"CONNECT {host}:{port} HTTP/1.1\\r\\nHost: {host}:{port}\\r\\n\\r\\n".encode())
+    head = b""
+    while b"\\r\\n\\r\\n" not in head:
+        chunk = raw.recv(1)
+        if not chunk: sys.exit("proxy closed: " + head.decode())
+        head += chunk
+    assert head.startswith(b"HTTP/1.1 200"), head
+    tls = ssl.create_default_context(cafile=ca).wrap_socket(raw, server_hostname=host)
+
+    """
+
     @Test("Python ssl client: 1 MiB echoed byte for byte through the tunnel, then a clean close")
     func pythonEchoThroughTunnel() async throws {
-        let script = """
-        import hashlib, os, socket, ssl, sys
-        gate_port, host, port, ca = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
-        raw = socket.create_connection(("127.0.0.1", gate_port), timeout=30)
-        raw.sendall(f"CONNECT {host}:{port} HTTP/1.1\\r\\nHost: {host}:{port}\\r\\n\\r\\n".encode())
-        head = b""
-        while b"\\r\\n\\r\\n" not in head:
-            chunk = raw.recv(1)
-            if not chunk: sys.exit("proxy closed: " + head.decode())
-            head += chunk
-        assert head.startswith(b"HTTP/1.1 200"), head
-        tls = ssl.create_default_context(cafile=ca).wrap_socket(raw, server_hostname=host)
+        let script = Self.pythonTunnel + """
         payload = os.urandom(1 << 20)
         tls.sendall(payload)
         received = b""
@@ -250,16 +256,7 @@ struct EndToEndTests {
 
     @Test("the same client to a host that is not opaque: its bytes are not HTTP, so the tunnel is refused as not-http and not one byte reaches the origin")
     func notHTTPIsRefused() async throws {
-        let script = """
-        import os, socket, ssl, sys
-        gate_port, host, port, ca = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
-        raw = socket.create_connection(("127.0.0.1", gate_port), timeout=30)
-        raw.sendall(f"CONNECT {host}:{port} HTTP/1.1\\r\\nHost: {host}:{port}\\r\\n\\r\\n".encode())
-        head = b""
-        while b"\\r\\n\\r\\n" not in head:
-            head += raw.recv(1)
-        assert head.startswith(b"HTTP/1.1 200"), head
-        tls = ssl.create_default_context(cafile=ca).wrap_socket(raw, server_hostname=host)
+        let script = Self.pythonTunnel + """
         tls.sendall(b"\\x00\\x01binary protocol hello" + os.urandom(4096))
         received = b""
         try:

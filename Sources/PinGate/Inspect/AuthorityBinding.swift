@@ -40,6 +40,10 @@ struct AuthorityBinding {
     /// Bounded: a client cycling through names cannot grow it.
     private var answers: [String: Bool] = [:]
     private static let rememberedAnswers = 64
+    /// The last authority text that named the CONNECT host itself, as sent, and what it
+    /// parsed to: a keep-alive client repeats the same `Host` on every request, and that
+    /// answer depends on nothing that can change (not the list), so it is kept as is.
+    private var lastConnectHostText: (text: String, authority: RequestAuthority)?
 
     /// A binding for a tunnel to `connectHost:connectPort` whose other-host answers come
     /// from `trustsOtherHost`.
@@ -55,6 +59,7 @@ struct AuthorityBinding {
         guard let authority, !authority.isEmpty else {
             return .refuse(.malformed(detail: "the request names no host (no Host header or :authority)"))
         }
+        if let last = lastConnectHostText, last.text == authority { return .pass(last.authority) }
         guard let parsed = RequestAuthority(parsing: authority, defaultPort: connectPort) else {
             return .refuse(.malformed(detail: "\"\(authority)\" is not a host[:port] authority"))
         }
@@ -63,7 +68,10 @@ struct AuthorityBinding {
                 authority: parsed.description,
                 detail: "the tunnel reaches \(connectHost) on port \(connectPort), not port \(parsed.port)"))
         }
-        if parsed.host == connectHost { return .pass(parsed) }
+        if parsed.host == connectHost {
+            lastConnectHostText = (authority, parsed)
+            return .pass(parsed)
+        }
         let trusted: Bool
         if let known = answers[parsed.host] {
             trusted = known
@@ -98,7 +106,7 @@ struct RequestAuthority: Equatable, Sendable, CustomStringConvertible {
     /// CONNECT target compare equal exactly when they name the same origin.
     init?(parsing text: String, defaultPort: Int) {
         // An authority has a port when its last colon is not inside IPv6 brackets.
-        let hasPort = text.hasPrefix("[") ? !text.hasSuffix("]") : text.contains(":")
+        let hasPort = text.hasPrefix("[") ? !text.hasSuffix("]") : text.utf8.contains(UInt8(ascii: ":"))
         let target = hasPort ? text : "\(text):\(defaultPort)"
         guard case .success(let parsed) = ConnectRequestParser.parseAuthority(Substring(target)) else { return nil }
         self.host = parsed.host
@@ -106,13 +114,16 @@ struct RequestAuthority: Equatable, Sendable, CustomStringConvertible {
         self.portWasExplicit = hasPort
     }
 
+    /// A host with a colon can only be an IPv6 literal (byte search: no Foundation).
+    private var isIPv6: Bool { host.utf8.contains(UInt8(ascii: ":")) }
+
     /// `host:port` with IPv6 bracketed: how logs and refusals name it.
-    var description: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
+    var description: String { isIPv6 ? "[\(host)]:\(port)" : "\(host):\(port)" }
 
     /// The authority as forwarded upstream: the host, with the port only if the request
     /// gave one (servers compare `Host` literally, and most expect no default port).
     var headerValue: String {
-        let shownHost = host.contains(":") ? "[\(host)]" : host
+        let shownHost = isIPv6 ? "[\(host)]" : host
         return portWasExplicit ? "\(shownHost):\(port)" : shownHost
     }
 }

@@ -39,16 +39,12 @@ enum ConnectionSpecificHeaders {
     ]
 
     /// `headers` without the connection-specific fields, and without the fields that a
-    /// `Connection` header itself names.
+    /// `Connection` header itself names. Names are compared without changing case (no
+    /// string is built per field: this runs twice per exchange).
     static func endToEnd(_ headers: HTTPHeaders) -> HTTPHeaders {
-        var named = Set<String>()
-        for value in headers[canonicalForm: "connection"] { named.insert(value.lowercased()) }
-        var result = HTTPHeaders()
-        for (name, value) in headers {
-            let lower = name.lowercased()
-            if names.contains(lower) || named.contains(lower) { continue }
-            result.add(name: name, value: value)
-        }
+        var result = headers
+        for value in headers[canonicalForm: "connection"] { result.remove(name: String(value)) }
+        for name in names where result.contains(name: name) { result.remove(name: name) }
         return result
     }
 

@@ -93,7 +93,9 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     /// says answer 400).
     static func splitTarget(_ head: HTTPRequestHead) -> (authority: String, path: String)? {
         let uri = head.uri
-        for scheme in ["https://", "http://"] where uri.lowercased().hasPrefix(scheme) {
+        // Origin form (`/path`), the common case, is told by its first byte alone.
+        for scheme in ["https://", "http://"] where uri.utf8.first != UInt8(ascii: "/") && uri.utf8.count > scheme.utf8.count
+            && uri.utf8.prefix(scheme.utf8.count).elementsEqual(scheme.utf8, by: { asciiLowercase($0) == $1 }) {
             let rest = uri.dropFirst(scheme.count)
             let end = rest.firstIndex { $0 == "/" || $0 == "?" } ?? rest.endIndex
             let path = rest[end...]
@@ -102,6 +104,10 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         let hosts = head.headers[canonicalForm: "host"]
         guard hosts.count == 1, let host = hosts.first else { return nil }
         return (String(host), uri)
+    }
+
+    private static func asciiLowercase(_ byte: UInt8) -> UInt8 {
+        (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains(byte) ? byte + 32 : byte
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {

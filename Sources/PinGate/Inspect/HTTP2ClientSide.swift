@@ -110,11 +110,7 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
             router.requestHead(id, head, endStream: endStream)
         case .data(let streamID, let bytes, let endStream):
             let id = Int(streamID)
-            if !bytes.isEmpty {
-                var buffer = context?.channel.allocator.buffer(capacity: bytes.count) ?? ByteBuffer()
-                buffer.writeBytes(bytes)
-                router.requestBody(id, buffer)
-            }
+            if !bytes.isEmpty { router.requestBody(id, HTTP2Wire.buffer(bytes, context: context)) }
             if endStream { router.requestEnd(id, trailers: nil) }
         case .streamClosed(let streamID, let errorCode):
             respondingStreams.remove(streamID)
@@ -199,23 +195,13 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
     func sendResponseBody(_ id: Int, _ bytes: ByteBuffer) {
         let streamID = Int32(id)
         guard respondingStreams.contains(streamID) else { return }
-        do {
-            try wire.session.sendBody(streamID: streamID, count: bytes.readableBytes, endStream: false) {
-                $0.append(contentsOf: bytes.readableBytesView)
-            }
-        } catch {
-            reset(streamID)
-        }
+        if !wire.sendBody(streamID, bytes) { reset(streamID) }
     }
 
     func endResponse(_ id: Int, trailers: HTTPHeaders?) {
         let streamID = Int32(id)
         guard respondingStreams.remove(streamID) != nil else { return }
-        do {
-            try wire.session.sendBody(streamID: streamID, [], endStream: true, trailers: trailers.map(HTTP2Wire.fields))
-        } catch {
-            reset(streamID)
-        }
+        if !wire.endBody(streamID, trailers: trailers) { reset(streamID) }
     }
 
     func answer(_ id: Int, status: Int, refusal: String, detail: String) {

@@ -82,23 +82,13 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     func sendRequestBody(_ id: Int, _ bytes: ByteBuffer) {
         let streamID = Int32(id)
         guard sendingStreams.contains(streamID) else { return }
-        do {
-            try wire.session.sendBody(streamID: streamID, count: bytes.readableBytes, endStream: false) {
-                $0.append(contentsOf: bytes.readableBytesView)
-            }
-        } catch {
-            cancel(id)
-        }
+        if !wire.sendBody(streamID, bytes) { cancel(id) }
     }
 
     func endRequest(_ id: Int, trailers: HTTPHeaders?) {
         let streamID = Int32(id)
         guard sendingStreams.remove(streamID) != nil else { return }
-        do {
-            try wire.session.sendBody(streamID: streamID, [], endStream: true, trailers: trailers.map(HTTP2Wire.fields))
-        } catch {
-            cancel(id)
-        }
+        if !wire.endBody(streamID, trailers: trailers) { cancel(id) }
     }
 
     func cancel(_ id: Int) {
@@ -153,11 +143,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             router.responseHead(id, ExchangeResponseHead(status: status, headers: HTTP2Wire.headers(fields)), endStream: endStream)
         case .data(let streamID, let bytes, let endStream):
             let id = Int(streamID)
-            if !bytes.isEmpty {
-                var buffer = context?.channel.allocator.buffer(capacity: bytes.count) ?? ByteBuffer()
-                buffer.writeBytes(bytes)
-                router.responseBody(id, buffer)
-            }
+            if !bytes.isEmpty { router.responseBody(id, HTTP2Wire.buffer(bytes, context: context)) }
             if endStream { router.responseEnd(id, trailers: nil) }
         case .streamClosed(let streamID, let errorCode):
             answeredStreams.remove(streamID)

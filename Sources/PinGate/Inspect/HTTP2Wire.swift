@@ -59,6 +59,36 @@ final class HTTP2Wire {
         return credits
     }
 
+    /// Queues body bytes on `streamID`; false when the stream cannot take them (reset it).
+    func sendBody(_ streamID: Int32, _ bytes: ByteBuffer) -> Bool {
+        do {
+            try session.sendBody(streamID: streamID, count: bytes.readableBytes, endStream: false) {
+                $0.append(contentsOf: bytes.readableBytesView)
+            }
+            return true
+        } catch {
+            return false
+        }
+    }
+
+    /// Ends `streamID`'s body, with `trailers` when there are any; false when the stream
+    /// cannot be ended that way (reset it).
+    func endBody(_ streamID: Int32, trailers: HTTPHeaders?) -> Bool {
+        do {
+            try session.sendBody(streamID: streamID, [], endStream: true, trailers: trailers.map(Self.fields))
+            return true
+        } catch {
+            return false
+        }
+    }
+
+    /// Body bytes nghttp2 delivered, as a buffer for the router.
+    static func buffer(_ bytes: [UInt8], context: ChannelHandlerContext?) -> ByteBuffer {
+        var buffer = context?.channel.allocator.buffer(capacity: bytes.count) ?? ByteBuffer()
+        buffer.writeBytes(bytes)
+        return buffer
+    }
+
     /// The credits held back while the channel was not writable, once it is again.
     func takeOwed() -> [Int: Int] {
         flow.takeOwed()
