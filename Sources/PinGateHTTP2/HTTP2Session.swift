@@ -40,13 +40,40 @@ public struct HTTP2Error: Error, Sendable, Equatable, CustomStringConvertible {
     public var description: String { "\(operation): \(reason) (\(code))" }
 }
 
+/// Body bytes of a DATA frame. nghttp2 hands them over as a pointer into the very buffer
+/// given to `receive`, so they are named by their place in it: the owner slices its own
+/// buffer and no byte is copied. Bytes that are not in it (never, with this nghttp2, but
+/// not promised by its API) come copied.
+public enum HTTP2Bytes: Sendable, Equatable {
+    /// `range` of the buffer the event came from (offsets from its first byte).
+    case input(Range<Int>)
+    /// The bytes themselves.
+    case copied([UInt8])
+
+    /// The bytes, copied out of `input` when they are in it.
+    public func bytes(in input: UnsafeRawBufferPointer) -> [UInt8] {
+        switch self {
+        case .input(let range): return Array(input[range])
+        case .copied(let bytes): return bytes
+        }
+    }
+
+    /// How many bytes there are.
+    public var count: Int {
+        switch self {
+        case .input(let range): return range.count
+        case .copied(let bytes): return bytes.count
+        }
+    }
+}
+
 /// What the peer did, as seen by one session.
 public enum HTTP2Event: Sendable, Equatable {
     /// A complete header block (request or response head, or trailers) on `streamID`.
     case headers(streamID: Int32, fields: [HTTP2HeaderField], endStream: Bool)
     /// Body bytes on `streamID`. They count against the flow-control window until the
     /// owner says they were consumed (`consumed(streamID:bytes:)`).
-    case data(streamID: Int32, bytes: [UInt8], endStream: Bool)
+    case data(streamID: Int32, bytes: HTTP2Bytes, endStream: Bool)
     /// `streamID` closed; `errorCode` 0 is a clean close, anything else a reset
     /// (RFC 9113 §7: 1 PROTOCOL_ERROR, 7 REFUSED_STREAM, 8 CANCEL, …).
     case streamClosed(streamID: Int32, errorCode: UInt32)
@@ -95,6 +122,8 @@ public final class HTTP2Session {
     /// The limits given at creation.
     public let limits: Limits
     private let session: OpaquePointer
+    /// The buffer `receive` is reading, while it is: DATA chunks are named by their place in it.
+    private var receiving: UnsafeBufferPointer<UInt8>?
     /// Events collected by the callbacks during one `receive`.
     private var events: [HTTP2Event] = []
     /// Header fields of the block being received, by stream, with their RFC 9113 size.
@@ -184,6 +213,8 @@ public final class HTTP2Session {
     /// nothing: close it.
     public func receive(_ bytes: UnsafeRawBufferPointer) throws(HTTP2Error) -> [HTTP2Event] {
         guard let base = bytes.baseAddress?.assumingMemoryBound(to: UInt8.self) else { return takeEvents() }
+        receiving = UnsafeBufferPointer(start: base, count: bytes.count)
+        defer { receiving = nil }
         let consumed = nghttp2_session_mem_recv(session, base, bytes.count)
         let produced = takeEvents()
         if consumed < 0 { throw HTTP2Error(code: Int32(consumed), operation: "receiving frames") }
@@ -438,7 +469,7 @@ public final class HTTP2Session {
                 owner.events.append(.headers(streamID: header.stream_id, fields: pending.fields, endStream: endStream))
             case Int(NGHTTP2_DATA.rawValue) where endStream:
                 // The bytes came through the chunk callback; this marks the end.
-                owner.events.append(.data(streamID: header.stream_id, bytes: [], endStream: true))
+                owner.events.append(.data(streamID: header.stream_id, bytes: .copied([]), endStream: true))
             case Int(NGHTTP2_GOAWAY.rawValue):
                 let goAway = frame.pointee.goaway
                 owner.events.append(.goAway(lastStreamID: goAway.last_stream_id, errorCode: goAway.error_code))
@@ -456,7 +487,13 @@ public final class HTTP2Session {
         }
         nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks) { _, _, streamID, data, length, userData in
             guard let owner = HTTP2Session.owner(userData), let data else { return 0 }
-            owner.events.append(.data(streamID: streamID, bytes: Array(UnsafeBufferPointer(start: data, count: length)), endStream: false))
+            if let input = owner.receiving, let start = input.baseAddress, data >= start, data + length <= start + input.count {
+                let offset = data - start
+                owner.events.append(.data(streamID: streamID, bytes: .input(offset..<offset + length), endStream: false))
+            } else {
+                owner.events.append(.data(streamID: streamID, bytes: .copied(Array(UnsafeBufferPointer(start: data, count: length))),
+                                          endStream: false))
+            }
             return 0
         }
         nghttp2_session_callbacks_set_on_stream_close_callback(callbacks) { _, streamID, errorCode, userData in

@@ -16,12 +16,20 @@ struct HTTP2SessionTests {
         var serverEvents: [HTTP2Event] = []
         for _ in 0..<20 {
             let toServer = try client.takeOutput()
-            if !toServer.isEmpty { serverEvents += try toServer.withUnsafeBytes { try server.receive($0) } }
+            if !toServer.isEmpty { serverEvents += try toServer.withUnsafeBytes { try resolved(server.receive($0), in: $0) } }
             let toClient = try server.takeOutput()
-            if !toClient.isEmpty { clientEvents += try toClient.withUnsafeBytes { try client.receive($0) } }
+            if !toClient.isEmpty { clientEvents += try toClient.withUnsafeBytes { try resolved(client.receive($0), in: $0) } }
             if toServer.isEmpty && toClient.isEmpty { break }
         }
         return (clientEvents, serverEvents)
+    }
+
+    /// `events` with DATA bytes copied out of the receive buffer `input` (it is gone after).
+    static func resolved(_ events: [HTTP2Event], in input: UnsafeRawBufferPointer) -> [HTTP2Event] {
+        events.map { event in
+            guard case .data(let id, let bytes, let end) = event else { return event }
+            return .data(streamID: id, bytes: .copied(bytes.bytes(in: input)), endStream: end)
+        }
     }
 
     /// The frames in `bytes` as (type, stream id, the first 8 payload bytes), read from
@@ -45,7 +53,7 @@ struct HTTP2SessionTests {
     static func body(_ events: [HTTP2Event], stream streamID: Int32) -> ([UInt8], Bool) {
         var bytes: [UInt8] = []
         var ended = false
-        for case .data(let id, let chunk, let end) in events where id == streamID {
+        for case .data(let id, .copied(let chunk), let end) in events where id == streamID {
             bytes += chunk
             ended = ended || end
         }

@@ -69,7 +69,8 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         guard !closing else { return }
         inReadBurst = true
-        switch wire.receive(unwrapInboundIn(data)) {
+        let buffer = unwrapInboundIn(data)
+        switch wire.receive(buffer) {
         case .success(let events):
             // A stream opened and reset in the same read (the "rapid reset" pattern, CVE-
             // 2023-44487) never reaches the router: the upstream is not asked for work the
@@ -81,7 +82,7 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
                     skippedStreams.insert(streamID)
                     continue
                 }
-                handle(event)
+                handle(event, input: buffer)
             }
         case .failure(let error):
             // Not HTTP/2, or a connection error: nghttp2 queued a GOAWAY with the code when
@@ -92,7 +93,7 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
         }
     }
 
-    private func handle(_ event: HTTP2Event) {
+    private func handle(_ event: HTTP2Event, input: ByteBuffer? = nil) {
         switch event {
         case .headers(let streamID, let fields, let endStream):
             let id = Int(streamID)
@@ -110,7 +111,7 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
             router.requestHead(id, head, endStream: endStream)
         case .data(let streamID, let bytes, let endStream):
             let id = Int(streamID)
-            if !bytes.isEmpty { router.requestBody(id, HTTP2Wire.buffer(bytes, context: context)) }
+            if bytes.count > 0 { router.requestBody(id, HTTP2Wire.buffer(bytes, from: input)) }
             if endStream { router.requestEnd(id, trailers: nil) }
         case .streamClosed(let streamID, let errorCode):
             respondingStreams.remove(streamID)

@@ -121,16 +121,17 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         guard !closing else { return }
         inReadBurst = true
-        switch wire.receive(unwrapInboundIn(data)) {
+        let buffer = unwrapInboundIn(data)
+        switch wire.receive(buffer) {
         case .success(let events):
-            for event in events { handle(event) }
+            for event in events { handle(event, input: buffer) }
         case .failure:
             // The upstream broke HTTP/2: nothing more of this connection can be trusted.
             close()
         }
     }
 
-    private func handle(_ event: HTTP2Event) {
+    private func handle(_ event: HTTP2Event, input: ByteBuffer? = nil) {
         switch event {
         case .headers(let streamID, let fields, let endStream):
             let id = Int(streamID)
@@ -143,7 +144,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             router.responseHead(id, ExchangeResponseHead(status: status, headers: HTTP2Wire.headers(fields)), endStream: endStream)
         case .data(let streamID, let bytes, let endStream):
             let id = Int(streamID)
-            if !bytes.isEmpty { router.responseBody(id, HTTP2Wire.buffer(bytes, context: context)) }
+            if bytes.count > 0 { router.responseBody(id, HTTP2Wire.buffer(bytes, from: input)) }
             if endStream { router.responseEnd(id, trailers: nil) }
         case .streamClosed(let streamID, let errorCode):
             answeredStreams.remove(streamID)

@@ -82,11 +82,16 @@ final class HTTP2Wire {
         }
     }
 
-    /// Body bytes nghttp2 delivered, as a buffer for the router.
-    static func buffer(_ bytes: [UInt8], context: ChannelHandlerContext?) -> ByteBuffer {
-        var buffer = context?.channel.allocator.buffer(capacity: bytes.count) ?? ByteBuffer()
-        buffer.writeBytes(bytes)
-        return buffer
+    /// Body bytes nghttp2 delivered, as a buffer for the router: a slice of the buffer the
+    /// frames came in (no copy), or the copied bytes.
+    static func buffer(_ bytes: HTTP2Bytes, from input: ByteBuffer?) -> ByteBuffer {
+        switch bytes {
+        case .input(let range):
+            if let input, let slice = input.getSlice(at: input.readerIndex + range.lowerBound, length: range.count) { return slice }
+            return ByteBuffer()
+        case .copied(let copied):
+            return ByteBuffer(bytes: copied)
+        }
     }
 
     /// The credits held back while the channel was not writable, once it is again.
