@@ -30,6 +30,9 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     private var inputEnded = false
     /// Set once an upgrade (WebSocket) made this a byte relay: parts no longer come.
     private(set) var upgraded = false
+    /// A request that asks for an upgrade is in progress: whether it was read to its end,
+    /// and whether it was answered without a switch. Both, and the codecs are renewed.
+    private var upgradeAsked: (requestEnded: Bool, answered: Bool)?
 
     init(router: TunnelRouter) {
         self.router = router
@@ -59,6 +62,10 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
             flow.handedOver(bytes.readableBytes)
             router.requestBody(current.id, bytes)
         case .end(let trailers):
+            if upgradeAsked != nil {
+                upgradeAsked?.requestEnded = true
+                renewCodecsWhenDue()
+            }
             guard let current, current.hasBody else { return }
             router.requestEnd(current.id, trailers: trailers)
         }
@@ -71,6 +78,10 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         let hasBody = !framing[canonicalForm: "transfer-encoding"].isEmpty
             || framing[canonicalForm: "content-length"].contains { $0 != "0" }
         current = (id, head.version, head.isKeepAlive, hasBody)
+        // As llhttp decides it: once such a request ended, NIO's decoder stops parsing.
+        let asksUpgrade = head.method == .CONNECT
+            || (framing[canonicalForm: "connection"].contains { $0.lowercased() == "upgrade" } && framing.contains(name: "upgrade"))
+        upgradeAsked = asksUpgrade ? (requestEnded: false, answered: false) : nil
         guard let target = Self.splitTarget(head) else {
             router.requestHead(id, ExchangeRequestHead(method: head.method.rawValue, path: head.uri, authority: nil,
                                                        headers: [:], upgrade: nil), endStream: !hasBody)
@@ -200,7 +211,14 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         guard let context, let finished = current, finished.id == id else { return }
         current = nil
         context.writeAndFlush(wrapOutboundOut(.end(trailers)), promise: nil)
-        if !finished.keepAlive || inputEnded { close() }
+        if !finished.keepAlive || inputEnded {
+            close()
+        } else if upgradeAsked != nil {
+            // Answered without switching protocols (a 101 makes this side a byte relay and
+            // never ends the response here): the connection stays HTTP/1.1.
+            upgradeAsked?.answered = true
+            renewCodecsWhenDue()
+        }
         resumeReading(afterPassingOn: nil)
     }
 
@@ -242,9 +260,50 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         context.close(promise: nil)
     }
 
+    /// NIO's request decoder stops parsing for good once a request that asks for an upgrade
+    /// (`Connection: upgrade` with `Upgrade`, or `CONNECT`) has ended: it expects the
+    /// connection to switch protocols (apple/swift-nio#2570). When the answer was not a
+    /// `101` (the router refused the request, e.g. 501 `upgrade-unsupported` over an HTTP/2
+    /// upstream, or the upstream answered it normally) the connection is still keep-alive
+    /// HTTP/1.1, yet the client's next request would never be parsed: the tunnel hung until
+    /// the idle timeout. So once such a request has been read to its end and answered, the
+    /// codecs are replaced by a fresh set configured as at install (the encoder goes with the
+    /// decoder: NIO pairs them so that answers to HEAD carry no body).
+    ///
+    /// The swap runs as an event-loop task: by then the old decoder and pipelining handler
+    /// have returned from delivering the request's `.end` (a refusal answers while the head
+    /// is being delivered). NIO runs that task, and the old decoder's own deferred removal,
+    /// before it reads the socket again, so a client that waited for the answer (it must:
+    /// RFC 9110 §7.8, it cannot know before which protocol follows) reaches the new decoder.
+    /// Bytes a client pipelined behind the upgrade request, read before the swap, are held by
+    /// the stopped decoder and dropped with it.
+    private func renewCodecsWhenDue() {
+        guard let asked = upgradeAsked, asked.requestEnded, asked.answered, let context else { return }
+        upgradeAsked = nil
+        context.eventLoop.assumeIsolated().execute { [self] in
+            guard let context = self.context, !closing, !upgraded else { return }
+            let pipeline = context.pipeline.syncOperations
+            do {
+                let old: [RemovableChannelHandler] = [
+                    try pipeline.handler(type: HTTPResponseEncoder.self),
+                    try pipeline.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self),
+                    try pipeline.handler(type: HTTPServerPipelineHandler.self),
+                    try pipeline.handler(type: NIOHTTPResponseHeadersValidator.self),
+                ]
+                try pipeline.configureHTTPServerPipeline(
+                    position: .before(self), withPipeliningAssistance: true, withServerUpgrade: nil, withErrorHandling: false)
+                for handler in old { pipeline.removeHandler(handler, promise: nil) }
+            } catch {
+                // Without fresh codecs the connection cannot carry another request.
+                close()
+            }
+        }
+    }
+
     /// After a `101`, this handler only passes raw bytes on (to the byte relay behind it).
     func becomeByteRelay() {
         upgraded = true
+        upgradeAsked = nil
         current = nil
     }
 

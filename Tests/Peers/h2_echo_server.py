@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""A gRPC-style HTTP/2 echo origin for pingate's tests.
+
+TLS on 127.0.0.1, port 0 (ALPN h2 only), with the certificate and key it is given. It
+prints one JSON line `{"event": "listening", "port": N}` on stdout once it accepts
+connections, then one JSON line per finished stream (see Tests/Peers/README.md).
+
+`POST /echo` with `content-type: application/grpc...` and `te: trailers` is a
+bidirectional stream: the response head goes out at once, every DATA chunk that arrives
+is sent straight back (as far as the peer's windows allow), and once the request has
+ended and everything is echoed, the response ends with the trailers
+`grpc-status: 0` and `grpc-message: ok`. Anything else gets a 400 or 404 text answer.
+
+Only the `h2` library and the standard library are used. It runs until it is killed.
+"""
+
+import argparse
+import json
+import signal
+import socket
+import ssl
+import sys
+import threading
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+
+PRINT_LOCK = threading.Lock()
+
+
+def emit(record):
+    """One JSON line on stdout, whole even when connections finish at the same time."""
+    with PRINT_LOCK:
+        sys.stdout.write(json.dumps(record, sort_keys=True) + "\n")
+        sys.stdout.flush()
+
+
+class Stream:
+    def __init__(self, stream_id, headers):
+        self.id = stream_id
+        self.headers = headers
+        self.method = headers.get(":method")
+        self.path = headers.get(":path")
+        self.mode = None            # "echo" or "refused"
+        self.status = None
+        self.pending = bytearray()  # echo bytes not yet sent (the peer's window was shut)
+        self.data_frames = 0
+        self.received = 0
+        self.echoed = 0
+        self.echoed_before_end = 0  # echo bytes sent while the request was still open
+        self.request_ended = False
+        self.request_trailers = None
+        self.trailers_sent = False
+        self.reset = None
+        self.logged = False
+
+
+class EchoConnection:
+    """One HTTP/2 connection, served on its own thread with blocking reads."""
+
+    def __init__(self, tls):
+        self.sock = tls
+        config = h2.config.H2Configuration(client_side=False, header_encoding="utf-8")
+        self.conn = h2.connection.H2Connection(config=config)
+        self.streams = {}
+        self.closed = False
+
+    def flush(self):
+        data = self.conn.data_to_send()
+        if data and not self.closed:
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                self.closed = True
+
+    def run(self):
+        self.conn.initiate_connection()
+        self.flush()
+        while not self.closed:
+            try:
+                data = self.sock.recv(65536)
+            except (OSError, ssl.SSLError):
+                break
+            if not data:
+                break
+            try:
+                events = self.conn.receive_data(data)
+            except h2.exceptions.ProtocolError as error:
+                emit({"event": "protocol-error", "error": str(error)})
+                self.flush()
+                break
+            for event in events:
+                self.handle(event)
+            self.flush()
+        for stream in self.streams.values():
+            self.log(stream)
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def handle(self, event):
+        if isinstance(event, h2.events.RequestReceived):
+            headers = {}
+            for name, value in event.headers:
+                headers[name] = headers[name] + ", " + value if name in headers else value
+            stream = Stream(event.stream_id, headers)
+            self.streams[event.stream_id] = stream
+            self.start(stream)
+            if event.stream_ended is not None:
+                self.ended(stream)
+        elif isinstance(event, h2.events.DataReceived):
+            # Acknowledged at once: this origin never holds the peer back.
+            if event.flow_controlled_length:
+                self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            stream = self.streams.get(event.stream_id)
+            if stream is None:
+                return
+            stream.data_frames += 1
+            stream.received += len(event.data)
+            if stream.mode == "echo":
+                stream.pending += event.data
+                self.send_pending(stream)
+            if event.stream_ended is not None:
+                self.ended(stream)
+        elif isinstance(event, h2.events.TrailersReceived):
+            stream = self.streams.get(event.stream_id)
+            if stream is not None:
+                stream.request_trailers = dict(event.headers)
+                if event.stream_ended is not None:
+                    self.ended(stream)
+        elif isinstance(event, h2.events.StreamEnded):
+            stream = self.streams.get(event.stream_id)
+            if stream is not None:
+                self.ended(stream)
+        elif isinstance(event, h2.events.WindowUpdated):
+            for stream in list(self.streams.values()):
+                self.send_pending(stream)
+        elif isinstance(event, h2.events.StreamReset):
+            stream = self.streams.get(event.stream_id)
+            if stream is not None:
+                stream.reset = int(event.error_code)
+                stream.pending.clear()
+                self.log(stream)
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self.closed = True
+
+    def start(self, stream):
+        content_type = stream.headers.get("content-type", "")
+        if stream.path != "/echo":
+            self.refuse(stream, 404, "no such path\n")
+        elif stream.method != "POST" or not content_type.startswith("application/grpc") \
+                or stream.headers.get("te") != "trailers":
+            # What a gRPC server requires: without `te: trailers` it could not end the call.
+            self.refuse(stream, 400, "POST /echo needs content-type application/grpc and te: trailers\n")
+        else:
+            stream.mode = "echo"
+            stream.status = 200
+            self.conn.send_headers(stream.id, [(":status", "200"), ("content-type", "application/grpc")])
+
+    def refuse(self, stream, status, text):
+        stream.mode = "refused"
+        stream.status = status
+        body = text.encode()
+        self.conn.send_headers(stream.id, [(":status", str(status)), ("content-type", "text/plain"),
+                                           ("content-length", str(len(body)))])
+        self.conn.send_data(stream.id, body, end_stream=True)
+
+    def ended(self, stream):
+        if stream.request_ended:
+            return
+        stream.request_ended = True
+        if stream.mode == "echo":
+            self.send_pending(stream)
+        else:
+            self.log(stream)
+
+    def send_pending(self, stream):
+        """Sends as much of the echo as the windows allow; the trailers once all is out."""
+        if stream.reset is not None or stream.trailers_sent or stream.mode != "echo":
+            return
+        while stream.pending:
+            window = min(self.conn.local_flow_control_window(stream.id), self.conn.max_outbound_frame_size)
+            if window <= 0:
+                return  # the rest waits for a WINDOW_UPDATE
+            piece = bytes(stream.pending[:window])
+            del stream.pending[:window]
+            self.conn.send_data(stream.id, piece)
+            stream.echoed += len(piece)
+            if not stream.request_ended:
+                stream.echoed_before_end += len(piece)
+        if stream.request_ended:
+            self.conn.send_headers(stream.id, [("grpc-status", "0"), ("grpc-message", "ok")], end_stream=True)
+            stream.trailers_sent = True
+            self.log(stream)
+
+    def log(self, stream):
+        if stream.logged:
+            return
+        stream.logged = True
+        emit({"event": "stream", "stream_id": stream.id, "method": stream.method, "path": stream.path,
+              "headers": stream.headers, "status": stream.status, "data_frames": stream.data_frames,
+              "received": stream.received, "echoed": stream.echoed,
+              "echoed_before_end": stream.echoed_before_end, "request_ended": stream.request_ended,
+              "request_trailers": stream.request_trailers, "trailers_sent": stream.trailers_sent,
+              "reset": stream.reset})
+
+
+def serve(context, sock):
+    try:
+        tls = context.wrap_socket(sock, server_side=True)
+    except (ssl.SSLError, OSError) as error:
+        emit({"event": "tls-failed", "error": str(error)})
+        sock.close()
+        return
+    alpn = tls.selected_alpn_protocol()
+    if alpn != "h2":
+        emit({"event": "alpn-refused", "alpn": alpn})
+        tls.close()
+        return
+    emit({"event": "connection"})
+    EchoConnection(tls).run()
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description="gRPC-style HTTP/2 echo origin (see Tests/Peers/README.md)")
+    parser.add_argument("--cert", required=True, help="PEM certificate (chain) to present")
+    parser.add_argument("--key", required=True, help="PEM private key")
+    args = parser.parse_args(argv)
+    # A parent that ignores or blocks SIGTERM (a service runner does) passes that on
+    # through exec: restore the default, so the test's SIGTERM stops this origin at once.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(args.cert, args.key)
+    context.set_alpn_protocols(["h2"])
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    emit({"event": "listening", "port": listener.getsockname()[1]})
+    while True:
+        sock, _ = listener.accept()
+        threading.Thread(target=serve, args=(context, sock), daemon=True).start()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
