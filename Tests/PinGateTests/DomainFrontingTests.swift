@@ -145,6 +145,24 @@ struct DomainFrontingTests {
         }
     }
 
+    @Test("CONNECT inside a tunnel is refused with 405 (a tunnel in the tunnel would escape every check); the connection carries on")
+    func connectInsideTunnel() async throws {
+        try await Self.withFrontEnd(pins: { pki, leaf in try pki.signedList([(Self.pinned, leaf.fingerprint)]) }) { gate, nginx in
+            let authority = "\(Self.pinned):\(nginx.port)"
+            let steps = try await Self.run([
+                "CONNECT \(authority) HTTP/1.1\r\nHost: \(authority)\r\n\r\n",
+                "GET / HTTP/1.1\r\nHost: \(authority)\r\n\r\n",
+            ], gate: gate, target: authority)
+            #expect(steps.count == 2, "\(steps)")
+            #expect(steps.first?.status == 405)
+            #expect(steps.first?.refusal == "method-not-allowed")
+            #expect(steps.last == Step(status: 200, body: "pay\n"))
+            #expect(Self.logLines(nginx, "pay.log").count == 1)
+            #expect(gate.statistics.requestsRefused(.methodNotAllowed) == 1)
+            #expect(gate.statistics.requestsForwarded == 1)
+        }
+    }
+
     @Test("curl -H 'Host: other' through the gate, asking for HTTP/1.1 and for HTTP/2: 421 with Pingate-Refusal; without it: 200")
     func curlFronting() async throws {
         try await Self.withFrontEnd(pins: { pki, leaf in try pki.signedList([(Self.pinned, leaf.fingerprint)]) }) { gate, nginx in

@@ -95,6 +95,13 @@ final class TunnelRouter {
             }
         case .pass(let authority):
             guard let upstream else { return }
+            if head.method == "CONNECT" {
+                // A tunnel inside the tunnel would carry bytes no check ever reads (RFC 8441's
+                // extended CONNECT is not offered: SETTINGS_ENABLE_CONNECT_PROTOCOL stays 0).
+                refuse(id, exchange, status: 405, reason: .methodNotAllowed,
+                       detail: "CONNECT inside a tunnel is not relayed")
+                return
+            }
             if let upgrade = head.upgrade, !upstream.carriesUpgrades {
                 refuse(id, exchange, status: 501, reason: .upgradeUnsupported,
                        detail: "the upstream speaks HTTP/2, which cannot carry an Upgrade to \(upgrade) (RFC 9113 §8.6)")
