@@ -27,76 +27,60 @@ struct EndToEndTests {
 
     @Test("h2 upstream: an HTTP/2 client and an HTTP/1.1-only client each get 10 MiB intact, bridged over exactly one upstream connection per tunnel")
     func bridgedToHTTP2Upstream() async throws {
-        let directory = try TemporaryDirectory()
-        defer { directory.remove() }
-        let pki = try TestPKI(directory: directory)
-        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
         let payload = Self.randomPayload()
-        try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath,
-                                   files: ["big.bin": payload.bytes, "small.txt": Data("small\n".utf8)]) { nginx in
-            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
-                                       resolve: ["\(Self.host):\(nginx.port)"]) { gate in
-                let base = "https://\(Self.host):\(nginx.port)"
-                // h2 on both legs: each leg its own nghttp2 session, the router between.
-                let h2 = try await curlThroughGate(gate, urls: ["\(base)/big.bin"], ["--http2"])
-                #expect(h2.exitStatus == 0, "\(h2.stderr)")
-                #expect(h2.httpCode == "200")
-                #expect(h2.httpVersion == "2")
-                #expect(h2.body.count == payload.bytes.count)
-                #expect(SHA256Digest.base64(h2.body) == payload.digest)
+        try await PinnedNginx.with(host: Self.host, files: ["big.bin": payload.bytes, "small.txt": Data("small\n".utf8)]) { gate, nginx in
+            let base = "https://\(Self.host):\(nginx.port)"
+            // h2 on both legs: each leg its own nghttp2 session, the router between.
+            let h2 = try await curlThroughGate(gate, urls: ["\(base)/big.bin"], ["--http2"])
+            #expect(h2.exitStatus == 0, "\(h2.stderr)")
+            #expect(h2.httpCode == "200")
+            #expect(h2.httpVersion == "2")
+            #expect(h2.body.count == payload.bytes.count)
+            #expect(SHA256Digest.base64(h2.body) == payload.digest)
 
-                // An HTTP/1.1-only client, three requests on its one tunnel: bridged onto
-                // HTTP/2 streams of the one upstream connection the verdict was made on.
-                let h1 = try await curlThroughGate(gate, urls: ["\(base)/big.bin", "\(base)/small.txt", "\(base)/small.txt"], ["--http1.1"])
-                #expect(h1.exitStatus == 0, "\(h1.stderr)")
-                #expect(h1.httpCode == "200")
-                #expect(h1.httpVersion == "1.1")
-                #expect(h1.body.count == payload.bytes.count + 12)
-                #expect(SHA256Digest.base64(h1.body.prefix(payload.bytes.count)) == payload.digest)
-                #expect(h1.body.suffix(12) == Data("small\nsmall\n".utf8))
+            // An HTTP/1.1-only client, three requests on its one tunnel: bridged onto
+            // HTTP/2 streams of the one upstream connection the verdict was made on.
+            let h1 = try await curlThroughGate(gate, urls: ["\(base)/big.bin", "\(base)/small.txt", "\(base)/small.txt"], ["--http1.1"])
+            #expect(h1.exitStatus == 0, "\(h1.stderr)")
+            #expect(h1.httpCode == "200")
+            #expect(h1.httpVersion == "1.1")
+            #expect(h1.body.count == payload.bytes.count + 12)
+            #expect(SHA256Digest.base64(h1.body.prefix(payload.bytes.count)) == payload.digest)
+            #expect(h1.body.suffix(12) == Data("small\nsmall\n".utf8))
 
-                // nginx saw every request over HTTP/2, on two connections: one per tunnel.
-                #expect(nginx.accessLogProtocols() == Array(repeating: "HTTP/2.0", count: 4))
-                #expect(Set(nginx.accessLogConnections()).count == 2)
-                let stats = gate.statistics
-                #expect(stats.count(.trusted) == 2)
-                #expect(stats.upstreamConnections == 2)
-                #expect(stats.requestsForwarded == 4)
-                #expect(stats.bytesDown == 2 * payload.bytes.count + 12)
-            }
+            // nginx saw every request over HTTP/2, on two connections: one per tunnel.
+            #expect(nginx.accessLogProtocols() == Array(repeating: "HTTP/2.0", count: 4))
+            #expect(Set(nginx.accessLogConnections()).count == 2)
+            let stats = gate.statistics
+            #expect(stats.count(.trusted) == 2)
+            #expect(stats.upstreamConnections == 2)
+            #expect(stats.requestsForwarded == 4)
+            #expect(stats.bytesDown == 2 * payload.bytes.count + 12)
         }
     }
 
     @Test("HTTP/1.1-only upstream: an HTTP/2 client gets 10 MiB intact and concurrent streams, bridged over exactly one upstream connection")
     func bridgedToHTTP1Upstream() async throws {
-        let directory = try TemporaryDirectory()
-        defer { directory.remove() }
-        let pki = try TestPKI(directory: directory)
-        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
         let payload = Self.randomPayload()
-        try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath,
-                                   files: ["big.bin": payload.bytes, "small.txt": Data("small\n".utf8)], http2: false) { nginx in
-            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
-                                       resolve: ["\(Self.host):\(nginx.port)"]) { gate in
-                let base = "https://\(Self.host):\(nginx.port)"
-                // curl multiplexes the three transfers as streams of its one h2 connection
-                // (--parallel); the gate runs them one after another on the HTTP/1.1 upstream.
-                let h2 = try await curlThroughGate(gate, urls: ["\(base)/big.bin", "\(base)/small.txt", "\(base)/small.txt"],
-                                                   ["--http2", "--parallel"])
-                #expect(h2.exitStatus == 0, "\(h2.stderr)")
-                #expect(h2.httpCode == "200")
-                #expect(h2.httpVersion == "2")
-                #expect(h2.body.count == payload.bytes.count + 12)
-                #expect(SHA256Digest.base64(h2.body.prefix(payload.bytes.count)) == payload.digest)
-                #expect(h2.body.suffix(12) == Data("small\nsmall\n".utf8))
-                #expect(h2.transfers == ["200 2", "200 2", "200 2"])
-                #expect(nginx.accessLogProtocols() == Array(repeating: "HTTP/1.1", count: 3))
-                #expect(Set(nginx.accessLogConnections()).count == 1)
-                let stats = gate.statistics
-                #expect(stats.count(.trusted) == 1)
-                #expect(stats.upstreamConnections == 1)
-                #expect(stats.requestsForwarded == 3)
-            }
+        try await PinnedNginx.with(host: Self.host, files: ["big.bin": payload.bytes, "small.txt": Data("small\n".utf8)], http2: false) { gate, nginx in
+            let base = "https://\(Self.host):\(nginx.port)"
+            // curl multiplexes the three transfers as streams of its one h2 connection
+            // (--parallel); the gate runs them one after another on the HTTP/1.1 upstream.
+            let h2 = try await curlThroughGate(gate, urls: ["\(base)/big.bin", "\(base)/small.txt", "\(base)/small.txt"],
+                                               ["--http2", "--parallel"])
+            #expect(h2.exitStatus == 0, "\(h2.stderr)")
+            #expect(h2.httpCode == "200")
+            #expect(h2.httpVersion == "2")
+            #expect(h2.body.count == payload.bytes.count + 12)
+            #expect(SHA256Digest.base64(h2.body.prefix(payload.bytes.count)) == payload.digest)
+            #expect(h2.body.suffix(12) == Data("small\nsmall\n".utf8))
+            #expect(h2.transfers == ["200 2", "200 2", "200 2"])
+            #expect(nginx.accessLogProtocols() == Array(repeating: "HTTP/1.1", count: 3))
+            #expect(Set(nginx.accessLogConnections()).count == 1)
+            let stats = gate.statistics
+            #expect(stats.count(.trusted) == 1)
+            #expect(stats.upstreamConnections == 1)
+            #expect(stats.requestsForwarded == 3)
         }
     }
 

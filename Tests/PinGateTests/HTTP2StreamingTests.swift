@@ -278,83 +278,67 @@ struct HTTP2StreamingTests {
 
     @Test("a WebSocket upgrade over an HTTP/2 upstream: 501 upgrade-unsupported, nothing reaches nginx, and the same connection then serves a GET (twice over)")
     func upgradeRefusedOverHTTP2Upstream() async throws {
-        let directory = try TemporaryDirectory()
-        defer { directory.remove() }
-        let pki = try TestPKI(directory: directory)
-        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
-        try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath,
-                                   files: ["small.txt": Data("small\n".utf8)], http2: true) { nginx in
-            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
-                                       resolve: ["\(Self.host):\(nginx.port)"]) { gate in
-                let target = "\(Self.host):\(nginx.port)"
-                let upgrade = "GET /chat HTTP/1.1\r\nHost: \(target)\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
-                    + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-                let get = "GET /small.txt HTTP/1.1\r\nHost: \(target)\r\n\r\n"
+        try await PinnedNginx.with(host: Self.host, files: ["small.txt": Data("small\n".utf8)], http2: true) { gate, nginx in
+            let target = "\(Self.host):\(nginx.port)"
+            let upgrade = "GET /chat HTTP/1.1\r\nHost: \(target)\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            let get = "GET /small.txt HTTP/1.1\r\nHost: \(target)\r\n\r\n"
 
-                // The upgrade alone first: refused, and nginx has seen nothing.
-                let refused = try await DomainFrontingTests.run([upgrade], gate: gate, target: target)
-                #expect(refused.count == 1, "\(refused)")
-                #expect(refused.first?.status == 501)
-                #expect(refused.first?.refusal == "upgrade-unsupported")
-                #expect(Self.accessLog(nginx).isEmpty)
-                #expect(gate.statistics.requestsRefused(.upgradeUnsupported) == 1)
-                #expect(gate.statistics.requestsForwarded == 0)
+            // The upgrade alone first: refused, and nginx has seen nothing.
+            let refused = try await DomainFrontingTests.run([upgrade], gate: gate, target: target)
+            #expect(refused.count == 1, "\(refused)")
+            #expect(refused.first?.status == 501)
+            #expect(refused.first?.refusal == "upgrade-unsupported")
+            #expect(Self.accessLog(nginx).isEmpty)
+            #expect(gate.statistics.requestsRefused(.upgradeUnsupported) == 1)
+            #expect(gate.statistics.requestsForwarded == 0)
 
-                // On one connection: the upgrade, a GET, and the same again (the connection
-                // stays usable after each refusal, not only after the first).
-                let steps = try await DomainFrontingTests.run([upgrade, get, upgrade, get], gate: gate, target: target)
-                #expect(steps.count == 4, "\(steps)")
-                for (index, step) in steps.enumerated() {
-                    if index % 2 == 0 {
-                        #expect(step.status == 501, "step \(index): \(steps)")
-                        #expect(step.refusal == "upgrade-unsupported", "step \(index)")
-                    } else {
-                        #expect(step == DomainFrontingTests.Step(status: 200, body: "small\n"), "step \(index): \(steps)")
-                    }
+            // On one connection: the upgrade, a GET, and the same again (the connection
+            // stays usable after each refusal, not only after the first).
+            let steps = try await DomainFrontingTests.run([upgrade, get, upgrade, get], gate: gate, target: target)
+            #expect(steps.count == 4, "\(steps)")
+            for (index, step) in steps.enumerated() {
+                if index % 2 == 0 {
+                    #expect(step.status == 501, "step \(index): \(steps)")
+                    #expect(step.refusal == "upgrade-unsupported", "step \(index)")
+                } else {
+                    #expect(step == DomainFrontingTests.Step(status: 200, body: "small\n"), "step \(index): \(steps)")
                 }
-                // Only the GETs reached nginx, over HTTP/2, on one connection.
-                let log = Self.accessLog(nginx)
-                #expect(log.count == 2, "\(log)")
-                #expect(log.allSatisfy { $0.hasPrefix("HTTP/2.0 200 6 /small.txt ") }, "\(log)")
-                #expect(Set(nginx.accessLogConnections()).count == 1)
-                let stats = gate.statistics
-                #expect(stats.requestsRefused(.upgradeUnsupported) == 3)
-                #expect(stats.requestsForwarded == 2)
-                #expect(stats.upstreamConnections == 2)
             }
+            // Only the GETs reached nginx, over HTTP/2, on one connection.
+            let log = Self.accessLog(nginx)
+            #expect(log.count == 2, "\(log)")
+            #expect(log.allSatisfy { $0.hasPrefix("HTTP/2.0 200 6 /small.txt ") }, "\(log)")
+            #expect(Set(nginx.accessLogConnections()).count == 1)
+            let stats = gate.statistics
+            #expect(stats.requestsRefused(.upgradeUnsupported) == 3)
+            #expect(stats.requestsForwarded == 2)
+            #expect(stats.upstreamConnections == 2)
         }
     }
 
     @Test("a WebSocket upgrade an HTTP/1.1 upstream answers without 101 (nginx: 404): the answer passes, and the same connection then serves a GET")
     func upgradeAnsweredWithoutSwitch() async throws {
-        let directory = try TemporaryDirectory()
-        defer { directory.remove() }
-        let pki = try TestPKI(directory: directory)
-        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
-        try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath,
-                                   files: ["small.txt": Data("small\n".utf8)], http2: false) { nginx in
-            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
-                                       resolve: ["\(Self.host):\(nginx.port)"]) { gate in
-                let target = "\(Self.host):\(nginx.port)"
-                let upgrade = "GET /chat HTTP/1.1\r\nHost: \(target)\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
-                    + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-                let get = "GET /small.txt HTTP/1.1\r\nHost: \(target)\r\n\r\n"
-                let steps = try await DomainFrontingTests.run([upgrade, get], gate: gate, target: target)
-                #expect(steps.count == 2, "\(steps)")
-                #expect(steps.first?.status == 404, "\(steps)")
-                #expect(steps.first?.refusal == nil)
-                #expect(steps.last == DomainFrontingTests.Step(status: 200, body: "small\n"), "\(steps)")
-                // nginx saw both, on the one upstream connection the tunnel was made on.
-                let log = Self.accessLog(nginx)
-                #expect(log.count == 2, "\(log)")
-                #expect(log.first?.hasPrefix("HTTP/1.1 404 ") == true, "\(log)")
-                #expect(log.last?.hasPrefix("HTTP/1.1 200 6 /small.txt ") == true, "\(log)")
-                #expect(Set(nginx.accessLogConnections()).count == 1)
-                let stats = gate.statistics
-                #expect(stats.requestsForwarded == 2)
-                #expect(stats.requestsRefused(.upgradeUnsupported) == 0)
-                #expect(stats.upstreamConnections == 1)
-            }
+        try await PinnedNginx.with(host: Self.host, files: ["small.txt": Data("small\n".utf8)], http2: false) { gate, nginx in
+            let target = "\(Self.host):\(nginx.port)"
+            let upgrade = "GET /chat HTTP/1.1\r\nHost: \(target)\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            let get = "GET /small.txt HTTP/1.1\r\nHost: \(target)\r\n\r\n"
+            let steps = try await DomainFrontingTests.run([upgrade, get], gate: gate, target: target)
+            #expect(steps.count == 2, "\(steps)")
+            #expect(steps.first?.status == 404, "\(steps)")
+            #expect(steps.first?.refusal == nil)
+            #expect(steps.last == DomainFrontingTests.Step(status: 200, body: "small\n"), "\(steps)")
+            // nginx saw both, on the one upstream connection the tunnel was made on.
+            let log = Self.accessLog(nginx)
+            #expect(log.count == 2, "\(log)")
+            #expect(log.first?.hasPrefix("HTTP/1.1 404 ") == true, "\(log)")
+            #expect(log.last?.hasPrefix("HTTP/1.1 200 6 /small.txt ") == true, "\(log)")
+            #expect(Set(nginx.accessLogConnections()).count == 1)
+            let stats = gate.statistics
+            #expect(stats.requestsForwarded == 2)
+            #expect(stats.requestsRefused(.upgradeUnsupported) == 0)
+            #expect(stats.upstreamConnections == 1)
         }
     }
 }
