@@ -78,18 +78,16 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         let hasBody = !framing[canonicalForm: "transfer-encoding"].isEmpty
             || framing[canonicalForm: "content-length"].contains { $0 != "0" }
         current = (id, head.version, head.isKeepAlive, hasBody)
+        // The protocol an `Upgrade` asks for, when `Connection` names it (read once: the
+        // router forwards it, and the codecs must be renewed if no 101 follows).
+        let upgrade = framing[canonicalForm: "connection"].contains { $0.lowercased() == "upgrade" }
+            ? framing.first(name: "upgrade") : nil
         // As llhttp decides it: once such a request ended, NIO's decoder stops parsing.
-        let asksUpgrade = head.method == .CONNECT
-            || (framing[canonicalForm: "connection"].contains { $0.lowercased() == "upgrade" } && framing.contains(name: "upgrade"))
-        upgradeAsked = asksUpgrade ? (requestEnded: false, answered: false) : nil
+        upgradeAsked = head.method == .CONNECT || upgrade != nil ? (requestEnded: false, answered: false) : nil
         guard let target = Self.splitTarget(head) else {
             router.requestHead(id, ExchangeRequestHead(method: head.method.rawValue, path: head.uri, authority: nil,
                                                        headers: [:], upgrade: nil), endStream: !hasBody)
             return
-        }
-        var upgrade: String?
-        if framing[canonicalForm: "connection"].contains(where: { $0.lowercased() == "upgrade" }) {
-            upgrade = framing.first(name: "upgrade")
         }
         var headers = ConnectionSpecificHeaders.endToEnd(framing)
         if ConnectionSpecificHeaders.wantsTrailers(framing) { headers.add(name: "te", value: "trailers") }

@@ -240,11 +240,7 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
     func close() {
         guard let context, !closing else { return }
         closing = true
-        // GOAWAY first when the session can still send one (a graceful end for streams the
-        // client may retry); whatever is queued goes out before the close.
-        if wire.session.isAlive { try? wire.session.goAway(errorCode: 0) }
-        writeOutput(flush: true)
-        context.close(promise: nil)
+        wire.close(context)
     }
 
     private func reset(_ streamID: Int32) {

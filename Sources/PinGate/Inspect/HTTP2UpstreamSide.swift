@@ -111,9 +111,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     func close() {
         guard let context, !closing else { return }
         closing = true
-        if wire.session.isAlive { try? wire.session.goAway(errorCode: 0) }
-        writeOutput(flush: true)
-        context.close(promise: nil)
+        wire.close(context)
     }
 
     // MARK: from the upstream

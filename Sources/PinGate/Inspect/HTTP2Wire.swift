@@ -59,6 +59,14 @@ final class HTTP2Wire {
         return credits
     }
 
+    /// Ends the connection: a graceful GOAWAY when the session can still send one (streams
+    /// the peer may retry), whatever is queued, then the close.
+    func close(_ context: ChannelHandlerContext) {
+        if session.isAlive { try? session.goAway(errorCode: 0) }
+        _ = write(context, flush: true)
+        context.close(promise: nil)
+    }
+
     /// Queues body bytes on `streamID`; false when the stream cannot take them (reset it).
     func sendBody(_ streamID: Int32, _ bytes: ByteBuffer) -> Bool {
         do {

@@ -180,6 +180,10 @@ public final class PinGateServer: Service, Sendable {
     /// The bound port.
     public var port: Int { listener.localAddress?.port ?? 0 }
 
+    /// Whether the listener still accepts connections (false once it closed: after a
+    /// shutdown, or `stopListening()`).
+    public var isListening: Bool { listener.isActive }
+
     /// How many client connections are open (any state, not only relaying tunnels).
     public var openConnections: Int { connections.count }
 
