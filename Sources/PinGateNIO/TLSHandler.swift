@@ -36,11 +36,22 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     private static let readChunk = 16 * 1024
+    /// The most plaintext one TLS record carries (RFC 8446 §5.1). Small writes queued
+    /// before a flush are gathered up to this size into one `SSL_write`: one record, one
+    /// AEAD pass and one ciphertext buffer instead of one of each per write. An HTTP
+    /// response written as head, body and end is then one record, as a byte relay's is.
+    private static let recordPlaintextLimit = 16 * 1024
+    /// A write at least this big is encrypted from its own buffer: copying it to gather
+    /// would cost more than the record it saves.
+    private static let gatherLimit = 4 * 1024
 
     private let connection: TLSConnection
     private var state: State = .handshaking
     private var handshakePromise: EventLoopPromise<TLSPeerSummary>?
     private let clientHelloResponder: ClientHelloResponder?
+    /// Plaintext written and not yet encrypted: during the handshake, and once active,
+    /// until the next flush (NIO sends nothing before a flush anyway, so holding the bytes
+    /// until then changes no timing and lets small writes share a record).
     private var bufferedWrites: [(ByteBuffer, EventLoopPromise<Void>?)] = []
     private var flushWhenActive = false
     private var receivedCloseNotify = false
@@ -115,10 +126,8 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     public func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
         let plaintext = unwrapOutboundIn(data)
         switch state {
-        case .handshaking, .pausedAtClientHello:
+        case .handshaking, .pausedAtClientHello, .active:
             bufferedWrites.append((plaintext, promise))
-        case .active:
-            encrypt(context: context, plaintext, promise: promise)
         case .closed:
             promise?.fail(ChannelError.ioOnClosedChannel)
         }
@@ -126,6 +135,7 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
 
     public func flush(context: ChannelHandlerContext) {
         if state == .active {
+            encryptBufferedWrites(context: context)
             context.flush()
         } else {
             flushWhenActive = true
@@ -136,6 +146,10 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
         switch mode {
         case .output, .all:
             if state == .active && !sentCloseNotify {
+                // What was written before the close goes out before the close_notify,
+                // flushed or not (the close flushes it), as when writes were encrypted
+                // at once.
+                encryptBufferedWrites(context: context)
                 sentCloseNotify = true
                 connection.sendCloseNotify()
                 writeCiphertext(context: context, promise: nil)
@@ -171,11 +185,10 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
             let summary = connection.peerSummary()
             handshakePromise?.succeed(summary)
             handshakePromise = nil
-            let pending = bufferedWrites
-            bufferedWrites = []
-            for (plaintext, promise) in pending { encrypt(context: context, plaintext, promise: promise) }
-            if flushWhenActive || !pending.isEmpty {
+            // Writes made during the handshake were meant to go as soon as it could.
+            if flushWhenActive || !bufferedWrites.isEmpty {
                 flushWhenActive = false
+                encryptBufferedWrites(context: context)
                 context.flush()
             }
         case .pausedAtClientHello(let offeredALPN):
@@ -239,19 +252,57 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
         }
     }
 
-    private func encrypt(context: ChannelHandlerContext, _ plaintext: ByteBuffer, promise: EventLoopPromise<Void>?) {
+    /// Encrypts every buffered write, in order, and queues the ciphertext (the caller
+    /// flushes). A run of small writes (each under `gatherLimit`) is gathered into one
+    /// `SSL_write` of at most one record; any other write goes from its own buffer, with no
+    /// copy. Each write's promise completes with the ciphertext that carries its last byte.
+    private func encryptBufferedWrites(context: ChannelHandlerContext) {
+        guard !bufferedWrites.isEmpty else { return }
+        let pending = bufferedWrites
+        bufferedWrites = []
         guard !sentCloseNotify else {
-            promise?.fail(ChannelError.outputClosed)
+            for (_, promise) in pending { promise?.fail(ChannelError.outputClosed) }
             return
         }
+        var start = pending.startIndex
         do {
-            try plaintext.withUnsafeReadableBytes { try connection.writePlaintext($0) }
+            while start < pending.endIndex {
+                // The run of writes that share this record: [start, end).
+                var end = start + 1
+                var total = pending[start].0.readableBytes
+                if total < Self.gatherLimit {
+                    while end < pending.endIndex, pending[end].0.readableBytes < Self.gatherLimit,
+                          total + pending[end].0.readableBytes <= Self.recordPlaintextLimit {
+                        total += pending[end].0.readableBytes
+                        end += 1
+                    }
+                }
+                if end - start == 1 {
+                    try pending[start].0.withUnsafeReadableBytes { try connection.writePlaintext($0) }
+                } else {
+                    // Allocated per run, not kept: a buffer held per connection would cost
+                    // every idle tunnel its size.
+                    var gathered = context.channel.allocator.buffer(capacity: total)
+                    for (plaintext, _) in pending[start..<end] { gathered.writeImmutableBuffer(plaintext) }
+                    try gathered.withUnsafeReadableBytes { try connection.writePlaintext($0) }
+                }
+                sealed(pending[start..<end].compactMap { $0.1 }, context: context)
+                start = end
+            }
         } catch {
-            promise?.fail(error)
+            for (_, promise) in pending[start...] { promise?.fail(error) }
             fail(context: context, error: error)
+        }
+    }
+
+    /// Queues the ciphertext of what was just encrypted; `promises` complete with it.
+    private func sealed(_ promises: [EventLoopPromise<Void>], context: ChannelHandlerContext) {
+        guard let first = promises.first else {
+            writeCiphertext(context: context, promise: nil)
             return
         }
-        if !writeCiphertext(context: context, promise: promise) { promise?.succeed(()) }
+        for other in promises.dropFirst() { first.futureResult.cascade(to: other) }
+        if !writeCiphertext(context: context, promise: first) { first.succeed(()) }
     }
 
     /// Moves all pending ciphertext to the socket; `promise` rides on the last write.
