@@ -13,11 +13,14 @@ struct DomainFrontingTests {
     static let other = "other.example.test"
 
     /// A Python client on one kept-alive tunnel: each step sends raw request bytes and
-    /// reads one response (status, `pingate-refusal`, body). It prints one JSON array.
+    /// reads one response (status, `pingate-refusal`, body), or, when the step pipelines
+    /// several requests, one per method listed for it (a `HEAD` answer has no body).
+    /// It prints one JSON array.
     static let client = #"""
     import json, socket, ssl, sys
     gate_port, target, ca = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     steps = json.loads(sys.argv[4])
+    methods = json.loads(sys.argv[5]) if len(sys.argv) > 5 else [["GET"]] * len(steps)
     raw = socket.create_connection(("127.0.0.1", gate_port), timeout=10)
     raw.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
     head = b""
@@ -28,23 +31,25 @@ struct DomainFrontingTests {
     tls = context.wrap_socket(raw, server_hostname=target.split(":")[0])
     reader = tls.makefile("rb")
     results = []
-    for step in steps:
+    def read_response(method):
+        status_line = reader.readline()
+        if not status_line:
+            results.append({"closed": True}); return False
+        status = int(status_line.split()[1])
+        headers = {}
+        while True:
+            line = reader.readline()
+            if line in (b"\r\n", b"\n", b""): break
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        body = b"" if method == "HEAD" else reader.read(int(headers.get("content-length", "0")))
+        results.append({"status": status, "refusal": headers.get("pingate-refusal"), "body": body.decode("latin-1"),
+                        "connection": headers.get("connection")})
+        return headers.get("connection") != "close"
+    for step, step_methods in zip(steps, methods):
         try:
             tls.sendall(step.encode("latin-1"))
-            status_line = reader.readline()
-            if not status_line:
-                results.append({"closed": True}); break
-            status = int(status_line.split()[1])
-            headers = {}
-            while True:
-                line = reader.readline()
-                if line in (b"\r\n", b"\n", b""): break
-                name, _, value = line.decode("latin-1").partition(":")
-                headers[name.strip().lower()] = value.strip()
-            body = reader.read(int(headers.get("content-length", "0")))
-            results.append({"status": status, "refusal": headers.get("pingate-refusal"), "body": body.decode("latin-1"),
-                            "connection": headers.get("connection")})
-            if headers.get("connection") == "close": break
+            if not all(read_response(method) for method in step_methods): break
         except (OSError, ValueError, IndexError) as error:
             results.append({"error": str(error)}); break
     print(json.dumps(results))
@@ -94,9 +99,13 @@ struct DomainFrontingTests {
         }
     }
 
-    static func run(_ steps: [String], gate: GateFixture, target: String) async throws -> [Step] {
+    /// Runs `steps` on one tunnel; `methods` lists, per step, the requests it pipelines
+    /// (by default one `GET` each).
+    static func run(_ steps: [String], methods: [[String]]? = nil, gate: GateFixture, target: String) async throws -> [Step] {
         let encoded = String(decoding: try JSONEncoder().encode(steps), as: UTF8.self)
-        let result = try await TestProcess.run("python3", ["-c", client, "\(gate.port)", target, gate.caPath, encoded], timeout: 30)
+        let perStep = String(decoding: try JSONEncoder().encode(methods ?? steps.map { _ in ["GET"] }), as: UTF8.self)
+        let result = try await TestProcess.run("python3", ["-c", client, "\(gate.port)", target, gate.caPath, encoded, perStep],
+                                               timeout: 30)
         #expect(result.status == 0, "\(result.stderr)")
         return try JSONDecoder().decode([Step].self, from: result.stdoutData)
     }
@@ -142,6 +151,39 @@ struct DomainFrontingTests {
             #expect(refused.count == 4)
             #expect(refused.first?.host == Self.pinned)
             #expect(refused.first?.authority == "\(Self.other):\(nginx.port)")
+        }
+    }
+
+    @Test("pipelined requests in one write: answered in order, the refused one with 421 in its place, HEAD without a body; nothing of the refused one reaches nginx")
+    func pipelinedRequests() async throws {
+        try await Self.withFrontEnd(pins: { pki, leaf in try pki.signedList([(Self.pinned, leaf.fingerprint)]) }) { gate, nginx in
+            let authority = "\(Self.pinned):\(nginx.port)"
+            let pipelined = [
+                "GET /one HTTP/1.1\r\nHost: \(authority)\r\n\r\n",
+                "HEAD /two HTTP/1.1\r\nHost: \(authority)\r\n\r\n",
+                "POST /three HTTP/1.1\r\nHost: \(Self.other)\r\nContent-Length: 5\r\n\r\nhello",
+                "POST /four HTTP/1.1\r\nHost: \(authority)\r\nContent-Length: 5\r\n\r\nhello",
+                "GET /five HTTP/1.1\r\nHost: \(authority)\r\n\r\n",
+            ].joined()
+            let steps = try await Self.run(
+                [pipelined, "GET /six HTTP/1.1\r\nHost: \(authority)\r\n\r\n"],
+                methods: [["GET", "HEAD", "POST", "POST", "GET"], ["GET"]], gate: gate, target: authority)
+            #expect(steps.count == 6, "\(steps)")
+            guard steps.count == 6 else { return }
+            #expect(steps[0] == Step(status: 200, body: "pay\n"))
+            #expect(steps[1] == Step(status: 200, body: ""))
+            #expect(steps[2].status == 421)
+            #expect(steps[2].refusal == "authority-mismatch")
+            #expect(steps[3] == Step(status: 200, body: "pay\n"))
+            #expect(steps[4] == Step(status: 200, body: "pay\n"))
+            #expect(steps[5] == Step(status: 200, body: "pay\n"))
+            // nginx logs requests in the order it answered them: the order sent, less the refused one.
+            let paths = Self.logLines(nginx, "pay.log").compactMap { $0.split(separator: " ").first { $0.hasPrefix("/") } }
+            #expect(paths == ["/one", "/two", "/four", "/five", "/six"], "\(Self.logLines(nginx, "pay.log"))")
+            #expect(Self.logLines(nginx, "other.log").isEmpty)
+            #expect(gate.statistics.requestsForwarded == 5)
+            #expect(gate.statistics.requestsRefused(.authorityMismatch) == 1)
+            #expect(gate.statistics.upstreamConnections == 1)
         }
     }
 

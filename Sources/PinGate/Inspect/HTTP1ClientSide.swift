@@ -6,9 +6,15 @@ import NIOHTTP1
 /// Pipeline (client channel, behind the TLS handler): NIO's `HTTPResponseEncoder` and
 /// `HTTPRequestDecoder` (llhttp, strict: `Content-Length` with `Transfer-Encoding`,
 /// duplicate `Content-Length`, bare LF and bad header bytes are parse errors), NIO's
-/// `HTTPServerPipelineHandler` (a pipelined request waits until the previous response
-/// has ended, so responses go out in order whether the gate or the upstream answers),
-/// then this handler. It turns parts into router calls and router calls into parts.
+/// `NIOHTTPResponseHeadersValidator`, then this handler (`addCodecs`). It turns parts into
+/// router calls and router calls into parts.
+///
+/// Pipelining: a request that arrives while the previous response is still going out waits
+/// here, parts and all, and reading stops until it has been handed on, so responses leave in
+/// order whether the gate or the upstream answers. This handler does it rather than NIO's
+/// `HTTPServerPipelineHandler`, which stops reading after *every* request until its response
+/// ends: on a keep-alive connection, where the client waits for each answer, that costs two
+/// `epoll_ctl` calls per request and holds nothing back.
 ///
 /// Backpressure: request body bytes handed to the router but not yet passed on by the
 /// upstream side are counted; past `BodyFlowControl.bytesInFlightLimit` this handler stops reading
@@ -21,8 +27,18 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
 
     private let router: TunnelRouter
     private var context: ChannelHandlerContext?
-    /// The request being read and answered (pipelining assistance hands them over one by one).
-    private var current: (id: Int, version: HTTPVersion, keepAlive: Bool, hasBody: Bool)?
+    /// The request whose parts are arriving (head seen, end not yet): its body goes to the
+    /// router under this id. It may outlive its answer (a refusal, an early response).
+    private var reading: (id: Int, hasBody: Bool)?
+    /// The request being answered: from its head until its response ended.
+    private var answering: (id: Int, version: HTTPVersion, keepAlive: Bool)?
+    /// Parts of pipelined requests, in order, waiting for the response before them to end.
+    private var queued = CircularBuffer<HTTPServerRequestPart>()
+    /// A read was asked for while requests were queued; it goes ahead once they are handed on.
+    private var readHeldForQueue = false
+    /// Set while queued parts are being handed on (an answer given meanwhile must not
+    /// start handing them on a second time).
+    private var handingOnQueued = false
     private var nextID = 1
     private var flow = BodyFlowControl()
     private var closing = false
@@ -54,21 +70,56 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
             context.fireChannelRead(data)
             return
         }
-        switch unwrapInboundIn(data) {
+        let part = unwrapInboundIn(data)
+        guard queued.isEmpty else {
+            // Behind a waiting request: in order, after it.
+            queued.append(part)
+            return
+        }
+        handle(part)
+    }
+
+    private func handle(_ part: HTTPServerRequestPart) {
+        switch part {
         case .head(let head):
+            guard answering == nil else {
+                // Pipelined: the client sent this before the previous answer ended.
+                queued.append(part)
+                return
+            }
             started(head)
         case .body(let bytes):
-            guard let current else { return }
+            guard let reading else { return }
             flow.handedOver(bytes.readableBytes)
-            router.requestBody(current.id, bytes)
+            router.requestBody(reading.id, bytes)
         case .end(let trailers):
+            let ended = reading
+            reading = nil
             if upgradeAsked != nil {
                 upgradeAsked?.requestEnded = true
                 renewCodecsWhenDue()
             }
-            guard let current, current.hasBody else { return }
-            router.requestEnd(current.id, trailers: trailers)
+            guard let ended, ended.hasBody else { return }
+            router.requestEnd(ended.id, trailers: trailers)
         }
+    }
+
+    /// Hands on the queued parts once the response before them ended, up to the next
+    /// request that must wait again; then reading resumes if it was held for them.
+    private func handOnQueued() {
+        guard !handingOnQueued else { return }
+        handingOnQueued = true
+        defer { handingOnQueued = false }
+        while let part = queued.first, !closing, !upgraded {
+            if case .head = part, answering != nil { return }
+            queued.removeFirst()
+            handle(part)
+        }
+        if queued.isEmpty, readHeldForQueue {
+            readHeldForQueue = false
+            read(context: context)
+        }
+        if queued.isEmpty, inputEnded, answering == nil { close() }
     }
 
     private func started(_ head: HTTPRequestHead) {
@@ -77,7 +128,8 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         let framing = head.headers
         let hasBody = !framing[canonicalForm: "transfer-encoding"].isEmpty
             || framing[canonicalForm: "content-length"].contains { $0 != "0" }
-        current = (id, head.version, head.isKeepAlive, hasBody)
+        reading = (id, hasBody)
+        answering = (id, head.version, head.isKeepAlive)
         // The protocol an `Upgrade` asks for, when `Connection` names it (read once: the
         // router forwards it, and the codecs must be renewed if no 101 follows).
         let upgrade = framing[canonicalForm: "connection"].contains { $0.lowercased() == "upgrade" }
@@ -131,7 +183,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         guard !closing else { return }
         closing = true
         router.protocolError(detail: "\(error)")
-        if let current, router.isAwaitingResponse(current.id) {
+        if let answering, router.isAwaitingResponse(answering.id) {
             context.close(promise: nil)
             return
         }
@@ -152,7 +204,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
             // answer what is in flight, then close; with nothing in flight, close now,
             // which also closes the upstream leg.
             inputEnded = true
-            if current == nil { close() }
+            if answering == nil && queued.isEmpty { close() }
             return
         }
         if event is IdleStateHandler.IdleStateEvent, !upgraded {
@@ -170,7 +222,15 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     }
 
     func read(context: ChannelHandlerContext) {
+        guard queued.isEmpty else {
+            readHeldForQueue = true
+            return
+        }
         if flow.mayRead() { context.read() }
+    }
+
+    private func read(context: ChannelHandlerContext?) {
+        if let context { read(context: context) }
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
@@ -183,7 +243,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     // MARK: from the router
 
     func sendResponseHead(_ id: Int, _ head: ExchangeResponseHead, endStream: Bool) {
-        guard let context, let current, current.id == id else { return }
+        guard let context, let current = answering, current.id == id else { return }
         var headers = head.headers
         if head.status == 101, let upgrade = head.upgrade {
             headers.add(name: "connection", value: "upgrade")
@@ -197,7 +257,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     }
 
     func sendResponseBody(_ id: Int, _ bytes: ByteBuffer) {
-        guard let context, current?.id == id else { return }
+        guard let context, answering?.id == id else { return }
         let count = bytes.readableBytes
         context.write(wrapOutboundOut(.body(.byteBuffer(bytes))), promise: nil)
         if let credit = flow.wrote(id, bytes: count, writable: context.channel.isWritable) {
@@ -206,11 +266,12 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     }
 
     func endResponse(_ id: Int, trailers: HTTPHeaders?) {
-        guard let context, let finished = current, finished.id == id else { return }
-        current = nil
+        guard let context, let finished = answering, finished.id == id else { return }
+        answering = nil
         context.writeAndFlush(wrapOutboundOut(.end(trailers)), promise: nil)
-        if !finished.keepAlive || inputEnded {
+        if !finished.keepAlive || (inputEnded && queued.isEmpty) {
             close()
+            return
         } else if upgradeAsked != nil {
             // Answered without switching protocols (a 101 makes this side a byte relay and
             // never ends the response here): the connection stays HTTP/1.1.
@@ -218,10 +279,11 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
             renewCodecsWhenDue()
         }
         resumeReading(afterPassingOn: nil)
+        handOnQueued()
     }
 
     func answer(_ id: Int, status: Int, refusal: String, detail: String) {
-        guard let context, let answered = current, answered.id == id else { return }
+        guard let context, let answered = answering, answered.id == id else { return }
         let body = "pingate: \(detail)\n"
         var headers = HTTPHeaders()
         headers.add(name: "content-type", value: "text/plain; charset=utf-8")
@@ -237,7 +299,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     }
 
     func cancel(_ id: Int) {
-        guard current?.id == id else { return }
+        guard answering?.id == id else { return }
         // HTTP/1.1 has no way to abandon one response but to close the connection.
         close()
     }
@@ -268,8 +330,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     /// codecs are replaced by a fresh set configured as at install (the encoder goes with the
     /// decoder: NIO pairs them so that answers to HEAD carry no body).
     ///
-    /// The swap runs as an event-loop task: by then the old decoder and pipelining handler
-    /// have returned from delivering the request's `.end` (a refusal answers while the head
+    /// The swap runs as an event-loop task: by then the old decoder has returned from delivering the request's `.end` (a refusal answers while the head
     /// is being delivered). NIO runs that task, and the old decoder's own deferred removal,
     /// before it reads the socket again, so a client that waited for the answer (it must:
     /// RFC 9110 §7.8, it cannot know before which protocol follows) reaches the new decoder.
@@ -282,14 +343,8 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
             guard let context = self.context, !closing, !upgraded else { return }
             let pipeline = context.pipeline.syncOperations
             do {
-                let old: [RemovableChannelHandler] = [
-                    try pipeline.handler(type: HTTPResponseEncoder.self),
-                    try pipeline.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self),
-                    try pipeline.handler(type: HTTPServerPipelineHandler.self),
-                    try pipeline.handler(type: NIOHTTPResponseHeadersValidator.self),
-                ]
-                try pipeline.configureHTTPServerPipeline(
-                    position: .before(self), withPipeliningAssistance: true, withServerUpgrade: nil, withErrorHandling: false)
+                let old = try Self.codecs(in: pipeline)
+                try Self.addCodecs(to: pipeline, position: .before(self))
                 for handler in old { pipeline.removeHandler(handler, promise: nil) }
             } catch {
                 // Without fresh codecs the connection cannot carry another request.
@@ -302,10 +357,31 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     func becomeByteRelay() {
         upgraded = true
         upgradeAsked = nil
-        current = nil
+        reading = nil
+        answering = nil
     }
 
     private func resumeReading(afterPassingOn count: Int?) {
-        if flow.passedOn(count) { context?.read() }
+        if flow.passedOn(count) { read(context: context) }
+    }
+
+    /// The HTTP/1.1 server codecs this side works behind, added at `position`: NIO's response
+    /// encoder, its request decoder (llhttp), paired by NIO so that answers to `HEAD` carry no
+    /// body, and its response header validator (no CR, LF or NUL reaches the client in a
+    /// field, whatever an upstream sent). Bytes the decoder holds when it stops, after an
+    /// upgrade request, are dropped: a client waits for the `101` before it sends the new
+    /// protocol. No pipelining handler: this side orders pipelined requests itself.
+    static func addCodecs(to pipeline: ChannelPipeline.SynchronousOperations, position: ChannelPipeline.SynchronousOperations.Position) throws {
+        try pipeline.configureHTTPServerPipeline(
+            position: position, withPipeliningAssistance: false, withServerUpgrade: nil, withErrorHandling: false)
+    }
+
+    /// The handlers `addCodecs` added, to take out.
+    static func codecs(in pipeline: ChannelPipeline.SynchronousOperations) throws -> [RemovableChannelHandler] {
+        [
+            try pipeline.handler(type: HTTPResponseEncoder.self),
+            try pipeline.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self),
+            try pipeline.handler(type: NIOHTTPResponseHeadersValidator.self),
+        ]
     }
 }

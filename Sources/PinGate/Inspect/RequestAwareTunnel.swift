@@ -42,8 +42,7 @@ enum RequestAwareTunnel {
                     try context.pipeline.syncOperations.addHandler(clientSide, position: .last)
                 case (.http1, "http/1.1"), (.http1, nil):
                     let clientSide = HTTP1ClientSide(router: router)
-                    try context.pipeline.syncOperations.configureHTTPServerPipeline(
-                        position: .last, withPipeliningAssistance: true, withServerUpgrade: nil, withErrorHandling: false)
+                    try HTTP1ClientSide.addCodecs(to: context.pipeline.syncOperations, position: .last)
                     try context.pipeline.syncOperations.addHandler(clientSide, position: .last)
                     router.client = clientSide
                     upgradable.side = clientSide
@@ -114,10 +113,7 @@ enum RequestAwareTunnel {
             try upstreamPipeline.addHandler(upstreamRelay)
             // Removing the decoders hands what they hold past the 101 to the relays
             // (`.forwardBytes` upstream; a WebSocket client sends nothing before the 101).
-            clientPipeline.removeHandler(try clientPipeline.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self), promise: nil)
-            clientPipeline.removeHandler(try clientPipeline.handler(type: HTTPResponseEncoder.self), promise: nil)
-            clientPipeline.removeHandler(try clientPipeline.handler(type: NIOHTTPResponseHeadersValidator.self), promise: nil)
-            clientPipeline.removeHandler(try clientPipeline.handler(type: HTTPServerPipelineHandler.self), promise: nil)
+            for handler in try HTTP1ClientSide.codecs(in: clientPipeline) { clientPipeline.removeHandler(handler, promise: nil) }
             upstreamPipeline.removeHandler(try upstreamPipeline.handler(type: ByteToMessageHandler<HTTPResponseDecoder>.self), promise: nil)
             upstreamPipeline.removeHandler(try upstreamPipeline.handler(type: HTTPRequestEncoder.self), promise: nil)
             GlueHandler.join(clientRelay, upstreamRelay)
