@@ -37,20 +37,134 @@ enum ConnectionSpecificHeaders {
         "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "host", "te",
         "proxy-authorization", "proxy-authenticate",
     ]
+}
 
-    /// `headers` without the connection-specific fields, and without the fields that a
-    /// `Connection` header itself names. Names are compared without changing case (no
-    /// string is built per field: this runs twice per exchange).
-    static func endToEnd(_ headers: HTTPHeaders) -> HTTPHeaders {
-        var result = headers
-        for value in headers[canonicalForm: "connection"] { result.remove(name: String(value)) }
-        for name in names where result.contains(name: name) { result.remove(name: name) }
-        return result
+/// What one HTTP/1.1 head's fields say about framing and the connection, and its
+/// end-to-end fields, read in two passes over the fields instead of one lookup per
+/// question (each of NIO's `headers[canonicalForm:]` lookups scans every field and builds
+/// an array): this runs for every request and every response a tunnel carries.
+struct HTTP1HeadFields {
+    /// The fields to carry to the other leg: without the connection-specific ones, and
+    /// without those a `Connection` field names (RFC 9110 §7.6.1).
+    var endToEnd: HTTPHeaders
+    /// A `Transfer-Encoding` field is present.
+    var transferEncoding = false
+    /// A `Content-Length` other than `0` is present.
+    var nonZeroContentLength = false
+    /// The protocol an `Upgrade` field asks for, when `Connection` names `upgrade`.
+    var upgrade: String?
+    /// `te: trailers` was asked for (HTTP/2 carries it on).
+    var wantsTrailers = false
+    /// The `Host` fields, as sent (RFC 9112 §3.2: exactly one is valid).
+    var hosts: [String] = []
+
+    /// True when the message has a body by its framing fields (a request without either
+    /// has none, RFC 9112 §6.3).
+    var hasBody: Bool { transferEncoding || nonZeroContentLength }
+
+    /// Reads `headers`.
+    init(_ headers: HTTPHeaders) {
+        endToEnd = HTTPHeaders()
+        var connectionNamesUpgrade = false
+        var upgradeValue: String?
+        // Field names a `Connection` field lists beyond the usual tokens: dropped too.
+        var namedByConnection: [Substring] = []
+        var anyConnectionSpecific = false
+        for (name, value) in headers {
+            switch Self.known(name) {
+            case .connection:
+                anyConnectionSpecific = true
+                for token in value.split(separator: ",") {
+                    let token = token.trimmingASCIISpaces()
+                    if Self.equalsLowercased(token, "upgrade") {
+                        connectionNamesUpgrade = true
+                    } else if !Self.equalsLowercased(token, "keep-alive") && !Self.equalsLowercased(token, "close") {
+                        namedByConnection.append(token)
+                    }
+                }
+            case .transferEncoding:
+                anyConnectionSpecific = true
+                transferEncoding = true
+            case .contentLength:
+                if value != "0" { nonZeroContentLength = true }
+            case .upgrade:
+                anyConnectionSpecific = true
+                if upgradeValue == nil { upgradeValue = value }
+            case .te:
+                anyConnectionSpecific = true
+                if value.split(separator: ",").contains(where: { Self.equalsLowercased($0.trimmingASCIISpaces(), "trailers") }) {
+                    wantsTrailers = true
+                }
+            case .host:
+                anyConnectionSpecific = true
+                // `Host: a, b` is two authorities as much as two fields are.
+                hosts.append(contentsOf: value.split(separator: ",", omittingEmptySubsequences: false).map { String($0.trimmingASCIISpaces()) })
+            case .otherConnectionSpecific:
+                anyConnectionSpecific = true
+            case nil:
+                break
+            }
+        }
+        upgrade = connectionNamesUpgrade ? upgradeValue : nil
+        guard anyConnectionSpecific else {
+            // Nothing to drop (a typical response but for `Connection`): no copy by field.
+            endToEnd = headers
+            return
+        }
+        endToEnd.reserveCapacity(headers.count)
+        for (name, value) in headers {
+            if let kind = Self.known(name), kind != .contentLength { continue }
+            if !namedByConnection.isEmpty, namedByConnection.contains(where: { Self.equalsIgnoringCase(name[...], $0) }) { continue }
+            endToEnd.add(name: name, value: value)
+        }
     }
 
-    /// True when `headers` ask for trailers (`te: trailers`), which HTTP/2 carries on.
-    static func wantsTrailers(_ headers: HTTPHeaders) -> Bool {
-        headers[canonicalForm: "te"].contains { $0.lowercased() == "trailers" }
+    private enum Known {
+        case connection, transferEncoding, contentLength, upgrade, te, host, otherConnectionSpecific
+    }
+
+    /// The kind of a field name, compared without building a lowercased copy; nil for a
+    /// field that is carried as it is.
+    private static func known(_ name: String) -> Known? {
+        switch name.utf8.count {
+        case 2: return equalsLowercased(name[...], "te") ? .te : nil
+        case 4: return equalsLowercased(name[...], "host") ? .host : nil
+        case 7: return equalsLowercased(name[...], "upgrade") ? .upgrade : nil
+        case 10:
+            if equalsLowercased(name[...], "connection") { return .connection }
+            return equalsLowercased(name[...], "keep-alive") ? .otherConnectionSpecific : nil
+        case 14: return equalsLowercased(name[...], "content-length") ? .contentLength : nil
+        case 16: return equalsLowercased(name[...], "proxy-connection") ? .otherConnectionSpecific : nil
+        case 17: return equalsLowercased(name[...], "transfer-encoding") ? .transferEncoding : nil
+        case 18: return equalsLowercased(name[...], "proxy-authenticate") ? .otherConnectionSpecific : nil
+        case 19: return equalsLowercased(name[...], "proxy-authorization") ? .otherConnectionSpecific : nil
+        default: return nil
+        }
+    }
+
+    /// ASCII case-insensitive equality of two texts.
+    static func equalsIgnoringCase(_ text: Substring, _ other: Substring) -> Bool {
+        text.utf8.elementsEqual(other.utf8) { $0 | 0x20 == $1 | 0x20 && ($0 == $1 || Self.isLetter($0)) }
+    }
+
+    private static func isLetter(_ byte: UInt8) -> Bool {
+        (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(byte | 0x20)
+    }
+
+    /// ASCII case-insensitive equality of `text` with `lowercased` (already lower case).
+    static func equalsLowercased(_ text: Substring, _ lowercased: some StringProtocol) -> Bool {
+        text.utf8.elementsEqual(lowercased.utf8) { byte, other in
+            (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains(byte) ? byte | 0x20 == other : byte == other
+        }
+    }
+}
+
+extension Substring {
+    /// Without leading and trailing spaces and tabs (optional whitespace, RFC 9110 §5.6.3).
+    func trimmingASCIISpaces() -> Substring {
+        let isSpace: (Character) -> Bool = { $0 == " " || $0 == "\t" }
+        guard let first = firstIndex(where: { !isSpace($0) }), let last = lastIndex(where: { !isSpace($0) }) else { return self[endIndex...] }
+        return self[first...last]
     }
 }
 

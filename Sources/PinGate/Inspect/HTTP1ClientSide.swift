@@ -125,24 +125,22 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     private func started(_ head: HTTPRequestHead) {
         let id = nextID
         nextID += 1
-        let framing = head.headers
-        let hasBody = !framing[canonicalForm: "transfer-encoding"].isEmpty
-            || framing[canonicalForm: "content-length"].contains { $0 != "0" }
+        let fields = HTTP1HeadFields(head.headers)
+        let hasBody = fields.hasBody
         reading = (id, hasBody)
         answering = (id, head.version, head.isKeepAlive)
         // The protocol an `Upgrade` asks for, when `Connection` names it (read once: the
         // router forwards it, and the codecs must be renewed if no 101 follows).
-        let upgrade = framing[canonicalForm: "connection"].contains { $0.lowercased() == "upgrade" }
-            ? framing.first(name: "upgrade") : nil
+        let upgrade = fields.upgrade
         // As llhttp decides it: once such a request ended, NIO's decoder stops parsing.
         upgradeAsked = head.method == .CONNECT || upgrade != nil ? (requestEnded: false, answered: false) : nil
-        guard let target = Self.splitTarget(head) else {
+        guard let target = Self.splitTarget(uri: head.uri, hosts: fields.hosts) else {
             router.requestHead(id, ExchangeRequestHead(method: head.method.rawValue, path: head.uri, authority: nil,
                                                        headers: [:], upgrade: nil), endStream: !hasBody)
             return
         }
-        var headers = ConnectionSpecificHeaders.endToEnd(framing)
-        if ConnectionSpecificHeaders.wantsTrailers(framing) { headers.add(name: "te", value: "trailers") }
+        var headers = fields.endToEnd
+        if fields.wantsTrailers { headers.add(name: "te", value: "trailers") }
         let exchange = ExchangeRequestHead(method: head.method.rawValue, path: target.path, authority: target.authority,
                                            headers: headers, upgrade: upgrade)
         router.requestHead(id, exchange, endStream: !hasBody)
@@ -152,19 +150,19 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     /// (RFC 9112 §3.2.2: it wins over `Host`), else from the one `Host` header. Nil when
     /// the request names no single authority (no `Host`, or two of them: RFC 9112 §3.2
     /// says answer 400).
-    static func splitTarget(_ head: HTTPRequestHead) -> (authority: String, path: String)? {
-        let uri = head.uri
+    static func splitTarget(uri: String, hosts: [String]) -> (authority: String, path: String)? {
         // Origin form (`/path`), the common case, is told by its first byte alone.
-        for scheme in ["https://", "http://"] where uri.utf8.first != UInt8(ascii: "/") && uri.utf8.count > scheme.utf8.count
-            && uri.utf8.prefix(scheme.utf8.count).elementsEqual(scheme.utf8, by: { asciiLowercase($0) == $1 }) {
-            let rest = uri.dropFirst(scheme.count)
-            let end = rest.firstIndex { $0 == "/" || $0 == "?" } ?? rest.endIndex
-            let path = rest[end...]
-            return (String(rest[..<end]), path.isEmpty ? "/" : (path.hasPrefix("?") ? "/" + path : String(path)))
+        if uri.utf8.first != UInt8(ascii: "/") {
+            for scheme in ["https://", "http://"] where uri.utf8.count > scheme.utf8.count
+                && uri.utf8.prefix(scheme.utf8.count).elementsEqual(scheme.utf8, by: { asciiLowercase($0) == $1 }) {
+                let rest = uri.dropFirst(scheme.count)
+                let end = rest.firstIndex { $0 == "/" || $0 == "?" } ?? rest.endIndex
+                let path = rest[end...]
+                return (String(rest[..<end]), path.isEmpty ? "/" : (path.hasPrefix("?") ? "/" + path : String(path)))
+            }
         }
-        let hosts = head.headers[canonicalForm: "host"]
         guard hosts.count == 1, let host = hosts.first else { return nil }
-        return (String(host), uri)
+        return (host, uri)
     }
 
     private static func asciiLowercase(_ byte: UInt8) -> UInt8 {

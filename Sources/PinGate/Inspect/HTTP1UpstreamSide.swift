@@ -170,7 +170,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         case .head(let head):
             if head.status.code == 101 {
                 let upgrade = head.headers.first(name: "upgrade")
-                router.responseHead(id, ExchangeResponseHead(status: 101, headers: ConnectionSpecificHeaders.endToEnd(head.headers),
+                router.responseHead(id, ExchangeResponseHead(status: 101, headers: HTTP1HeadFields(head.headers).endToEnd,
                                                              upgrade: upgrade), endStream: false)
                 upgraded = true
                 switchingProtocols = true
@@ -181,7 +181,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
                 activeKeepAlive = head.isKeepAlive
             }
             router.responseHead(id, ExchangeResponseHead(status: Int(head.status.code),
-                                                         headers: ConnectionSpecificHeaders.endToEnd(head.headers)), endStream: false)
+                                                         headers: HTTP1HeadFields(head.headers).endToEnd), endStream: false)
         case .body(let bytes):
             flow.handedOver(bytes.readableBytes)
             router.responseBody(id, bytes)

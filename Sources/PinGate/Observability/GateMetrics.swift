@@ -17,6 +17,9 @@ public final class GateMetrics: Sendable {
     private let tunnels = Mutex<[String: Counter]>([:])
     private let updates = Mutex<[String: Counter]>([:])
     private let requests = Mutex<[String: Counter]>([:])
+    /// `pingate_requests_total{outcome="forwarded",reason="trusted"}`, made once: it counts
+    /// every request a tunnel passes on, so it is not looked up by name per request.
+    private let requestsForwarded: Counter
 
     /// Metrics created in `factory` (e.g. a `PrometheusMetricsFactory` over a registry).
     public init(factory: any MetricsFactory) {
@@ -29,6 +32,8 @@ public final class GateMetrics: Sendable {
         upstreamHandshakeTimer = CoreMetrics.Timer(label: "pingate_upstream_handshake_seconds", factory: factory)
         clientHandshakeFailures = Counter(label: "pingate_client_handshakes_failed_total", dimensions: [("cause", "error")], factory: factory)
         clientHandshakeTimeouts = Counter(label: "pingate_client_handshakes_failed_total", dimensions: [("cause", "timeout")], factory: factory)
+        requestsForwarded = Counter(label: "pingate_requests_total", dimensions: [("outcome", "forwarded"), ("reason", "trusted")],
+                                    factory: factory)
     }
 
     /// Metrics that go nowhere.
@@ -45,6 +50,9 @@ public final class GateMetrics: Sendable {
         }
         counter.increment()
     }
+
+    /// One request inside a tunnel passed on to the upstream.
+    func requestForwarded() { requestsForwarded.increment() }
 
     /// One request inside a tunnel: `pingate_requests_total{outcome,reason}`.
     func request(outcome: String, reason: String) {

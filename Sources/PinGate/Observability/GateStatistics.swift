@@ -73,7 +73,7 @@ public final class GateStatistics: Sendable {
     func tunnelClosedByUpdate(_ reason: DecisionReason) { state.withLock { $0.tunnelsClosedByUpdate[reason.rawValue, default: 0] += 1 } }
     func requestForwarded() {
         state.withLock { $0.requestsForwarded += 1 }
-        metrics.request(outcome: "forwarded", reason: "trusted")
+        metrics.requestForwarded()
     }
     func requestRefused(_ reason: DecisionReason) {
         state.withLock { $0.requestsRefusedByReason[reason.rawValue, default: 0] += 1 }
