@@ -123,23 +123,40 @@ struct HTTP1HeadFields {
         case connection, transferEncoding, contentLength, upgrade, te, host, otherConnectionSpecific
     }
 
-    /// The kind of a field name, compared without building a lowercased copy; nil for a
-    /// field that is carried as it is.
+    /// The kind of a field name, compared byte by byte in place (no lowercased copy, no
+    /// generic string comparison); nil for a field that is carried as it is.
     private static func known(_ name: String) -> Known? {
-        switch name.utf8.count {
-        case 2: return equalsLowercased(name[...], "te") ? .te : nil
-        case 4: return equalsLowercased(name[...], "host") ? .host : nil
-        case 7: return equalsLowercased(name[...], "upgrade") ? .upgrade : nil
+        if let kind = name.utf8.withContiguousStorageIfAvailable({ kind(of: $0) }) { return kind }
+        return Array(name.utf8).withUnsafeBufferPointer { kind(of: $0) }
+    }
+
+    private static func kind(of name: UnsafeBufferPointer<UInt8>) -> Known? {
+        switch name.count {
+        case 2: return matches(name, "te") ? .te : nil
+        case 4: return matches(name, "host") ? .host : nil
+        case 7: return matches(name, "upgrade") ? .upgrade : nil
         case 10:
-            if equalsLowercased(name[...], "connection") { return .connection }
-            return equalsLowercased(name[...], "keep-alive") ? .otherConnectionSpecific : nil
-        case 14: return equalsLowercased(name[...], "content-length") ? .contentLength : nil
-        case 16: return equalsLowercased(name[...], "proxy-connection") ? .otherConnectionSpecific : nil
-        case 17: return equalsLowercased(name[...], "transfer-encoding") ? .transferEncoding : nil
-        case 18: return equalsLowercased(name[...], "proxy-authenticate") ? .otherConnectionSpecific : nil
-        case 19: return equalsLowercased(name[...], "proxy-authorization") ? .otherConnectionSpecific : nil
+            if matches(name, "connection") { return .connection }
+            return matches(name, "keep-alive") ? .otherConnectionSpecific : nil
+        case 14: return matches(name, "content-length") ? .contentLength : nil
+        case 16: return matches(name, "proxy-connection") ? .otherConnectionSpecific : nil
+        case 17: return matches(name, "transfer-encoding") ? .transferEncoding : nil
+        case 18: return matches(name, "proxy-authenticate") ? .otherConnectionSpecific : nil
+        case 19: return matches(name, "proxy-authorization") ? .otherConnectionSpecific : nil
         default: return nil
         }
+    }
+
+    /// `bytes` spell `lowercased` in any case (`lowercased` is lower-case ASCII).
+    private static func matches(_ bytes: UnsafeBufferPointer<UInt8>, _ lowercased: StaticString) -> Bool {
+        guard bytes.count == lowercased.utf8CodeUnitCount else { return false }
+        let expected = UnsafeBufferPointer(start: lowercased.utf8Start, count: lowercased.utf8CodeUnitCount)
+        for index in 0..<bytes.count {
+            let byte = bytes[index]
+            let lower = byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z") ? byte | 0x20 : byte
+            if lower != expected[index] { return false }
+        }
+        return true
     }
 
     /// ASCII case-insensitive equality of two texts.

@@ -67,7 +67,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             headers.add(name: "connection", value: "upgrade")
             headers.add(name: "upgrade", value: upgrade)
         }
-        if endStream, !headers.contains(name: "content-length"), ["POST", "PUT", "PATCH"].contains(head.method) {
+        if endStream, Self.expectsContent(head.method), !headers.contains(name: "content-length") {
             headers.add(name: "content-length", value: "0")
         }
         let requestHead = HTTPRequestHead(version: .http1_1, method: HTTPMethod(rawValue: head.method), uri: head.path, headers: headers)
@@ -120,6 +120,15 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         closing = true
         context.flush()
         context.close(promise: nil)
+    }
+
+    /// Methods whose requests are expected to carry content (RFC 9110 §8.6: a user agent
+    /// sends `Content-Length: 0` for them when there is none, so the server does not wait).
+    private static func expectsContent(_ method: String) -> Bool {
+        switch method {
+        case "POST", "PUT", "PATCH": return true
+        default: return false
+        }
     }
 
     private func activate(_ id: Int) {
