@@ -32,6 +32,9 @@ public enum DecisionReason: String, Sendable, Hashable, CaseIterable, Codable {
     case upstreamTLSFailed = "upstream-tls-failed"
     /// No usable list is in force (503).
     case listUnavailable = "list-unavailable"
+    /// A verified list is in force but it has expired: every pin is past its expiry, or a
+    /// v2 list is past its `expiresAt` (503). Fail closed, and say why.
+    case listExpired = "list-expired"
     /// The gate itself failed (500).
     case internalError = "internal-error"
     /// A request inside an admitted tunnel named a host the tunnel's pins do not cover

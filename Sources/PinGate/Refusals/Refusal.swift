@@ -15,6 +15,8 @@ public enum Refusal: Sendable, Equatable {
     case upstreamHandshakeFailed(String)
     /// No usable fingerprint list is in force and none arrived in time (503).
     case listUnavailable(String)
+    /// The list in force verified but has expired as a whole (503); the detail says when.
+    case listExpired(String)
     /// The gate itself failed, e.g. could not mint a leaf (500).
     case internalError(String)
 
@@ -36,7 +38,7 @@ public enum Refusal: Sendable, Equatable {
         case .verdict: return 502
         case .upstreamTimeout: return 504
         case .upstreamUnreachable, .upstreamHandshakeFailed: return 502
-        case .listUnavailable: return 503
+        case .listUnavailable, .listExpired: return 503
         case .internalError: return 500
         }
     }
@@ -50,6 +52,7 @@ public enum Refusal: Sendable, Equatable {
         case .upstreamUnreachable: return .upstreamUnreachable
         case .upstreamHandshakeFailed: return .upstreamTLSFailed
         case .listUnavailable: return .listUnavailable
+        case .listExpired: return .listExpired
         case .internalError: return .internalError
         }
     }
@@ -83,6 +86,8 @@ public enum Refusal: Sendable, Equatable {
             return "the TLS handshake with \(host):\(port) failed: \(detail). Nothing was forwarded."
         case .listUnavailable(let detail):
             return "pingate has no usable fingerprint list (\(detail)), so it refuses everything until one is fetched and verified. Nothing was forwarded."
+        case .listExpired(let detail):
+            return "\(detail), so pingate refuses every host until a list with unexpired pins is signed and put in force (re-read on SIGHUP and on the update schedule). Nothing was forwarded."
         case .internalError(let detail):
             return "pingate failed internally: \(detail)."
         }

@@ -158,6 +158,13 @@ public final class PinGateServer: Service, Sendable {
                 }
                 .bind(host: configuration.listenHost, port: configuration.listenPort)
                 .get()
+            if let expired = store.list?.expiryReason(at: now()) {
+                // The list verified, so nothing stopped start-up; but a gate that will
+                // refuse everything should say so where the operator is looking.
+                logger.warning("the fingerprint list in force has expired: every CONNECT will be refused (503 list-expired)", metadata: [
+                    "detail": "\(expired)",
+                ])
+            }
             logger.info("pingate listening", metadata: [
                 "address": "\(configuration.listenHost):\(listener.localAddress?.port ?? 0)",
                 "openssl": "\(OpenSSLVersion.text)",
