@@ -12,7 +12,7 @@ import PinGateNIO
 /// state-dir: ./state
 /// pins:
 ///   source: pins.json            # or https://lists.example.com/pins.json
-///   keys: [signer.pub.pem]
+///   keys: [signer.pub.pem]       # files, or Wultra's base64 X9.63 key inline (88 characters)
 ///   format: auto                 # wultra-static | wultra-dynamic | pingate-v2
 ///   app-name: myapp              # wultra-dynamic: ?appName=
 ///   server-ca: [lists-ca.pem]    # roots for the list server (default: system)
@@ -140,7 +140,7 @@ struct ConfigFile: Decodable {
         file.stateDir = file.stateDir.map(resolve)
         if var pins = file.pins {
             pins.source = pins.source.map { $0.lowercased().hasPrefix("https://") ? $0 : resolve($0) }
-            pins.keys = pins.keys?.map(resolve)
+            pins.keys = pins.keys?.map { PathText.resolveKey($0, against: base) }
             pins.serverCA = pins.serverCA?.map(resolve)
             pins.fallback = pins.fallback.map(resolve)
             file.pins = pins
@@ -169,6 +169,12 @@ enum PathText {
             joined = (FileManager.default.currentDirectoryPath as NSString).appendingPathComponent(joined)
         }
         return (joined as NSString).standardizingPath
+    }
+
+    /// A `--pins-key` / `keys:` value: an inline Wultra base64 key stays as it is (it may
+    /// hold `/`, which is no path separator there); anything else is a path, resolved.
+    static func resolveKey(_ value: String, against base: String = "") -> String {
+        PinListFile.isInlineKey(value) ? value.trimmingCharacters(in: .whitespacesAndNewlines) : resolve(value, against: base)
     }
 
     /// A `--pins-format` / `format:` value: `auto` (nil, detect) or a format name.

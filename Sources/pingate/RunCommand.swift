@@ -42,7 +42,9 @@ struct RunCommand: AsyncParsableCommand {
     @Option(name: .long, help: "List format: auto (Wultra static or pingate v2), wultra-static, wultra-dynamic, pingate-v2.")
     var pinsFormat: String?
 
-    @Option(name: .long, help: "Public key verifying the list: PEM SubjectPublicKeyInfo or base64 X9.63. Repeatable.")
+    @Option(name: .long, help: ArgumentHelp(
+        "Public key verifying the list: a file (PEM SubjectPublicKeyInfo or base64 X9.63), or Wultra's base64 X9.63 key inline. Repeatable.",
+        discussion: "A value that is 88 base64 characters decoding to a 65-byte point starting 04 is the key itself; anything else is a file path."))
     var pinsKey: [String] = []
 
     @Option(name: .long, help: "PEM file of roots that upstream chains must reach (default: the system store). Repeatable.")
@@ -226,7 +228,7 @@ struct RunCommand: AsyncParsableCommand {
         guard let sourceText = pins.map({ $0.lowercased().hasPrefix("https://") ? $0 : PathText.resolve($0) }) ?? section?.source else {
             return nil
         }
-        let keyPaths = pinsKey.isEmpty ? (section?.keys ?? []) : pinsKey.map { PathText.resolve($0) }
+        let keyPaths = pinsKey.isEmpty ? (section?.keys ?? []) : pinsKey.map { PathText.resolveKey($0) }
         let keys: [PublicKey]
         do {
             keys = try PinListFile.loadKeys(keyPaths)

@@ -77,4 +77,56 @@ struct HardeningTests {
         let help = try await TestProcess.run(Self.pingate, ["run", "--help"])
         #expect(help.stdout.contains("list-expired"))
     }
+
+    // MARK: item 6
+
+    @Test("--pins-key errors name the key file and what is wrong with it, never the list")
+    func keyFileErrors() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let missing = directory.file("no-such-signer.pub.pem")
+        let garbage = try directory.write("garbage.pub.pem", "not a key\n")
+        for (key, problem) in [(missing, "does not exist"), (garbage, "holds no P-256 public key"), (directory.path, "is a directory")] {
+            let result = try await TestProcess.run(Self.pingate, [
+                "run", "--listen", "127.0.0.1:0", "--admin-listen", "off", "--state-dir", directory.file("state"),
+                "--pins", WultraVectors.path("static-list.json"), "--pins-key", key,
+            ], timeout: 30)
+            #expect(result.status != 0)
+            #expect(result.stderr.contains("the list-verification key file \(key) \(problem)"), "\(result.stderr)")
+            #expect(!result.stderr.contains("malformed"), "\(result.stderr)")
+            let verify = try await TestProcess.run(Self.pingate, ["list", "verify", WultraVectors.path("static-list.json"), "--key", key])
+            #expect(verify.status != 0)
+            #expect(verify.stderr.contains("the list-verification key file \(key) \(problem)"), "\(verify.stderr)")
+            #expect(!verify.stderr.contains("does not verify"), "\(verify.stderr)")
+        }
+    }
+
+    @Test("--pins-key takes Wultra's base64 X9.63 key inline, for run and list verify")
+    func inlineKey() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let inline = try String(contentsOfFile: WultraVectors.path("test-signer.pub.x963.b64"), encoding: .utf8)
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(inline.contains("/"))  // so it must not be taken for a path and resolved
+        let verify = try await TestProcess.run(Self.pingate, ["list", "verify", WultraVectors.path("static-list.json"), "--key", inline])
+        #expect(verify.status == 0, "\(verify.stderr)")
+        try await RunningGate.withAttempt([
+            "--listen", "127.0.0.1:0", "--state-dir", directory.file("state"),
+            "--pins", WultraVectors.path("static-list.json"), "--pins-key", inline,
+        ]) { gate in
+            #expect(gate != nil)
+        }
+        // The same key in a config file's `keys:`, next to a relative path that is resolved.
+        let config = try directory.write("pingate.yml", """
+            listen: 127.0.0.1:0
+            admin:
+              listen: "off"
+            state-dir: state
+            pins:
+              source: \(WultraVectors.path("static-list.json"))
+              keys: ["\(inline)"]
+            """)
+        let configured = try await RunningGate.withAttempt(["--config", config]) { gate in gate != nil }
+        #expect(configured)
+    }
 }
