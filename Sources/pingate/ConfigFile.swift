@@ -40,6 +40,7 @@ import PinGateNIO
 /// client-handshake-timeout-seconds: 10
 /// drain-timeout-seconds: 30     # on SIGTERM/SIGINT: how long open tunnels may finish
 /// log-level: info
+/// strict-permissions: true       # refuse to start if ca.key or the state directory is open to others
 /// ```
 struct ConfigFile: Decodable {
     struct Pins: Decodable {
@@ -98,6 +99,7 @@ struct ConfigFile: Decodable {
     var drainTimeoutSeconds: Int?
     var upstreamTimeoutSeconds: Int?
     var logLevel: String?
+    var strictPermissions: Bool?
 
     enum CodingKeys: String, CodingKey {
         case listen, admin
@@ -119,6 +121,7 @@ struct ConfigFile: Decodable {
         case drainTimeoutSeconds = "drain-timeout-seconds"
         case upstreamTimeoutSeconds = "upstream-timeout-seconds"
         case logLevel = "log-level"
+        case strictPermissions = "strict-permissions"
     }
 
     /// Loads `path`, resolving relative paths in it against its directory.

@@ -85,6 +85,11 @@ struct RunCommand: AsyncParsableCommand {
     @Option(name: .long, help: "Seconds a client has, after the 200, to finish its TLS handshake with the gate (default 10); then both legs are closed.")
     var clientHandshakeTimeout: Int?
 
+    @Flag(name: .long, inversion: .prefixedNo, help: ArgumentHelp(
+        "Refuse to start when ca.key is open to group or others, or the state directory is not 0700 (default: on).",
+        discussion: "--no-strict-permissions (config strict-permissions: false) starts anyway, with a warning."))
+    var strictPermissions: Bool?
+
     @Option(name: .long, help: "Log level: trace, debug, info, notice, warning, error.")
     var logLevel: String?
 
@@ -114,6 +119,18 @@ struct RunCommand: AsyncParsableCommand {
         }
 
         let (ca, created) = try LocalCA.loadOrCreate(stateDirectory: stateDirectory)
+        let exposed = LocalCA.permissionProblems(stateDirectory: stateDirectory)
+        if !exposed.isEmpty {
+            // Strict by default: whoever reads ca.key can mint leaves every client of the
+            // gate trusts, i.e. intercept exactly the traffic the gate protects.
+            guard !(strictPermissions ?? file?.strictPermissions ?? true) else {
+                throw ConfigurationError("refusing to start: \(LocalCA.CAError.insecurePermissions(exposed)) "
+                                         + "(or run with --no-strict-permissions to start with a warning)")
+            }
+            logger.warning("the local CA is exposed; starting anyway (--no-strict-permissions)", metadata: [
+                "problems": "\(exposed.joined(separator: "; "))",
+            ])
+        }
         logger.info(created ? "created local CA" : "loaded local CA", metadata: [
             "certificate": "\(LocalCA.Paths(stateDirectory: stateDirectory).certificate)",
             "subject": "\(ca.certificate.subjectDescription)",

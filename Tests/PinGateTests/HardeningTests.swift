@@ -129,4 +129,80 @@ struct HardeningTests {
         let configured = try await RunningGate.withAttempt(["--config", config]) { gate in gate != nil }
         #expect(configured)
     }
+
+    // MARK: item 2
+
+    @Test("ca.key deleted: run names the missing file; ca init --force replaces the CA and keeps the old files as timestamped backups")
+    func caDeadEnd() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let state = directory.file("state")
+        let first = try await TestProcess.run(Self.pingate, ["ca", "init", "--state-dir", state])
+        #expect(first.status == 0, "\(first.stderr)")
+        let oldCertificate = try String(contentsOfFile: state + "/ca.pem", encoding: .utf8)
+        try FileManager.default.removeItem(atPath: state + "/ca.key")
+
+        let run = try await TestProcess.run(Self.pingate, ["run", "--listen", "127.0.0.1:0", "--admin-listen", "off", "--state-dir", state], timeout: 30)
+        #expect(run.status != 0)
+        #expect(run.stderr.contains("\(state)/ca.key is missing"), "\(run.stderr)")
+        #expect(run.stderr.contains("pingate ca init --force"), "\(run.stderr)")
+
+        let plain = try await TestProcess.run(Self.pingate, ["ca", "init", "--state-dir", state])
+        #expect(plain.status != 0)
+        #expect(plain.stderr.contains("--force"), "\(plain.stderr)")
+
+        let forced = try await TestProcess.run(Self.pingate, ["ca", "init", "--force", "--state-dir", state])
+        #expect(forced.status == 0, "\(forced.stderr)")
+        var names = try FileManager.default.contentsOfDirectory(atPath: state)
+        let certificateBackups = names.filter { $0.hasPrefix("ca.pem.bak-") }
+        #expect(certificateBackups.count == 1, "\(names)")
+        if let backup = certificateBackups.first {
+            #expect(backup.range(of: #"^ca\.pem\.bak-\d{8}T\d{6}Z$"#, options: .regularExpression) != nil, "\(backup)")
+            #expect(try String(contentsOfFile: state + "/" + backup, encoding: .utf8) == oldCertificate)
+        }
+        let keyMode = try FileManager.default.attributesOfItem(atPath: state + "/ca.key")[.posixPermissions] as? Int
+        #expect(keyMode == 0o600)
+        #expect(try String(contentsOfFile: state + "/ca.pem", encoding: .utf8) != oldCertificate)
+
+        // Again, at once: both files are kept, under names that do not collide.
+        let again = try await TestProcess.run(Self.pingate, ["ca", "init", "--force", "--state-dir", state])
+        #expect(again.status == 0, "\(again.stderr)")
+        names = try FileManager.default.contentsOfDirectory(atPath: state)
+        #expect(names.filter { $0.hasPrefix("ca.pem.bak-") }.count == 2, "\(names)")
+        #expect(names.filter { $0.hasPrefix("ca.key.bak-") }.count == 1, "\(names)")
+
+        try await RunningGate.withAttempt(["--listen", "127.0.0.1:0", "--state-dir", state]) { gate in
+            #expect(gate != nil)
+        }
+    }
+
+    @Test("ca.key open to others or a state directory that is not 0700: run refuses by default, warns with --no-strict-permissions")
+    func caPermissions() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let state = directory.file("state")
+        let created = try await TestProcess.run(Self.pingate, ["ca", "init", "--state-dir", state])
+        #expect(created.status == 0, "\(created.stderr)")
+        #expect(try FileManager.default.attributesOfItem(atPath: state)[.posixPermissions] as? Int == 0o700)
+        #expect(try FileManager.default.attributesOfItem(atPath: state + "/ca.key")[.posixPermissions] as? Int == 0o600)
+
+        for (path, mode, says) in [(state + "/ca.key", 0o644, "\(state)/ca.key has mode 644"),
+                                   (state, 0o755, "the state directory \(state) has mode 755, not 700")] {
+            chmod(path, mode_t(mode))
+            let refused = try await TestProcess.run(Self.pingate, [
+                "run", "--listen", "127.0.0.1:0", "--admin-listen", "off", "--state-dir", state,
+            ], timeout: 30)
+            #expect(refused.status != 0)
+            #expect(refused.stderr.contains(says), "\(refused.stderr)")
+            #expect(refused.stderr.contains("--no-strict-permissions"), "\(refused.stderr)")
+            try await RunningGate.with(["--listen", "127.0.0.1:0", "--state-dir", state, "--no-strict-permissions"]) { gate in
+                #expect(gate.logText.contains("the local CA is exposed"), "\(gate.logText)")
+                #expect(gate.logText.contains(says), "\(gate.logText)")
+            }
+            chmod(path, path == state ? 0o700 : 0o600)
+        }
+        try await RunningGate.withAttempt(["--listen", "127.0.0.1:0", "--state-dir", state]) { gate in
+            #expect(gate != nil)
+        }
+    }
 }
