@@ -32,6 +32,7 @@ import PinGateNIO
 /// admin:
 ///   listen: 127.0.0.1:9090       # or "off"; a non-loopback address needs a token
 ///   token-file: admin.token      # bearer token for POST /pins/update (or `token: …` inline)
+///   allowed-hosts: []            # Host names answered besides the listen host and localhost forms; * = any
 /// decision-log: stderr           # JSON line per CONNECT: stderr, a file path, or off
 /// request-log: requests.jsonl    # JSON line per HTTP request in a tunnel: stderr, a file path, or off (default)
 /// request-log-query: false       # keep query strings in logged paths (default: cut at the first ?)
@@ -72,10 +73,12 @@ struct ConfigFile: Decodable {
         var listen: String?
         var token: String?
         var tokenFile: String?
+        var allowedHosts: [String]?
 
         enum CodingKeys: String, CodingKey {
             case listen, token
             case tokenFile = "token-file"
+            case allowedHosts = "allowed-hosts"
         }
     }
 

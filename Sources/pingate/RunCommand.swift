@@ -70,6 +70,11 @@ struct RunCommand: AsyncParsableCommand {
     @Option(name: .long, help: "Admin endpoint HOST:PORT (default 127.0.0.1:9090), or off.")
     var adminListen: String?
 
+    @Option(name: .long, parsing: .upToNextOption, help: ArgumentHelp(
+        "Host names the admin endpoint answers besides its listen host, localhost, 127.0.0.1 and [::1] (with its port); * for any.",
+        discussion: "Any other Host header gets 421: a web page cannot read the endpoint through DNS rebinding."))
+    var adminAllowedHosts: [String] = []
+
     @Option(name: .long, help: "File holding the bearer token for POST /pins/update (required for a non-loopback admin address).")
     var adminTokenFile: String?
 
@@ -146,6 +151,7 @@ struct RunCommand: AsyncParsableCommand {
             } else if let token = file?.admin?.token, !token.isEmpty {
                 adminConfiguration.token = token
             }
+            adminConfiguration.allowedHosts = adminAllowedHosts.isEmpty ? (file?.admin?.allowedHosts ?? []) : adminAllowedHosts
             try adminConfiguration.validate()
             admin = adminConfiguration
         }

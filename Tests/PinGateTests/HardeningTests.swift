@@ -205,4 +205,40 @@ struct HardeningTests {
             #expect(gate != nil)
         }
     }
+
+    // MARK: item 5
+
+    @Test("admin endpoint: only its own names in Host are answered; anything else (DNS rebinding) gets 421 with a reason")
+    func adminHostCheck() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        try await RunningGate.with(["--listen", "127.0.0.1:0", "--state-dir", directory.file("state"),
+                                    "--admin-allowed-hosts", "gate.internal"]) { gate in
+            let port = try await Self.adminPort(gate)
+            for path in ["/status", "/pins", "/refusals", "/ready", "/metrics", "/"] {
+                let rebound = try await Self.admin(port: port, path, ["-i", "-H", "Host: attacker.example:\(port)"])
+                #expect(rebound.status == 421, "\(path): \(rebound.body)")
+                #expect(rebound.body.lowercased().contains("pingate-refusal: admin-host-not-allowed"), "\(rebound.body)")
+                #expect(rebound.body.contains("DNS rebinding"), "\(rebound.body)")
+                #expect(!rebound.body.contains("\"counters\""))
+            }
+            for host in ["127.0.0.1:\(port)", "localhost:\(port)", "LOCALHOST.:\(port)", "[::1]:\(port)", "gate.internal:\(port)"] {
+                let own = try await Self.admin(port: port, "/status", ["-H", "Host: \(host)"])
+                #expect(own.status == 200, "\(host): \(own.body)")
+            }
+            for host in ["localhost:\(port + 1)", "localhost", "127.0.0.1.attacker.example:\(port)", "gate.internal.evil:\(port)"] {
+                let other = try await Self.admin(port: port, "/status", ["-H", "Host: \(host)"])
+                #expect(other.status == 421, "\(host): \(other.body)")
+            }
+            // curl with no Host at all (HTTP/1.0 style).
+            let none = try await Self.admin(port: port, "/status", ["-H", "Host:"])
+            #expect(none.status == 421, "\(none.body)")
+        }
+        try await RunningGate.with(["--listen", "127.0.0.1:0", "--state-dir", directory.file("state2"),
+                                    "--admin-allowed-hosts", "*"]) { gate in
+            let port = try await Self.adminPort(gate)
+            let any = try await Self.admin(port: port, "/ready", ["-H", "Host: anything.example"])
+            #expect(any.status != 421, "\(any.body)")
+        }
+    }
 }
