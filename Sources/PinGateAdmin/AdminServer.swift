@@ -56,6 +56,7 @@ public final class AdminServer: Service, Sendable {
             }
             .bind(host: configuration.host, port: configuration.port)
             .get()
+        if let bound = channel.localAddress { gate.addOwnListener(bound) }
         let boundPort = channel.localAddress?.port ?? 0
         let address = "\(configuration.host):\(boundPort)"
         addressBox.set(address)

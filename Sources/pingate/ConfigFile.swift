@@ -25,6 +25,7 @@ import PinGateNIO
 /// upstream-ca: [origin-ca.pem]
 /// resolve: ["api.example.test:8443:127.0.0.1"]
 /// pins-only: []
+/// allow-private-destinations: false   # DNS answers that are loopback/private/link-local/CGNAT/IPv4-mapped are refused
 /// opaque-hosts: []               # relayed as bytes, not read as HTTP (non-HTTP TLS protocols)
 /// upstream-proxy: http://proxy.corp:3128    # parent proxy; pins still apply end to end
 /// report-uris: [https://reports.example.com/pins]   # TrustKit-style pin-failure reports
@@ -103,6 +104,7 @@ struct ConfigFile: Decodable {
     var upstreamTimeoutSeconds: Int?
     var logLevel: String?
     var strictPermissions: Bool?
+    var allowPrivateDestinations: Bool?
 
     enum CodingKeys: String, CodingKey {
         case listen, admin
@@ -125,6 +127,7 @@ struct ConfigFile: Decodable {
         case upstreamTimeoutSeconds = "upstream-timeout-seconds"
         case logLevel = "log-level"
         case strictPermissions = "strict-permissions"
+        case allowPrivateDestinations = "allow-private-destinations"
     }
 
     /// Loads `path`, resolving relative paths in it against its directory.

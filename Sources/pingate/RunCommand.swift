@@ -61,6 +61,11 @@ struct RunCommand: AsyncParsableCommand {
         discussion: "Every other tunnel's requests are bound to the pinned host: another authority gets 421."))
     var opaqueHost: [String] = []
 
+    @Flag(name: .long, inversion: .prefixedNo, help: ArgumentHelp(
+        "Allow CONNECTs to names whose DNS answer is loopback, private, link-local, CGNAT or IPv4-mapped (default: refused).",
+        discussion: "--resolve mappings may point anywhere but the gate itself and unspecified, multicast or broadcast addresses."))
+    var allowPrivateDestinations: Bool?
+
     @Option(name: .long, help: "https:// URL that pin-failure reports (TrustKit JSON) are POSTed to. Repeatable.")
     var reportUri: [String] = []
 
@@ -214,6 +219,7 @@ struct RunCommand: AsyncParsableCommand {
         configuration.upstreamTrust = roots.isEmpty ? .system : .pemFiles(roots)
         configuration.resolveOverrides = try (resolve.isEmpty ? (file?.resolve ?? []) : resolve).map(ResolveOverride.init(parsing:))
         configuration.pinsOnlyHosts = Set(pinsOnly.isEmpty ? (file?.pinsOnly ?? []) : pinsOnly)
+        configuration.allowPrivateDestinations = allowPrivateDestinations ?? file?.allowPrivateDestinations ?? false
         configuration.opaqueHosts = Set((opaqueHost.isEmpty ? (file?.opaqueHosts ?? []) : opaqueHost).map(HostName.normalize))
         configuration.reportURIs = try (reportUri.isEmpty ? (file?.reportURIs ?? []) : reportUri).map { text in
             guard text.lowercased().hasPrefix("https://"), let url = URL(string: text) else {

@@ -3,6 +3,7 @@ import PinGateTestSupport
 import PinGateHarness
 import PinGateTLS
 import PinList
+import PinGateNIO
 import Testing
 
 /// Issue 12's "found" items: each one as a new user met it, against `pingate run` as a
@@ -34,6 +35,22 @@ struct HardeningTests {
         let status = String(result.stdout.suffix(3))
         return ProxyAnswer(status: status, refusal: refusal, exitStatus: result.status, stderr: result.stderr,
                            seconds: Date().timeIntervalSince(started), body: String(result.stdout.dropLast(3)))
+    }
+
+    /// The whole answer (head and body) to a raw `CONNECT target` sent to the gate on `port`.
+    static func rawConnect(gatePort port: Int, _ target: String) async throws -> String {
+        let script = """
+        import socket, sys
+        s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=20)
+        s.sendall(("CONNECT %s HTTP/1.1\\r\\nHost: %s\\r\\n\\r\\n" % (sys.argv[2], sys.argv[2])).encode())
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk: break
+            data += chunk
+        sys.stdout.write(data.decode("utf-8", "replace"))
+        """
+        return try await TestProcess.run("python3", ["-c", script, "\(port)", target], timeout: 30).stdout
     }
 
     /// `curl` to the admin endpoint on `port` with `extra` arguments (e.g. `-H Host:…`).
@@ -240,5 +257,143 @@ struct HardeningTests {
             let any = try await Self.admin(port: port, "/ready", ["-H", "Host: anything.example"])
             #expect(any.status != 421, "\(any.body)")
         }
+    }
+
+    // MARK: item 4
+
+    /// A port that was free a moment ago (for a test that must name the gate's own port
+    /// in a `--resolve` mapping before the gate starts).
+    static func freePort() throws -> Int {
+        let probe = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(probe) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = 0
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(probe, $0, length) == 0 && getsockname(probe, $0, &length) == 0 }
+        }
+        guard bound else { throw TestFailure("cannot bind a probe socket") }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    @Test("CONNECTs to the gate itself, its admin endpoint, unspecified, multicast and broadcast addresses: 403 destination-not-allowed at once, --resolve included")
+    func neverDestinations() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns("x.pingate.test")], issuer: pki.originCA, file: "origin")
+        let names = ["127.0.0.1", "0.0.0.0", "loop.pingate.test", "zero.pingate.test", "v6zero.pingate.test",
+                     "mcast.pingate.test", "bcast.pingate.test", "mapped-zero.pingate.test"]
+        let list = try pki.signedList(names.map { ($0, leaf.fingerprint) })
+        let listenPort = try Self.freePort()
+        try await RunningGate.with([
+            "--listen", "127.0.0.1:\(listenPort)", "--state-dir", directory.file("state"),
+            "--pins", list, "--pins-key", pki.signerPublicKeyPath, "--upstream-ca", pki.upstreamTrustPath,
+            "--resolve", "loop.pingate.test:443:127.0.0.1", "--resolve", "loop.pingate.test:\(listenPort):127.0.0.1",
+            "--resolve", "zero.pingate.test:443:0.0.0.0", "--resolve", "v6zero.pingate.test:443:[::]",
+            "--resolve", "mcast.pingate.test:443:224.0.0.1", "--resolve", "bcast.pingate.test:443:255.255.255.255",
+            "--resolve", "mapped-zero.pingate.test:443:[::ffff:0.0.0.0]",
+        ]) { gate in
+            let admin = try await Self.adminPort(gate)
+            let targets = [
+                ("https://127.0.0.1:\(gate.port)/", "own listener"),
+                ("https://127.0.0.1:\(admin)/", "own listener"),
+                ("https://loop.pingate.test:\(listenPort)/", "own listener"),
+                ("https://0.0.0.0:\(gate.port)/", "unspecified"),
+                ("https://zero.pingate.test:443/", "unspecified"),
+                ("https://v6zero.pingate.test:443/", "unspecified"),
+                ("https://mapped-zero.pingate.test:443/", "unspecified"),
+                ("https://mcast.pingate.test:443/", "multicast"),
+                ("https://bcast.pingate.test:443/", "broadcast"),
+            ]
+            for (url, says) in targets {
+                let answer = try await Self.connect(gatePort: gate.port, url)
+                #expect(answer.status == "403", "\(url): \(answer.stderr)")
+                #expect(answer.refusal == "destination-not-allowed", "\(url): \(answer.stderr)")
+                #expect(answer.seconds < 5, "\(url) took \(answer.seconds) s")
+                let authority = url.dropFirst("https://".count).dropLast()
+                let raw = try await Self.rawConnect(gatePort: gate.port, String(authority))
+                #expect(raw.contains(says), "\(url): \(raw)")
+            }
+            // An explicit mapping to loopback on another port is the operator's choice: dialled
+            // (nothing listens there, so it is unreachable, not refused by policy).
+            let mapped = try await Self.connect(gatePort: gate.port, "https://loop.pingate.test:443/")
+            #expect(mapped.refusal == "upstream-unreachable", "\(mapped.stderr)")
+        }
+    }
+
+    @Test("a name whose DNS answer is loopback is refused by default; allow-private-destinations or a --resolve mapping lets it through")
+    func internalAddressesFromDNS() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns("localhost")], issuer: pki.originCA, file: "origin")
+        let list = try pki.signedList([("localhost", leaf.fingerprint)])
+        try await LoopbackOrigin.with(identity: leaf, behaviour: .http(body: "reached")) { origin in
+            let url = "https://localhost:\(origin.port)/"
+            let base = ["--listen", "127.0.0.1:0", "--pins", list, "--pins-key", pki.signerPublicKeyPath,
+                        "--upstream-ca", pki.upstreamTrustPath]
+            try await RunningGate.with(base + ["--state-dir", directory.file("state1")]) { gate in
+                let refused = try await Self.connect(gatePort: gate.port, url, caPath: directory.file("state1/ca.pem"))
+                #expect(refused.status == "403", "\(refused.stderr)")
+                #expect(refused.refusal == "destination-not-allowed", "\(refused.stderr)")
+                let raw = try await Self.rawConnect(gatePort: gate.port, "localhost:\(origin.port)")
+                #expect(raw.contains("loopback address from DNS"), "\(raw)")
+            }
+            #expect(origin.observed.tcpConnections == 0)
+            try await RunningGate.with(base + ["--state-dir", directory.file("state2"), "--allow-private-destinations"]) { gate in
+                let allowed = try await Self.connect(gatePort: gate.port, url, caPath: directory.file("state2/ca.pem"))
+                #expect(allowed.status == "200", "\(allowed.stderr)")
+                #expect(allowed.body == "reached", "\(allowed.stderr)")
+            }
+            try await RunningGate.with(base + ["--state-dir", directory.file("state3"),
+                                               "--resolve", "localhost:\(origin.port):127.0.0.1"]) { gate in
+                let mapped = try await Self.connect(gatePort: gate.port, url, caPath: directory.file("state3/ca.pem"))
+                #expect(mapped.status == "200", "\(mapped.stderr)")
+                #expect(mapped.body == "reached", "\(mapped.stderr)")
+            }
+        }
+    }
+
+    @Test("address kinds: what is never dialled, what is internal when it comes from DNS")
+    func addressKinds() throws {
+        func kind(_ text: String) -> DestinationAddress.Kind? { DestinationAddress(text: text)?.kind }
+        #expect(kind("0.0.0.0") == .unspecified)
+        #expect(kind("0.1.2.3") == .unspecified)
+        #expect(kind("::") == .unspecified)
+        #expect(kind("255.255.255.255") == .broadcast)
+        #expect(kind("224.0.0.1") == .multicast)
+        #expect(kind("239.255.255.250") == .multicast)
+        #expect(kind("ff02::1") == .multicast)
+        #expect(kind("127.0.0.1") == .loopback)
+        #expect(kind("127.5.6.7") == .loopback)
+        #expect(kind("::1") == .loopback)
+        for privateAddress in ["10.1.2.3", "172.16.0.1", "172.31.255.255", "192.168.1.1", "fd00::1", "fc00::1"] {
+            #expect(kind(privateAddress) == .privateNetwork, "\(privateAddress)")
+        }
+        #expect(kind("172.32.0.1") == .global)
+        #expect(kind("169.254.169.254") == .linkLocal)
+        #expect(kind("fe80::1") == .linkLocal)
+        #expect(kind("100.64.0.1") == .sharedAddressSpace)
+        #expect(kind("100.127.255.255") == .sharedAddressSpace)
+        #expect(kind("100.128.0.1") == .global)
+        #expect(kind("::ffff:127.0.0.1") == .ipv4Mapped)
+        #expect(kind("93.184.216.34") == .global)
+        #expect(kind("2606:4700::1111") == .global)
+        #expect(kind("not an address") == nil)
+        let mappedZero = try #require(DestinationAddress(text: "::ffff:0.0.0.0"))
+        #expect(mappedZero.isNeverAllowed)
+        #expect(try #require(DestinationAddress(text: "::ffff:127.0.0.1")).canonical == DestinationAddress(text: "127.0.0.1"))
+
+        let destinations = DestinationGuard(allowPrivate: false)
+        let loopback = try #require(DestinationAddress(text: "127.0.0.1"))
+        #expect(destinations.refusal(address: loopback, port: 443, fromDNS: false) == nil)
+        #expect(destinations.refusal(address: loopback, port: 443, fromDNS: true)?.contains("loopback address from DNS") == true)
+        #expect(destinations.refusal(address: try #require(DestinationAddress(text: "::ffff:10.0.0.1")), port: 443, fromDNS: true) != nil)
+        #expect(destinations.refusal(address: try #require(DestinationAddress(text: "93.184.216.34")), port: 443, fromDNS: true) == nil)
+        #expect(DestinationGuard(allowPrivate: true).refusal(address: loopback, port: 443, fromDNS: true) == nil)
+        #expect(DestinationGuard(allowPrivate: true).refusal(address: mappedZero, port: 443, fromDNS: false) != nil)
     }
 }

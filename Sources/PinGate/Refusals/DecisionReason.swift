@@ -30,6 +30,9 @@ public enum DecisionReason: String, Sendable, Hashable, CaseIterable, Codable {
     case upstreamUnreachable = "upstream-unreachable"
     /// The upstream's TLS handshake failed (502).
     case upstreamTLSFailed = "upstream-tls-failed"
+    /// The destination's address is never to be dialled (the gate itself; unspecified,
+    /// multicast, broadcast) or is internal and came from DNS (403); nothing was dialled.
+    case destinationNotAllowed = "destination-not-allowed"
     /// No usable list is in force (503).
     case listUnavailable = "list-unavailable"
     /// A verified list is in force but it has expired: every pin is past its expiry, or a
