@@ -45,6 +45,10 @@ public struct TLSClientSettings: Sendable {
     public var parentProxy: ParentProxy?
     /// curl-style `--resolve` overrides (not applied through a parent, which resolves names itself).
     public var resolveOverrides: [ResolveOverride] = []
+    /// How long to wait, after a TLS 1.3 handshake in which the server asked for a client
+    /// certificate (none is sent), for the server to reject the empty answer; nil: not at
+    /// all. See `TLSHandler.init`.
+    public var certificateRequestWait: TimeAmount? = .seconds(1)
     /// Where connections may lead (the gate's CONNECT destinations); nil: anywhere, names
     /// resolved by NIO (the list fetcher, report URIs, the CLI).
     public var destinationGuard: DestinationGuard?
@@ -99,7 +103,8 @@ public struct TLSClientConnector: Sendable {
         }
         // The TLS connection is made here, on the loop, and handed to the initializer
         // that runs on the same loop.
-        let tls = NIOLoopBound(TLSHandler(connection: connection, handshakePromise: handshakePromise), eventLoop: eventLoop)
+        let tls = NIOLoopBound(TLSHandler(connection: connection, handshakePromise: handshakePromise,
+                                          certificateRequestWait: settings.certificateRequestWait), eventLoop: eventLoop)
         let parent = settings.parentProxy
         let target = Authority(host: host, port: port).description
         let bootstrap = ClientBootstrap(group: eventLoop)
@@ -223,6 +228,8 @@ public struct TLSClientConnector: Sendable {
         case let failure as TLSClientError: return failure
         case let parent as ParentProxyError: return .parentProxy(parent)
         case TLSHandlerError.handshakeTimedOut: return .timedOut("TLS handshake took longer than \(timeout.nanoseconds / 1_000_000_000) s")
+        case TLSHandlerError.refusedAfterHandshake(let detail):
+            return .handshakeFailed("the server asked for a client certificate, which pingate does not send, and then refused the connection: \(detail)")
         default: return .handshakeFailed("\(error)")
         }
     }

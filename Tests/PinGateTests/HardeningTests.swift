@@ -396,4 +396,81 @@ struct HardeningTests {
         #expect(DestinationGuard(allowPrivate: true).refusal(address: loopback, port: 443, fromDNS: true) == nil)
         #expect(DestinationGuard(allowPrivate: true).refusal(address: mappedZero, port: 443, fromDNS: false) != nil)
     }
+
+    // MARK: item 1
+
+    /// `openssl s_server ARGS -accept 127.0.0.1:0` for the length of `body`; its port is
+    /// read from its `ACCEPT` line.
+    static func withOpenSSLServer<Value>(_ arguments: [String], isolation: isolated (any Actor)? = #isolation,
+                                         _ body: (Int) async throws -> Value) async throws -> Value {
+        try await withResource(
+            start: { () async throws -> (Process, PipeDrain, OutputCollector) in
+                let process = Process()
+                process.executableURL = URL(fileURLWithPath: try TestProcess.resolve("openssl"))
+                process.arguments = ["s_server", "-accept", "127.0.0.1:0"] + arguments
+                let pipe = Pipe()
+                process.standardOutput = pipe
+                process.standardError = FileHandle.nullDevice
+                process.standardInput = Pipe()  // s_server reads commands from stdin; keep it open
+                let output = OutputCollector()
+                try process.run()
+                // Only the child may hold the write end, or the drain never sees end of file.
+                try? pipe.fileHandleForWriting.close()
+                let drain = PipeDrain(pipe.fileHandleForReading, into: output.appendOut)
+                return (process, drain, output)
+            },
+            stop: { server in
+                // s_server keeps nothing worth a graceful stop, and started from the test
+                // process it does not always act on SIGTERM: SIGKILL follows at once.
+                await server.0.terminateAndWait(seconds: 0.2)
+                _ = await server.1.finished(within: .seconds(5))
+            },
+            body: { server in
+                func port() -> Int? {
+                    let text = String(decoding: server.2.contents.0, as: UTF8.self)
+                    return text.split(whereSeparator: \.isNewline).first { $0.hasPrefix("ACCEPT ") }
+                        .flatMap { $0.split(separator: ":").last }.flatMap { Int($0) }
+                }
+                _ = await eventually(timeout: .seconds(10)) { port() != nil }
+                let found = try #require(port(), "s_server said: \(String(decoding: server.2.contents.0, as: UTF8.self))")
+                return try await body(found)
+            })
+    }
+
+    @Test("an upstream that demands a client certificate over TLS 1.3: 502 upstream-tls-failed with the alert, before any 200", arguments: [
+        (["-Verify", "1", "-tls1_3"], "502", "upstream-tls-failed"),
+        (["-Verify", "1", "-tls1_2"], "502", "upstream-tls-failed"),
+        (["-verify", "1", "-tls1_3"], "200", nil),  // asks, does not insist: not a false alarm
+        (["-tls1_3"], "200", nil),
+    ])
+    func clientCertificateRequired(serverFlags: [String], status: String, refusal: String?) async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let host = "clientcert.pingate.test"
+        let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
+        let list = try pki.signedList([(host, leaf.fingerprint)])
+        try await Self.withOpenSSLServer(["-cert", leaf.certificatePath, "-key", leaf.keyPath, "-CAfile", pki.originCA.certificatePath,
+                                          "-www"] + serverFlags) { port in
+            try await RunningGate.with([
+                "--listen", "127.0.0.1:0", "--state-dir", directory.file("state"),
+                "--pins", list, "--pins-key", pki.signerPublicKeyPath, "--upstream-ca", pki.upstreamTrustPath,
+                "--resolve", "\(host):\(port):127.0.0.1",
+            ]) { gate in
+                let answer = try await Self.connect(gatePort: gate.port, "https://\(host):\(port)/", caPath: directory.file("state/ca.pem"))
+                #expect(answer.status == status, "\(serverFlags): \(answer.stderr)")
+                #expect(answer.refusal == refusal, "\(serverFlags): \(answer.stderr)")
+                #expect(answer.seconds < 5)
+                if serverFlags.contains("-Verify") {
+                    let raw = try await Self.rawConnect(gatePort: gate.port, "\(host):\(port)")
+                    #expect(raw.hasPrefix("HTTP/1.1 502"), "\(raw)")
+                    #expect(raw.contains("alert"), "\(raw)")
+                    if serverFlags.contains("-tls1_3") {
+                        #expect(raw.contains("certificate required"), "\(raw)")
+                        #expect(raw.contains("client certificate"), "\(raw)")
+                    }
+                }
+            }
+        }
+    }
 }
