@@ -191,40 +191,56 @@ public final class DestinationGuard: Sendable {
     }
 
     /// Resolves `host` once, off the event loop (getaddrinfo blocks), and returns the
-    /// answers in resolver order, each as the socket address to dial with `port`.
-    public static func resolve(host: String, port: Int, on eventLoop: EventLoop,
-                               threadPool: NIOThreadPool = .singleton) -> EventLoopFuture<[SocketAddress]> {
-        threadPool.runIfActive(eventLoop: eventLoop) {
-            var hints = addrinfo()
-            hints.ai_family = AF_UNSPEC
-            hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
-            var result: UnsafeMutablePointer<addrinfo>?
-            let status = getaddrinfo(host, nil, &hints, &result)
-            guard status == 0 else {
-                throw ResolutionError(host: host, detail: String(cString: gai_strerror(status)))
-            }
-            defer { freeaddrinfo(result) }
-            var addresses: [SocketAddress] = []
-            var next = result
-            while let entry = next {
-                defer { next = entry.pointee.ai_next }
-                guard let raw = entry.pointee.ai_addr else { continue }
-                switch entry.pointee.ai_family {
-                case AF_INET:
-                    var v4 = raw.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { $0.pointee }
-                    v4.sin_port = in_port_t(UInt16(port).bigEndian)
-                    addresses.append(SocketAddress(v4, host: host))
-                case AF_INET6:
-                    var v6 = raw.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { $0.pointee }
-                    v6.sin6_port = in_port_t(UInt16(port).bigEndian)
-                    addresses.append(SocketAddress(v6, host: host))
-                default:
-                    continue
-                }
-            }
-            guard !addresses.isEmpty else { throw ResolutionError(host: host, detail: "no IPv4 or IPv6 address") }
-            return addresses
+    /// answers in resolver order, each as the socket address to dial with `port`. The
+    /// lookup runs on Dispatch's global queue, as NIO's own resolver does, so that a slow
+    /// name server holds up only its own lookups; `timeout` bounds the wait (the lookup
+    /// itself cannot be cancelled and ends when the resolver gives up).
+    public static func resolve(host: String, port: Int, on eventLoop: EventLoop, timeout: TimeAmount) -> EventLoopFuture<[SocketAddress]> {
+        let promise = eventLoop.makePromise(of: [SocketAddress].self)
+        let deadline = eventLoop.scheduleTask(in: timeout) {
+            promise.fail(ResolutionError(host: host, detail: "no answer within \(timeout.nanoseconds / 1_000_000) ms"))
         }
+        DispatchQueue.global(qos: .userInitiated).async {
+            let result = Result { try lookUp(host: host, port: port) }
+            eventLoop.execute {
+                deadline.cancel()
+                promise.completeWith(result)  // a second completion (after the deadline) is ignored
+            }
+        }
+        return promise.futureResult
+    }
+
+    /// getaddrinfo for TCP, any family; blocks.
+    private static func lookUp(host: String, port: Int) throws -> [SocketAddress] {
+        var hints = addrinfo()
+        hints.ai_family = AF_UNSPEC
+        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        var result: UnsafeMutablePointer<addrinfo>?
+        let status = getaddrinfo(host, nil, &hints, &result)
+        guard status == 0 else {
+            throw ResolutionError(host: host, detail: String(cString: gai_strerror(status)))
+        }
+        defer { freeaddrinfo(result) }
+        var addresses: [SocketAddress] = []
+        var next = result
+        while let entry = next {
+            defer { next = entry.pointee.ai_next }
+            guard let raw = entry.pointee.ai_addr else { continue }
+            switch entry.pointee.ai_family {
+            case AF_INET:
+                var v4 = raw.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { $0.pointee }
+                v4.sin_port = in_port_t(UInt16(port).bigEndian)
+                addresses.append(SocketAddress(v4, host: host))
+            case AF_INET6:
+                var v6 = raw.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { $0.pointee }
+                v6.sin6_port = in_port_t(UInt16(port).bigEndian)
+                addresses.append(SocketAddress(v6, host: host))
+            default:
+                continue
+            }
+        }
+        guard !addresses.isEmpty else { throw ResolutionError(host: host, detail: "no IPv4 or IPv6 address") }
+        return addresses
     }
 
     /// A name that did not resolve.

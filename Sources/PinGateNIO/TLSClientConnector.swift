@@ -161,7 +161,9 @@ public struct TLSClientConnector: Sendable {
             // second lookup at connect time could answer differently (DNS rebinding).
             // The bootstrap is not Sendable: everything after the lookup stays on this loop
             // (the lookup's future completes on it).
-            connected = DestinationGuard.resolve(host: host, port: port, on: eventLoop).flatMapError { error in
+            // The lookup shares the connect timeout, as NIO's own resolver does.
+            let connectTimeout = settings.connectTimeout
+            connected = DestinationGuard.resolve(host: host, port: port, on: eventLoop, timeout: connectTimeout).flatMapError { error in
                 eventLoop.makeFailedFuture(TLSClientError.unreachable("\(error)"))
             }.assumeIsolated().flatMap { addresses in
                 var refusals: [String] = []
