@@ -11,6 +11,9 @@ public struct AdminConfiguration: Sendable {
     public var port: Int = 9090
     /// The bearer token `POST /pins/update` requires (nil: the endpoint always answers 401).
     public var token: String?
+    /// Host names answered besides the listen host and the loopback names (`*`: any);
+    /// see `AdminHostPolicy`.
+    public var allowedHosts: [String] = []
 
     /// The default: 127.0.0.1:9090, no token.
     public init() {}

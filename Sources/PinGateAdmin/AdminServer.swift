@@ -43,19 +43,24 @@ public final class AdminServer: Service, Sendable {
         try configuration.validate()
         let token = configuration.token
         let addressBox = AddressBox()
+        // The policy needs the bound port (0 asks for any), known only after binding.
+        let hostPolicy = HostPolicyBox()
         let channel = try await ServerBootstrap(group: gate.eventLoopGroup)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
                     try channel.pipeline.syncOperations.addHandler(
-                        AdminHTTPHandler(gate: gate, registry: registry, token: token, address: addressBox))
+                        AdminHTTPHandler(gate: gate, registry: registry, token: token, address: addressBox, hostPolicy: hostPolicy))
                 }
             }
             .bind(host: configuration.host, port: configuration.port)
             .get()
-        let address = "\(configuration.host):\(channel.localAddress?.port ?? 0)"
+        if let bound = channel.localAddress { gate.addOwnListener(bound) }
+        let boundPort = channel.localAddress?.port ?? 0
+        let address = "\(configuration.host):\(boundPort)"
         addressBox.set(address)
+        hostPolicy.set(AdminHostPolicy(listenHost: configuration.host, port: boundPort, allowed: configuration.allowedHosts))
         logger.info("admin endpoint listening", metadata: ["address": "\(address)"])
         return AdminServer(channel: channel, registry: registry)
     }
@@ -78,6 +83,14 @@ public final class AdminServer: Service, Sendable {
     }
 }
 
+/// The endpoint's `Host` policy, set once the port is bound; until then (no request can
+/// have arrived) nothing is answered.
+final class HostPolicyBox: Sendable {
+    private let value = Mutex<AdminHostPolicy?>(nil)
+    func set(_ policy: AdminHostPolicy) { value.withLock { $0 = policy } }
+    var policy: AdminHostPolicy? { value.withLock { $0 } }
+}
+
 /// The endpoint's own address, known only after binding.
 final class AddressBox: Sendable {
     private let value = Mutex("")
@@ -93,13 +106,15 @@ private final class AdminHTTPHandler: ChannelInboundHandler {
     private let registry: PrometheusCollectorRegistry
     private let token: String?
     private let address: AddressBox
+    private let hostPolicy: HostPolicyBox
     private var request: HTTPRequestHead?
 
-    init(gate: PinGateServer, registry: PrometheusCollectorRegistry, token: String?, address: AddressBox) {
+    init(gate: PinGateServer, registry: PrometheusCollectorRegistry, token: String?, address: AddressBox, hostPolicy: HostPolicyBox) {
         self.gate = gate
         self.registry = registry
         self.token = token
         self.address = address
+        self.hostPolicy = hostPolicy
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -116,6 +131,19 @@ private final class AdminHTTPHandler: ChannelInboundHandler {
     }
 
     private func handle(context: ChannelHandlerContext, head: HTTPRequestHead) {
+        // Before any route: a name that is not this endpoint's is a page elsewhere
+        // reaching it through DNS rebinding, and gets nothing, not even /ready. Exactly
+        // one Host is required (RFC 9112 says 400 for none or several; 421 says more).
+        let hosts = head.headers["Host"]
+        guard let policy = hostPolicy.policy, hosts.count == 1, policy.allows(hosts[0]) else {
+            let shown = hosts.isEmpty ? "no Host header" : "Host \(hosts.joined(separator: ", "))"
+            let accepted = hostPolicy.policy?.accepted ?? "-"
+            write(context: context, head: head, response: .text(
+                421, "pingate admin: \(shown) does not name this endpoint (accepted: \(accepted)); this protects against DNS rebinding. "
+                    + "Add a name with --admin-allowed-hosts (config admin: allowed-hosts:).\n",
+                headers: [("Pingate-Refusal", AdminHostPolicy.refusalToken)]))
+            return
+        }
         let eventLoop = context.eventLoop
         let nextUpdate: EventLoopFuture<Date?> = gate.updater?.nextUpdate.hop(to: eventLoop) ?? eventLoop.makeSucceededFuture(nil)
         nextUpdate.assumeIsolated().whenComplete { result in

@@ -153,7 +153,11 @@ public struct AdminSnapshot: Sendable, Codable {
                 requestsRefusedByReason: stats.requestsRefusedByReason))
         var reason: String?
         if !usable {
-            reason = list == nil ? "no fingerprint list in force" : "the fingerprint list in force has no unexpired pin or is stale"
+            if let expired = list?.expiryReason(at: now) {
+                reason = "list-expired: \(expired)"
+            } else {
+                reason = list == nil ? "no fingerprint list in force" : "the fingerprint list in force has no unexpired pin"
+            }
             if let last = listStatus.lastResult, last != "ok" { reason = (reason ?? "") + " (last update: \(last))" }
         }
         return AdminSnapshot(status: status, pins: pins, refusals: gate.refusals.entries.reversed(), ready: usable, notReadyReason: reason)

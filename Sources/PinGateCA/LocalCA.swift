@@ -12,19 +12,35 @@ public final class LocalCA: Sendable {
 
     /// Why the CA could not be loaded or created.
     public enum CAError: Error, CustomStringConvertible, Sendable {
-        /// `ca.pem` or `ca.key` is missing.
+        /// Neither `ca.pem` nor `ca.key` is in the state directory.
         case missing(String)
+        /// One of the two files is there without the other: `present` is there,
+        /// `absent` is not. `ca init` alone would refuse (a file exists); `--force` is the
+        /// way forward, and it keeps what is there.
+        case half(present: String, absent: String, stateDirectory: String)
         /// `ca init` found an existing CA and refuses to overwrite it.
         case alreadyExists(String)
         /// The files exist but could not be used.
         case unusable(String)
+        /// The key or the state directory is open to other users (see `permissionProblems`).
+        case insecurePermissions([String])
 
         /// The error in words, for logs and the operator.
         public var description: String {
             switch self {
-            case .missing(let detail): return "no local CA: \(detail) (run `pingate ca init`)"
-            case .alreadyExists(let path): return "a local CA already exists at \(path); refusing to overwrite it"
-            case .unusable(let detail): return "the local CA cannot be used: \(detail)"
+            case .missing(let detail):
+                return "no local CA: \(detail) (run `pingate ca init`)"
+            case .half(let present, let absent, let directory):
+                return "the local CA is incomplete: \(absent) is missing (\(present) is there without it). "
+                    + "Restore it from a backup, or run `pingate ca init --force --state-dir \(directory)` to create a new CA "
+                    + "(the old files are kept as timestamped backups; clients must then trust the new ca.pem)"
+            case .alreadyExists(let path):
+                return "a local CA already exists at \(path); refusing to overwrite it "
+                    + "(`pingate ca init --force` replaces it and keeps the old files as timestamped backups)"
+            case .unusable(let detail):
+                return "the local CA cannot be used: \(detail)"
+            case .insecurePermissions(let problems):
+                return "the local CA is exposed: " + problems.joined(separator: "; ")
             }
         }
     }
@@ -55,8 +71,15 @@ public final class LocalCA: Sendable {
     public static func load(stateDirectory: String) throws -> LocalCA {
         let paths = Paths(stateDirectory: stateDirectory)
         let fileManager = FileManager.default
-        guard fileManager.fileExists(atPath: paths.certificate), fileManager.fileExists(atPath: paths.key) else {
-            throw CAError.missing("\(paths.certificate) and \(paths.key) not both present")
+        switch (fileManager.fileExists(atPath: paths.certificate), fileManager.fileExists(atPath: paths.key)) {
+        case (true, true):
+            break
+        case (false, false):
+            throw CAError.missing("neither \(paths.certificate) nor \(paths.key) exists")
+        case (true, false):
+            throw CAError.half(present: paths.certificate, absent: paths.key, stateDirectory: stateDirectory)
+        case (false, true):
+            throw CAError.half(present: paths.key, absent: paths.certificate, stateDirectory: stateDirectory)
         }
         do {
             let certificate = try Certificate(pem: String(contentsOfFile: paths.certificate, encoding: .utf8))
@@ -72,19 +95,76 @@ public final class LocalCA: Sendable {
         }
     }
 
-    /// Creates a new CA in `stateDirectory`; fails if one is already there.
+    /// Creates a new CA in `stateDirectory`; fails if one is already there (even half of one).
     public static func create(stateDirectory: String, commonName: String = "pingate local CA", now: Date = Date()) throws -> LocalCA {
+        try create(stateDirectory: stateDirectory, replacing: false, commonName: commonName, now: now).ca
+    }
+
+    /// Creates a new CA in `stateDirectory`. With `replacing`, the files already there
+    /// (a whole CA, or half of one) are first renamed to `NAME.bak-YYYYMMDDTHHMMSSZ`
+    /// rather than deleted: a key that clients trusted is never destroyed by a command.
+    /// Returns the CA and the backup paths.
+    public static func create(stateDirectory: String, replacing: Bool, commonName: String = "pingate local CA",
+                              now: Date = Date()) throws -> (ca: LocalCA, backups: [String]) {
         let paths = Paths(stateDirectory: stateDirectory)
-        if FileManager.default.fileExists(atPath: paths.certificate) || FileManager.default.fileExists(atPath: paths.key) {
+        let existing = [paths.certificate, paths.key].filter { FileManager.default.fileExists(atPath: $0) }
+        if !existing.isEmpty && !replacing {
             throw CAError.alreadyExists(stateDirectory)
         }
         try StateFiles.ensureDirectory(stateDirectory)
+        let stamp = backupStamp(now)
+        var backups: [String] = []
+        for path in existing {
+            var backup = "\(path).bak-\(stamp)"
+            var attempt = 1
+            while FileManager.default.fileExists(atPath: backup) {
+                attempt += 1
+                backup = "\(path).bak-\(stamp)-\(attempt)"
+            }
+            guard rename(path, backup) == 0 else {
+                throw CAError.unusable("cannot keep \(path) as \(backup): \(String(cString: strerror(errno)))")
+            }
+            backups.append(backup)
+        }
+        return (try writeNew(paths: paths, commonName: commonName, now: now), backups)
+    }
+
+    private static func writeNew(paths: Paths, commonName: String, now: Date) throws -> LocalCA {
         let key = try PrivateKey.generateP256()
         let certificate = try CertificateBuilder.selfSignedCA(commonName: commonName, key: key, validity: validity, now: now)
         // Key first: a certificate without its key is useless, the reverse is harmless.
         try StateFiles.writeAtomically(Array(try key.pkcs8PEM().utf8), to: paths.key, mode: 0o600)
         try StateFiles.writeAtomically(Array(try certificate.pemString().utf8), to: paths.certificate, mode: 0o644)
         return LocalCA(certificate: certificate, key: key)
+    }
+
+    /// A UTC timestamp for backup names, sortable and free of `:`.
+    static func backupStamp(_ date: Date) -> String {
+        let formatter = DateFormatter()
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        formatter.timeZone = TimeZone(identifier: "UTC")
+        formatter.dateFormat = "yyyyMMdd'T'HHmmss'Z'"
+        return formatter.string(from: date)
+    }
+
+    /// What makes the CA in `stateDirectory` reachable by other local users: `ca.key`
+    /// with any group or other permission bit, or a state directory that is not 0700.
+    /// Whoever can read the key can mint certificates every client of the gate trusts,
+    /// which is exactly the interception the gate exists to stop. Empty when all is well
+    /// (or when the files are not there: loading reports that).
+    public static func permissionProblems(stateDirectory: String) -> [String] {
+        let paths = Paths(stateDirectory: stateDirectory)
+        var problems: [String] = []
+        func mode(_ path: String) -> Int? {
+            (try? FileManager.default.attributesOfItem(atPath: path)[.posixPermissions] as? Int) ?? nil
+        }
+        if let keyMode = mode(paths.key), keyMode & 0o077 != 0 {
+            problems.append("\(paths.key) has mode \(String(keyMode, radix: 8)), open to group or others (chmod 600 \(paths.key))")
+        }
+        if let directoryMode = mode(stateDirectory), directoryMode & 0o777 != 0o700 {
+            problems.append("the state directory \(stateDirectory) has mode \(String(directoryMode, radix: 8)), not 700 (chmod 700 \(stateDirectory))")
+        }
+        return problems
     }
 
     /// Loads the CA in `stateDirectory`, creating it first if there is none.

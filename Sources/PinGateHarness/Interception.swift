@@ -36,6 +36,10 @@ public struct InterceptingDecisionPolicy: DecisionPolicy {
 
     /// False: the attacker relays bytes (its recorder reads them as they pass).
     public var inspectsRequests: Bool { false }
+
+    /// False: an interceptor dials whatever it is asked, loopback origins included (the
+    /// harness and the tests run it against origins on 127.0.0.1).
+    public var refusesInternalDestinations: Bool { false }
 }
 
 /// What an intercepting proxy read from a tunnel: the proof that interception worked.

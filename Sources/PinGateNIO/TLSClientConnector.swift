@@ -23,11 +23,13 @@ public enum TLSClientError: Error, Sendable, CustomStringConvertible {
     case handshakeFailed(String)
     /// The parent proxy did not open the tunnel.
     case parentProxy(ParentProxyError)
+    /// The destination's address is one the `DestinationGuard` refuses; nothing was dialled.
+    case destinationRefused(String)
 
     /// The failure in words.
     public var description: String {
         switch self {
-        case .timedOut(let detail), .unreachable(let detail), .handshakeFailed(let detail): return detail
+        case .timedOut(let detail), .unreachable(let detail), .handshakeFailed(let detail), .destinationRefused(let detail): return detail
         case .parentProxy(let error): return error.description
         }
     }
@@ -43,6 +45,13 @@ public struct TLSClientSettings: Sendable {
     public var parentProxy: ParentProxy?
     /// curl-style `--resolve` overrides (not applied through a parent, which resolves names itself).
     public var resolveOverrides: [ResolveOverride] = []
+    /// How long to wait, after a TLS 1.3 handshake in which the server asked for a client
+    /// certificate (none is sent), for the server to reject the empty answer; nil: not at
+    /// all. See `TLSHandler.init`.
+    public var certificateRequestWait: TimeAmount? = .seconds(1)
+    /// Where connections may lead (the gate's CONNECT destinations); nil: anywhere, names
+    /// resolved by NIO (the list fetcher, report URIs, the CLI).
+    public var destinationGuard: DestinationGuard?
 
     /// The defaults: 10 s connect, 10 s handshake, direct, no overrides.
     public init() {}
@@ -94,7 +103,8 @@ public struct TLSClientConnector: Sendable {
         }
         // The TLS connection is made here, on the loop, and handed to the initializer
         // that runs on the same loop.
-        let tls = NIOLoopBound(TLSHandler(connection: connection, handshakePromise: handshakePromise), eventLoop: eventLoop)
+        let tls = NIOLoopBound(TLSHandler(connection: connection, handshakePromise: handshakePromise,
+                                          certificateRequestWait: settings.certificateRequestWait), eventLoop: eventLoop)
         let parent = settings.parentProxy
         let target = Authority(host: host, port: port).description
         let bootstrap = ClientBootstrap(group: eventLoop)
@@ -117,6 +127,14 @@ public struct TLSClientConnector: Sendable {
             }
 
         let connected: EventLoopFuture<Channel>
+        let destinationGuard = settings.destinationGuard
+        if let destinationGuard, parent != nil || settings.resolveOverride(host: host, port: port) == nil,
+           let literal = DestinationAddress(text: host),
+           let refusal = destinationGuard.refusal(address: literal, port: port, fromDNS: false) {
+            // An IP literal is checked even when a parent proxy will dial it.
+            handshakePromise.fail(TLSClientError.destinationRefused(refusal))
+            return eventLoop.makeFailedFuture(TLSClientError.destinationRefused(refusal))
+        }
         if let parent {
             // The parent resolves names; --resolve overrides do not reach it.
             if IPAddressText.isIPLiteral(parent.host), let address = try? SocketAddress(ipAddress: parent.host, port: parent.port) {
@@ -125,12 +143,44 @@ public struct TLSClientConnector: Sendable {
                 connected = bootstrap.connect(host: parent.host, port: parent.port)
             }
         } else if let address = settings.resolveOverride(host: host, port: port) ?? (IPAddressText.isIPLiteral(host) ? host : nil) {
+            // A --resolve mapping is the operator's explicit choice: only the rules that
+            // hold for every source apply to it.
+            if let destinationGuard, let checked = DestinationAddress(text: address),
+               let refusal = destinationGuard.refusal(address: checked, port: port, fromDNS: false) {
+                handshakePromise.fail(TLSClientError.destinationRefused(refusal))
+                return eventLoop.makeFailedFuture(TLSClientError.destinationRefused(refusal))
+            }
             do {
                 connected = bootstrap.connect(to: try SocketAddress(ipAddress: address, port: port))
             } catch {
                 handshakePromise.fail(error)
                 return eventLoop.makeFailedFuture(TLSClientError.unreachable("bad address \(address): \(error)"))
             }
+        } else if let destinationGuard {
+            // Resolve once, check every answer, and dial only the addresses checked: a
+            // second lookup at connect time could answer differently (DNS rebinding).
+            // The bootstrap is not Sendable: everything after the lookup stays on this loop
+            // (the lookup's future completes on it).
+            // The lookup shares the connect timeout, as NIO's own resolver does.
+            let connectTimeout = settings.connectTimeout
+            connected = DestinationGuard.resolve(host: host, port: port, on: eventLoop, timeout: connectTimeout).flatMapError { error in
+                eventLoop.makeFailedFuture(TLSClientError.unreachable("\(error)"))
+            }.assumeIsolated().flatMap { addresses in
+                var refusals: [String] = []
+                let allowed = addresses.filter { address in
+                    guard let checked = DestinationAddress(address) else { return false }
+                    if let refusal = destinationGuard.refusal(address: checked, port: port, fromDNS: true) {
+                        refusals.append(refusal)
+                        return false
+                    }
+                    return true
+                }
+                guard !allowed.isEmpty else {
+                    return eventLoop.makeFailedFuture(TLSClientError.destinationRefused(
+                        "\(host) resolves only to refused destinations: \(refusals.joined(separator: "; "))"))
+                }
+                return Self.connectInTurn(bootstrap, to: allowed[...], on: eventLoop)
+            }.nonisolated()
         } else {
             connected = bootstrap.connect(host: host, port: port)
         }
@@ -154,7 +204,21 @@ public struct TLSClientConnector: Sendable {
         }
     }
 
+    /// Connects to the first of `addresses` that accepts, one after the other (each under
+    /// the bootstrap's connect timeout); fails with the last error.
+    private static func connectInTurn(_ bootstrap: ClientBootstrap, to addresses: ArraySlice<SocketAddress>,
+                                      on eventLoop: EventLoop) -> EventLoopFuture<Channel> {
+        guard let first = addresses.first else {
+            return eventLoop.makeFailedFuture(TLSClientError.unreachable("no address to connect to"))
+        }
+        let rest = addresses.dropFirst()
+        return bootstrap.connect(to: first).assumeIsolated().flatMapError { error in
+            rest.isEmpty ? eventLoop.makeFailedFuture(error) : connectInTurn(bootstrap, to: rest, on: eventLoop)
+        }.nonisolated()
+    }
+
     private static func classifyConnectError(_ error: Error) -> TLSClientError {
+        if let failure = error as? TLSClientError { return failure }
         if let channelError = error as? ChannelError, case .connectTimeout(let amount) = channelError {
             return .timedOut("TCP connect took longer than \(amount.nanoseconds / 1_000_000) ms")
         }
@@ -166,6 +230,8 @@ public struct TLSClientConnector: Sendable {
         case let failure as TLSClientError: return failure
         case let parent as ParentProxyError: return .parentProxy(parent)
         case TLSHandlerError.handshakeTimedOut: return .timedOut("TLS handshake took longer than \(timeout.nanoseconds / 1_000_000_000) s")
+        case TLSHandlerError.refusedAfterHandshake(let detail):
+            return .handshakeFailed("the server asked for a client certificate, which pingate does not send, and then refused the connection: \(detail)")
         default: return .handshakeFailed("\(error)")
         }
     }

@@ -9,6 +9,10 @@ public enum TLSHandlerError: Error, Equatable, Sendable {
     case handshakeTimedOut
     /// Someone decided, at the ClientHello pause, that this connection must not go on.
     case abandonedAtClientHello(String)
+    /// Client: the server asked for a certificate, the handshake completed without one
+    /// (TLS 1.3 lets the client finish first), and then the server ended the connection,
+    /// usually with a `certificate_required` alert; the detail is what it said.
+    case refusedAfterHandshake(String)
 }
 
 /// Drives a sans-IO `TLSConnection` inside a NIO pipeline: ciphertext from the socket
@@ -59,12 +63,26 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private var firedInputClosed = false
     private var producedPlaintext = false
     private var spareBuffer: ByteBuffer?
+    /// Client, TLS 1.3, certificate requested: the handshake is complete but its promise
+    /// waits for the server's verdict on the missing certificate (see `init`).
+    private var confirming: (summary: TLSPeerSummary, timer: Scheduled<Void>)?
+    private let certificateRequestWait: TimeAmount?
 
     /// Wraps `connection`; `handshakePromise` completes with the peer summary or the failure.
-    public init(connection: TLSConnection, handshakePromise: EventLoopPromise<TLSPeerSummary>?, clientHelloResponder: ClientHelloResponder? = nil) {
+    ///
+    /// `certificateRequestWait` (client only): when a TLS 1.3 server asked for a client
+    /// certificate, the client's handshake completes before the server has seen the
+    /// (empty) answer, and a server that insists says so only afterwards, with an alert.
+    /// The promise then waits up to this long for that verdict: it fails with
+    /// `TLSHandlerError.refusedAfterHandshake` on an alert or a close, and succeeds on a
+    /// NewSessionTicket or data (the server went on) or when the wait is over. Nil: the
+    /// promise completes with the handshake.
+    public init(connection: TLSConnection, handshakePromise: EventLoopPromise<TLSPeerSummary>?, clientHelloResponder: ClientHelloResponder? = nil,
+                certificateRequestWait: TimeAmount? = nil) {
         self.connection = connection
         self.handshakePromise = handshakePromise
         self.clientHelloResponder = clientHelloResponder
+        self.certificateRequestWait = certificateRequestWait
     }
 
     // MARK: inbound
@@ -97,6 +115,9 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
             switch state {
             case .handshaking, .pausedAtClientHello:
                 fail(context: context, error: TLSHandlerError.closedDuringHandshake)
+            case .active where confirming != nil:
+                fail(context: context, error: TLSHandlerError.refusedAfterHandshake(
+                    "the server closed the connection right after the handshake"))
             case .active, .closed:
                 // A TCP FIN without close_notify is a truncation; the relay treats it
                 // as end of input all the same, and says so only once.
@@ -108,7 +129,13 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     public func channelInactive(context: ChannelHandlerContext) {
-        if state != .active { handshakePromise?.fail(TLSHandlerError.closedDuringHandshake) }
+        if let pending = confirming {
+            pending.timer.cancel()
+            confirming = nil
+            handshakePromise?.fail(TLSHandlerError.refusedAfterHandshake("the server closed the connection right after the handshake"))
+        } else if state != .active {
+            handshakePromise?.fail(TLSHandlerError.closedDuringHandshake)
+        }
         handshakePromise = nil
         state = .closed
         failBufferedWrites(ChannelError.ioOnClosedChannel)
@@ -171,7 +198,11 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     /// sends whatever ciphertext that produced.
     private func advance(context: ChannelHandlerContext) {
         if state == .handshaking { runHandshake(context: context) }
-        if state == .active { readPlaintext(context: context) }
+        if state == .active {
+            readPlaintext(context: context)
+            // The server went on after the certificate request: it accepted the empty answer.
+            if confirming != nil && (connection.receivedSessionTicket || producedPlaintext) { confirmHandshake() }
+        }
         if writeCiphertext(context: context, promise: nil) { context.flush() }
     }
 
@@ -183,8 +214,15 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
             state = .active
             if writeCiphertext(context: context, promise: nil) { context.flush() }
             let summary = connection.peerSummary()
-            handshakePromise?.succeed(summary)
-            handshakePromise = nil
+            if let wait = certificateRequestWait, connection.role == .client, connection.serverRequestedCertificate,
+               summary.protocolVersion == "TLSv1.3" {
+                connection.watchForSessionTickets()
+                let timer = context.eventLoop.assumeIsolated().scheduleTask(in: wait) { self.confirmHandshake() }
+                confirming = (summary, timer)
+            } else {
+                handshakePromise?.succeed(summary)
+                handshakePromise = nil
+            }
             // Writes made during the handshake were meant to go as soon as it could.
             if flushWhenActive || !bufferedWrites.isEmpty {
                 flushWhenActive = false
@@ -334,9 +372,25 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
         for (_, promise) in pending { promise?.fail(error) }
     }
 
+    /// Ends the wait for the server's verdict on a certificate request: it went on.
+    private func confirmHandshake() {
+        guard let pending = confirming else { return }
+        confirming = nil
+        pending.timer.cancel()
+        handshakePromise?.succeed(pending.summary)
+        handshakePromise = nil
+    }
+
     private func fail(context: ChannelHandlerContext, error: Error) {
         guard state != .closed else { return }
         state = .closed
+        if let pending = confirming {
+            // What the server said after the handshake (its alert, in OpenSSL's words).
+            pending.timer.cancel()
+            confirming = nil
+            handshakePromise?.fail(TLSHandlerError.refusedAfterHandshake("\(error)"))
+            handshakePromise = nil
+        }
         handshakePromise?.fail(error)
         handshakePromise = nil
         failBufferedWrites(error)

@@ -130,6 +130,10 @@ public final class TLSConnection {
             guard pg_SSL_set_tlsext_host_name(ssl, host) == 1 else { throw OpenSSLError.drained("set SNI \(host)") }
             guard SSL_set1_host(ssl, host) == 1 else { throw OpenSSLError.drained("set expected host \(host)") }
         }
+        // The gate has no client certificate; the callback only records that the server
+        // asked for one, so the caller can wait for the server's verdict on the empty
+        // answer (in TLS 1.3 it comes after the client's handshake has completed).
+        SSL_set_cert_cb(ssl, TLSConnectionHooks.certificateCallback, nil)
         if let offer = options.alpnOffer, !offer.isEmpty {
             let wire = ALPNWire.encode(offer)
             // SSL_set_alpn_protos returns 0 on success, unlike most OpenSSL calls.
@@ -202,6 +206,22 @@ public final class TLSConnection {
     public func resumeAfterClientHello(preferredALPN: String?) {
         hooks.preferredALPN = preferredALPN
         hooks.pauseWhenPreferredALPNMissing = false
+    }
+
+    /// Client only: true when the server asked for a client certificate (a
+    /// CertificateRequest arrived). None was sent: the gate has none to give.
+    public var serverRequestedCertificate: Bool { hooks.certificateRequested }
+
+    /// Client only: true once a TLS 1.3 NewSessionTicket arrived after the handshake. A
+    /// server sends one only after it has read and accepted the client's Finished (and
+    /// its empty certificate), so it settles that a certificate request was not fatal.
+    /// Counted from `watchForSessionTickets()` on.
+    public var receivedSessionTicket: Bool { hooks.sessionTicketReceived }
+
+    /// Client only: from now on, notes NewSessionTicket messages (see
+    /// `receivedSessionTicket`). Off until asked: the callback runs for every record.
+    public func watchForSessionTickets() {
+        SSL_set_msg_callback(ssl, TLSConnectionHooks.messageCallback)
     }
 
     /// What the peer proved; meaningful once the handshake is complete.
@@ -280,6 +300,24 @@ final class TLSConnectionHooks {
     var pauseWhenPreferredALPNMissing = false
     var fallbackALPN: String?
     var offeredALPN: [String]?
+    var certificateRequested = false
+    var sessionTicketReceived = false
+
+    /// Client: called when the server sent a CertificateRequest; goes on with no certificate.
+    static let certificateCallback: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Int32 = { ssl, _ in
+        TLSConnectionHooks.hooks(ssl)?.certificateRequested = true
+        return 1
+    }
+
+    /// Client, after the handshake: notes a NewSessionTicket (handshake message type 4).
+    static let messageCallback: @convention(c) (
+        Int32, Int32, Int32, UnsafeRawPointer?, Int, OpaquePointer?, UnsafeMutableRawPointer?
+    ) -> Void = { writing, _, contentType, buffer, length, ssl, _ in
+        // 22 = handshake (RFC 8446 §5.1); its first byte is the message type.
+        guard writing == 0, contentType == 22, let buffer, length > 0,
+              buffer.load(as: UInt8.self) == 4 else { return }
+        TLSConnectionHooks.hooks(ssl)?.sessionTicketReceived = true
+    }
 
     private static func hooks(_ ssl: OpaquePointer?) -> TLSConnectionHooks? {
         guard let ssl, let raw = pg_SSL_get_app_data(ssl) else { return nil }

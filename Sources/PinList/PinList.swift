@@ -83,6 +83,19 @@ public struct PinList: Sendable {
         entries.filter { $0.isUnexpired(at: now) }.map(\.expires).min()
     }
 
+    /// Why this list cannot be used at `now` although it verified: a v2 list past its
+    /// `expiresAt`, or every pin past its own expiry. Nil while it is usable (and for a
+    /// list with no entries at all, which never held a pin to expire). The gate
+    /// refuses with `list-expired` and says this, rather than a vaguer "no list".
+    public func expiryReason(at now: Date) -> String? {
+        let stamp = ISO8601DateFormatter()
+        if let expiresAt = metadata.expiresAt, now >= expiresAt {
+            return "the fingerprint list from \(source) expired at \(stamp.string(from: expiresAt))"
+        }
+        guard !entries.contains(where: { $0.isUnexpired(at: now) }), let last = entries.map(\.expires).max() else { return nil }
+        return "every pin in the fingerprint list from \(source) has expired (the last at \(stamp.string(from: last)))"
+    }
+
     /// True when some pin is unexpired at `now` and the list itself is fresh.
     public func hasUnexpiredEntries(at now: Date) -> Bool {
         isFresh(at: now) && entries.contains { $0.isUnexpired(at: now) }

@@ -20,13 +20,18 @@ struct CACommand: ParsableCommand {
     /// `pingate ca init`.
     struct Init: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Create ca.pem and ca.key (mode 0600) in the state directory; refuses to overwrite.")
+            abstract: "Create ca.pem and ca.key (mode 0600) in the state directory; refuses to overwrite unless --force.")
 
         @OptionGroup var state: StateDirectoryOption
 
+        @Flag(name: .long, help: "Replace an existing (or half-present) CA; the old files are kept as NAME.bak-YYYYMMDDTHHMMSSZ.")
+        var force = false
+
         func run() throws {
-            let ca = try LocalCA.create(stateDirectory: state.path)
+            let (ca, backups) = try LocalCA.create(stateDirectory: state.path, replacing: force)
             let paths = LocalCA.Paths(stateDirectory: state.path)
+            for backup in backups { print("kept the old file as \(backup)") }
+            if !backups.isEmpty { print("clients that trusted the old CA must trust the new ca.pem") }
             print("created \(paths.certificate) and \(paths.key)")
             print("subject: \(ca.certificate.subjectDescription)")
             print("sha256:  \(ca.certificate.sha256Fingerprint)")

@@ -12,7 +12,7 @@ import PinGateNIO
 /// state-dir: ./state
 /// pins:
 ///   source: pins.json            # or https://lists.example.com/pins.json
-///   keys: [signer.pub.pem]
+///   keys: [signer.pub.pem]       # files, or Wultra's base64 X9.63 key inline (88 characters)
 ///   format: auto                 # wultra-static | wultra-dynamic | pingate-v2
 ///   app-name: myapp              # wultra-dynamic: ?appName=
 ///   server-ca: [lists-ca.pem]    # roots for the list server (default: system)
@@ -25,6 +25,7 @@ import PinGateNIO
 /// upstream-ca: [origin-ca.pem]
 /// resolve: ["api.example.test:8443:127.0.0.1"]
 /// pins-only: []
+/// allow-private-destinations: false   # DNS answers that are loopback/private/link-local/CGNAT/IPv4-mapped are refused
 /// opaque-hosts: []               # relayed as bytes, not read as HTTP (non-HTTP TLS protocols)
 /// upstream-proxy: http://proxy.corp:3128    # parent proxy; pins still apply end to end
 /// report-uris: [https://reports.example.com/pins]   # TrustKit-style pin-failure reports
@@ -32,6 +33,7 @@ import PinGateNIO
 /// admin:
 ///   listen: 127.0.0.1:9090       # or "off"; a non-loopback address needs a token
 ///   token-file: admin.token      # bearer token for POST /pins/update (or `token: …` inline)
+///   allowed-hosts: []            # Host names answered besides the listen host and localhost forms; * = any
 /// decision-log: stderr           # JSON line per CONNECT: stderr, a file path, or off
 /// request-log: requests.jsonl    # JSON line per HTTP request in a tunnel: stderr, a file path, or off (default)
 /// request-log-query: false       # keep query strings in logged paths (default: cut at the first ?)
@@ -40,6 +42,7 @@ import PinGateNIO
 /// client-handshake-timeout-seconds: 10
 /// drain-timeout-seconds: 30     # on SIGTERM/SIGINT: how long open tunnels may finish
 /// log-level: info
+/// strict-permissions: true       # refuse to start if ca.key or the state directory is open to others
 /// ```
 struct ConfigFile: Decodable {
     struct Pins: Decodable {
@@ -71,10 +74,12 @@ struct ConfigFile: Decodable {
         var listen: String?
         var token: String?
         var tokenFile: String?
+        var allowedHosts: [String]?
 
         enum CodingKeys: String, CodingKey {
             case listen, token
             case tokenFile = "token-file"
+            case allowedHosts = "allowed-hosts"
         }
     }
 
@@ -98,6 +103,8 @@ struct ConfigFile: Decodable {
     var drainTimeoutSeconds: Int?
     var upstreamTimeoutSeconds: Int?
     var logLevel: String?
+    var strictPermissions: Bool?
+    var allowPrivateDestinations: Bool?
 
     enum CodingKeys: String, CodingKey {
         case listen, admin
@@ -119,6 +126,8 @@ struct ConfigFile: Decodable {
         case drainTimeoutSeconds = "drain-timeout-seconds"
         case upstreamTimeoutSeconds = "upstream-timeout-seconds"
         case logLevel = "log-level"
+        case strictPermissions = "strict-permissions"
+        case allowPrivateDestinations = "allow-private-destinations"
     }
 
     /// Loads `path`, resolving relative paths in it against its directory.
@@ -140,7 +149,7 @@ struct ConfigFile: Decodable {
         file.stateDir = file.stateDir.map(resolve)
         if var pins = file.pins {
             pins.source = pins.source.map { $0.lowercased().hasPrefix("https://") ? $0 : resolve($0) }
-            pins.keys = pins.keys?.map(resolve)
+            pins.keys = pins.keys?.map { PathText.resolveKey($0, against: base) }
             pins.serverCA = pins.serverCA?.map(resolve)
             pins.fallback = pins.fallback.map(resolve)
             file.pins = pins
@@ -169,6 +178,12 @@ enum PathText {
             joined = (FileManager.default.currentDirectoryPath as NSString).appendingPathComponent(joined)
         }
         return (joined as NSString).standardizingPath
+    }
+
+    /// A `--pins-key` / `keys:` value: an inline Wultra base64 key stays as it is (it may
+    /// hold `/`, which is no path separator there); anything else is a path, resolved.
+    static func resolveKey(_ value: String, against base: String = "") -> String {
+        PinListFile.isInlineKey(value) ? value.trimmingCharacters(in: .whitespacesAndNewlines) : resolve(value, against: base)
     }
 
     /// A `--pins-format` / `format:` value: `auto` (nil, detect) or a format name.

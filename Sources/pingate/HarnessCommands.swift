@@ -120,7 +120,7 @@ struct HarnessCommand: AsyncParsableCommand {
         HarnessCommand.bootstrapQuietLogging()
         guard let url = URL(string: target) else { throw ValidationError("--target is not a URL") }
         let path = PathText.resolve(pins)
-        let keys = try PinListFile.loadKeys(pinsKey.map { PathText.resolve($0) })
+        let keys = try PinListFile.loadKeys(pinsKey.map { PathText.resolveKey($0) })
         let list = try SignedListDocument.read(file: path).verify(keys: keys)
         var configuration = HarnessConfiguration(target: url, list: list)
         configuration.resolve = try resolve.map(ResolveOverride.init(parsing:))

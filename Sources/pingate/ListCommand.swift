@@ -34,6 +34,15 @@ struct ListCommand: ParsableCommand {
         @Option(name: .long, help: "wultra-dynamic: the X-Cert-Pinning-Signature header.")
         var signature: String?
 
+        /// `--key` values (files or inline keys) loaded, or a `ConfigurationError` naming the key at fault.
+        static func keys(_ values: [String]) throws -> [PublicKey] {
+            do {
+                return try PinListFile.loadKeys(values.map { PathText.resolveKey($0) })
+            } catch {
+                throw ConfigurationError("\(error)")
+            }
+        }
+
         func run() throws {
             let path = PathText.resolve(file)
             // A challenge means the dynamic format unless one was named.
@@ -41,9 +50,11 @@ struct ListCommand: ParsableCommand {
             var document = try SignedListDocument.read(file: path, format: listFormat)
             document.challenge = challenge
             document.signature = signature
+            // Keys first, on their own: a bad key is the key's fault, not the list's.
+            let keys = try Self.keys(key)
             let list: PinList
             do {
-                list = try document.verify(keys: PinListFile.loadKeys(key.map { PathText.resolve($0) }))
+                list = try document.verify(keys: keys)
             } catch {
                 throw ConfigurationError("\(path) does not verify: \(error)")
             }
@@ -66,9 +77,10 @@ struct ListCommand: ParsableCommand {
         func run() throws {
             let state = PathText.resolve(stateDir ?? PathText.defaultStateDirectory)
             let persistence = PinListPersistence(stateDirectory: state)
+            let keys = try Verify.keys(key)
             let loaded: (SignedListDocument, PinList)?
             do {
-                loaded = try persistence.load(keys: PinListFile.loadKeys(key.map { PathText.resolve($0) }))
+                loaded = try persistence.load(keys: keys)
             } catch {
                 throw ConfigurationError("the persisted list \(persistence.path) does not verify: \(error)")
             }

@@ -18,9 +18,12 @@ struct RunCommand: AsyncParsableCommand {
         commandName: "run",
         abstract: "Run the gate: listen for CONNECT and relay only to pinned servers.",
         discussion: """
-        With no list (or a list with no unexpired entry for a host) every CONNECT is refused with
-        403 and Pingate-Refusal: empty: the gate fails closed. A list that does not verify stops
-        start-up with a non-zero exit. The local CA is created in the state directory on first run.
+        A host with no unexpired pin (or every host, when no list is configured) is refused with
+        403 and Pingate-Refusal: empty. A list whose pins have all expired (or a v2 list past its
+        expiresAt) is warned about at start-up and on /ready, and every CONNECT is refused with
+        503 and Pingate-Refusal: list-expired: the gate fails closed. A list that does not verify
+        stops start-up with a non-zero exit. The local CA is created in the state directory on
+        first run.
         """
     )
 
@@ -39,7 +42,9 @@ struct RunCommand: AsyncParsableCommand {
     @Option(name: .long, help: "List format: auto (Wultra static or pingate v2), wultra-static, wultra-dynamic, pingate-v2.")
     var pinsFormat: String?
 
-    @Option(name: .long, help: "Public key verifying the list: PEM SubjectPublicKeyInfo or base64 X9.63. Repeatable.")
+    @Option(name: .long, help: ArgumentHelp(
+        "Public key verifying the list: a file (PEM SubjectPublicKeyInfo or base64 X9.63), or Wultra's base64 X9.63 key inline. Repeatable.",
+        discussion: "A value that is 88 base64 characters decoding to a 65-byte point starting 04 is the key itself; anything else is a file path."))
     var pinsKey: [String] = []
 
     @Option(name: .long, help: "PEM file of roots that upstream chains must reach (default: the system store). Repeatable.")
@@ -56,6 +61,11 @@ struct RunCommand: AsyncParsableCommand {
         discussion: "Every other tunnel's requests are bound to the pinned host: another authority gets 421."))
     var opaqueHost: [String] = []
 
+    @Flag(name: .long, inversion: .prefixedNo, help: ArgumentHelp(
+        "Allow CONNECTs to names whose DNS answer is loopback, private, link-local, CGNAT or IPv4-mapped (default: refused).",
+        discussion: "--resolve mappings may point anywhere but the gate itself and unspecified, multicast or broadcast addresses."))
+    var allowPrivateDestinations: Bool?
+
     @Option(name: .long, help: "https:// URL that pin-failure reports (TrustKit JSON) are POSTed to. Repeatable.")
     var reportUri: [String] = []
 
@@ -64,6 +74,11 @@ struct RunCommand: AsyncParsableCommand {
 
     @Option(name: .long, help: "Admin endpoint HOST:PORT (default 127.0.0.1:9090), or off.")
     var adminListen: String?
+
+    @Option(name: .long, parsing: .upToNextOption, help: ArgumentHelp(
+        "Host names the admin endpoint answers besides its listen host, localhost, 127.0.0.1 and [::1] (with its port); * for any.",
+        discussion: "Any other Host header gets 421: a web page cannot read the endpoint through DNS rebinding."))
+    var adminAllowedHosts: [String] = []
 
     @Option(name: .long, help: "File holding the bearer token for POST /pins/update (required for a non-loopback admin address).")
     var adminTokenFile: String?
@@ -79,6 +94,11 @@ struct RunCommand: AsyncParsableCommand {
 
     @Option(name: .long, help: "Seconds a client has, after the 200, to finish its TLS handshake with the gate (default 10); then both legs are closed.")
     var clientHandshakeTimeout: Int?
+
+    @Flag(name: .long, inversion: .prefixedNo, help: ArgumentHelp(
+        "Refuse to start when ca.key is open to group or others, or the state directory is not 0700 (default: on).",
+        discussion: "--no-strict-permissions (config strict-permissions: false) starts anyway, with a warning."))
+    var strictPermissions: Bool?
 
     @Option(name: .long, help: "Log level: trace, debug, info, notice, warning, error.")
     var logLevel: String?
@@ -109,6 +129,18 @@ struct RunCommand: AsyncParsableCommand {
         }
 
         let (ca, created) = try LocalCA.loadOrCreate(stateDirectory: stateDirectory)
+        let exposed = LocalCA.permissionProblems(stateDirectory: stateDirectory)
+        if !exposed.isEmpty {
+            // Strict by default: whoever reads ca.key can mint leaves every client of the
+            // gate trusts, i.e. intercept exactly the traffic the gate protects.
+            guard !(strictPermissions ?? file?.strictPermissions ?? true) else {
+                throw ConfigurationError("refusing to start: \(LocalCA.CAError.insecurePermissions(exposed)) "
+                                         + "(or run with --no-strict-permissions to start with a warning)")
+            }
+            logger.warning("the local CA is exposed; starting anyway (--no-strict-permissions)", metadata: [
+                "problems": "\(exposed.joined(separator: "; "))",
+            ])
+        }
         logger.info(created ? "created local CA" : "loaded local CA", metadata: [
             "certificate": "\(LocalCA.Paths(stateDirectory: stateDirectory).certificate)",
             "subject": "\(ca.certificate.subjectDescription)",
@@ -124,6 +156,7 @@ struct RunCommand: AsyncParsableCommand {
             } else if let token = file?.admin?.token, !token.isEmpty {
                 adminConfiguration.token = token
             }
+            adminConfiguration.allowedHosts = adminAllowedHosts.isEmpty ? (file?.admin?.allowedHosts ?? []) : adminAllowedHosts
             try adminConfiguration.validate()
             admin = adminConfiguration
         }
@@ -186,6 +219,7 @@ struct RunCommand: AsyncParsableCommand {
         configuration.upstreamTrust = roots.isEmpty ? .system : .pemFiles(roots)
         configuration.resolveOverrides = try (resolve.isEmpty ? (file?.resolve ?? []) : resolve).map(ResolveOverride.init(parsing:))
         configuration.pinsOnlyHosts = Set(pinsOnly.isEmpty ? (file?.pinsOnly ?? []) : pinsOnly)
+        configuration.allowPrivateDestinations = allowPrivateDestinations ?? file?.allowPrivateDestinations ?? false
         configuration.opaqueHosts = Set((opaqueHost.isEmpty ? (file?.opaqueHosts ?? []) : opaqueHost).map(HostName.normalize))
         configuration.reportURIs = try (reportUri.isEmpty ? (file?.reportURIs ?? []) : reportUri).map { text in
             guard text.lowercased().hasPrefix("https://"), let url = URL(string: text) else {
@@ -223,7 +257,7 @@ struct RunCommand: AsyncParsableCommand {
         guard let sourceText = pins.map({ $0.lowercased().hasPrefix("https://") ? $0 : PathText.resolve($0) }) ?? section?.source else {
             return nil
         }
-        let keyPaths = pinsKey.isEmpty ? (section?.keys ?? []) : pinsKey.map { PathText.resolve($0) }
+        let keyPaths = pinsKey.isEmpty ? (section?.keys ?? []) : pinsKey.map { PathText.resolveKey($0) }
         let keys: [PublicKey]
         do {
             keys = try PinListFile.loadKeys(keyPaths)

@@ -143,6 +143,20 @@ struct AdminEndpointTests {
         #expect(!AdminRoute.bearerMatches("abc", token: "abc"))
     }
 
+    @Test("the Host policy: the listen host and loopback names with the bound port, the allowed extras, nothing else")
+    func hostPolicy() {
+        let policy = AdminHostPolicy(listenHost: "127.0.0.1", port: 9090, allowed: ["Status.Example"])
+        for ok in ["127.0.0.1:9090", "localhost:9090", "[::1]:9090", "status.example:9090", "LocalHost.:9090"] {
+            #expect(policy.allows(ok), "\(ok)")
+        }
+        for refused in [nil, "", "evil.example:9090", "localhost:9091", "localhost", "::1:9090", "[::1", "localhost:x",
+                        "127.0.0.1:9090:1", "status.example.evil:9090"] {
+            #expect(!policy.allows(refused), "\(refused ?? "nil")")
+        }
+        #expect(AdminHostPolicy(listenHost: "::1", port: 80).allows("[::1]"))
+        #expect(AdminHostPolicy(listenHost: "127.0.0.1", port: 1, allowed: ["*"]).allows("anything"))
+    }
+
     /// Parses stdin with prometheus_client's own text parser; prints `name{labels} value`.
     static let prometheusCheck = """
     import sys

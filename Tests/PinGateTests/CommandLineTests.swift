@@ -233,9 +233,20 @@ final class RunningGate: Sendable {
         return log.errText
     }
 
+    /// Everything the gate has logged so far.
+    var logText: String { log.errText }
+
+    /// The admin endpoint's port, from its "admin endpoint listening" line.
+    var adminPort: Int? { Self.port(in: log.errText, line: "admin endpoint listening") }
+
     /// The port from "address=HOST:PORT … pingate listening".
     static func listeningPort(in text: String) -> Int? {
-        for line in text.split(whereSeparator: \.isNewline) where line.contains("pingate listening") {
+        port(in: text, line: "pingate listening")
+    }
+
+    /// The port of the `address=` on the first line containing `marker`.
+    static func port(in text: String, line marker: String) -> Int? {
+        for line in text.split(whereSeparator: \.isNewline) where line.contains(marker) {
             guard let range = line.range(of: "address=") else { continue }
             let address = line[range.upperBound...].prefix { $0 != " " }
             return address.split(separator: ":").last.flatMap { Int($0) }

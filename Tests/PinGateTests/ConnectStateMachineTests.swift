@@ -115,6 +115,20 @@ struct ConnectStateMachineTests {
         #expect(never.listWaitEnded(.unavailable("timeout")) == .refuse(.listUnavailable("timeout"), request: Self.request, upstream: nil))
     }
 
+    @Test("a list in force that has expired as a whole: 503 list-expired at once, or after a wait that brought none")
+    func expiredList() {
+        var atOnce = Machine(maximumHeadBytes: 1024)
+        _ = atOnce.bytesReceived(Self.head)
+        #expect(atOnce.checkedList(.expired("all pins expired")) == .refuse(.listExpired("all pins expired"), request: Self.request, upstream: nil))
+        #expect(Refusal.listExpired("x").status == 503)
+        #expect(Refusal.listExpired("x").reason == .listExpired)
+
+        var afterWait = Machine(maximumHeadBytes: 1024)
+        _ = afterWait.bytesReceived(Self.head)
+        _ = afterWait.checkedList(.updating)
+        #expect(afterWait.listWaitEnded(.expired("stale")) == .refuse(.listExpired("stale"), request: Self.request, upstream: nil))
+    }
+
     @Test("a client that leaves while the list is awaited: the late answer does nothing")
     func leavesWhileWaitingForTheList() {
         var machine = Machine(maximumHeadBytes: 1024)

@@ -134,9 +134,19 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     // MARK: list and upstream
 
     private func listReadiness(for request: ConnectRequest) -> ConnectStateMachine<UpstreamConnection>.ListReadiness {
+        let now = environment.now()
+        if let expired = environment.store.list?.expiryReason(at: now) {
+            // A list that verified but has expired as a whole is refused at once, saying
+            // so: waiting would only delay the same answer, and "unavailable" would send
+            // the operator looking at the network instead of at the list's dates. A
+            // re-read or re-fetch is still asked for, so a list replaced meanwhile is in
+            // force for the next CONNECT.
+            environment.updater?.requestDirectUpdate()
+            return .expired(expired)
+        }
         // Direct mode: with a list source configured and nothing usable in force, the
         // CONNECT waits (bounded) for the update that is fetching one.
-        if environment.updater != nil, !environment.store.isUsable(at: environment.now()) { return .updating }
+        if environment.updater != nil, !environment.store.isUsable(at: now) { return .updating }
         return .usable(refusal: refusalBeforeConnecting(request))
     }
 
@@ -153,6 +163,8 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                 let outcome: ConnectStateMachine<UpstreamConnection>.ListWaitOutcome
                 if self.environment.store.isUsable(at: self.environment.now()) {
                     outcome = .usable(refusal: self.refusalBeforeConnecting(request))
+                } else if let expired = self.environment.store.list?.expiryReason(at: self.environment.now()) {
+                    outcome = .expired(expired)
                 } else {
                     outcome = .unavailable(self.environment.store.status.lastResult ?? "no list fetched yet")
                 }

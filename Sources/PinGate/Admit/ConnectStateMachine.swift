@@ -47,6 +47,8 @@ struct ConnectStateMachine<Upstream: Equatable> {
         case usable(refusal: Verdict?)
         /// Nothing usable is in force and an update is fetching one.
         case updating
+        /// The list in force verified but has expired as a whole; `detail` says when.
+        case expired(String)
     }
 
     /// How a bounded wait for a list ended.
@@ -55,6 +57,8 @@ struct ConnectStateMachine<Upstream: Equatable> {
         case usable(refusal: Verdict?)
         /// None arrived in time; `detail` says what the last update did.
         case unavailable(String)
+        /// What is in force after the wait is a list that has expired as a whole.
+        case expired(String)
     }
 
     /// Why an admitted connection is being closed before its tunnel was joined.
@@ -203,6 +207,9 @@ struct ConnectStateMachine<Upstream: Equatable> {
         case .updating:
             state = .waitingForList(request, early: early)
             return .waitForList
+        case .expired(let detail):
+            state = .closed
+            return .refuse(.listExpired(detail), request: request, upstream: nil)
         case .usable(let refusal):
             return decide(request, early: early, refusal: refusal)
         }
@@ -215,6 +222,9 @@ struct ConnectStateMachine<Upstream: Equatable> {
         case .unavailable(let detail):
             state = .closed
             return .refuse(.listUnavailable(detail), request: request, upstream: nil)
+        case .expired(let detail):
+            state = .closed
+            return .refuse(.listExpired(detail), request: request, upstream: nil)
         case .usable(let refusal):
             return decide(request, early: early, refusal: refusal)
         }

@@ -26,6 +26,16 @@ public protocol DecisionPolicy: Sendable {
     /// request (the pinning gate); false for a byte relay (the harness's attacker, which
     /// records what it reads instead).
     var inspectsRequests: Bool { get }
+
+    /// True when DNS answers that are internal addresses (loopback, private, link-local,
+    /// CGNAT, IPv4-mapped) are refused unless the configuration allows them. The gate
+    /// protects the network it runs in; the harness's attacker dials what it is asked.
+    var refusesInternalDestinations: Bool { get }
+}
+
+extension DecisionPolicy {
+    /// The gate's rule by default.
+    public var refusesInternalDestinations: Bool { true }
 }
 
 /// The gate's own policy: a host with no unexpired pin is refused before any connection

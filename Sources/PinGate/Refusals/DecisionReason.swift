@@ -30,8 +30,14 @@ public enum DecisionReason: String, Sendable, Hashable, CaseIterable, Codable {
     case upstreamUnreachable = "upstream-unreachable"
     /// The upstream's TLS handshake failed (502).
     case upstreamTLSFailed = "upstream-tls-failed"
+    /// The destination's address is never to be dialled (the gate itself; unspecified,
+    /// multicast, broadcast) or is internal and came from DNS (403); nothing was dialled.
+    case destinationNotAllowed = "destination-not-allowed"
     /// No usable list is in force (503).
     case listUnavailable = "list-unavailable"
+    /// A verified list is in force but it has expired: every pin is past its expiry, or a
+    /// v2 list is past its `expiresAt` (503). Fail closed, and say why.
+    case listExpired = "list-expired"
     /// The gate itself failed (500).
     case internalError = "internal-error"
     /// A request inside an admitted tunnel named a host the tunnel's pins do not cover

@@ -13,8 +13,12 @@ public enum Refusal: Sendable, Equatable {
     case upstreamUnreachable(String)
     /// The upstream TLS handshake failed (502).
     case upstreamHandshakeFailed(String)
+    /// The destination address is one the gate does not dial (403).
+    case destinationNotAllowed(String)
     /// No usable fingerprint list is in force and none arrived in time (503).
     case listUnavailable(String)
+    /// The list in force verified but has expired as a whole (503); the detail says when.
+    case listExpired(String)
     /// The gate itself failed, e.g. could not mint a leaf (500).
     case internalError(String)
 
@@ -25,6 +29,7 @@ public enum Refusal: Sendable, Equatable {
         case .unreachable(let detail): self = .upstreamUnreachable(detail)
         case .handshakeFailed(let detail): self = .upstreamHandshakeFailed(detail)
         case .parentProxy(let error): self = .upstreamUnreachable(error.description)
+        case .destinationRefused(let detail): self = .destinationNotAllowed(detail)
         }
     }
 
@@ -32,11 +37,11 @@ public enum Refusal: Sendable, Equatable {
     public var status: Int {
         switch self {
         case .head(let rejection): return rejection.status
-        case .verdict(.empty): return 403
+        case .verdict(.empty), .destinationNotAllowed: return 403
         case .verdict: return 502
         case .upstreamTimeout: return 504
         case .upstreamUnreachable, .upstreamHandshakeFailed: return 502
-        case .listUnavailable: return 503
+        case .listUnavailable, .listExpired: return 503
         case .internalError: return 500
         }
     }
@@ -49,7 +54,9 @@ public enum Refusal: Sendable, Equatable {
         case .upstreamTimeout: return .upstreamTimeout
         case .upstreamUnreachable: return .upstreamUnreachable
         case .upstreamHandshakeFailed: return .upstreamTLSFailed
+        case .destinationNotAllowed: return .destinationNotAllowed
         case .listUnavailable: return .listUnavailable
+        case .listExpired: return .listExpired
         case .internalError: return .internalError
         }
     }
@@ -81,8 +88,12 @@ public enum Refusal: Sendable, Equatable {
             return "\(host):\(port) could not be reached: \(detail)."
         case .upstreamHandshakeFailed(let detail):
             return "the TLS handshake with \(host):\(port) failed: \(detail). Nothing was forwarded."
+        case .destinationNotAllowed(let detail):
+            return "pingate does not connect \(host):\(port) there: \(detail). Nothing was dialled."
         case .listUnavailable(let detail):
             return "pingate has no usable fingerprint list (\(detail)), so it refuses everything until one is fetched and verified. Nothing was forwarded."
+        case .listExpired(let detail):
+            return "\(detail), so pingate refuses every host until a list with unexpired pins is signed and put in force (re-read on SIGHUP and on the update schedule). Nothing was forwarded."
         case .internalError(let detail):
             return "pingate failed internally: \(detail)."
         }

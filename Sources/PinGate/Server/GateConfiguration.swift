@@ -38,6 +38,11 @@ public struct GateConfiguration: Sendable {
     /// On a graceful shutdown (SIGTERM, SIGINT), how long open connections may take to
     /// finish after the listener closed; whatever is still open then is closed.
     public var drainTimeout: TimeAmount = .seconds(30)
+    /// Whether CONNECT destinations whose address came from DNS may be loopback, private,
+    /// link-local, CGNAT or IPv4-mapped (off: refused as `destination-not-allowed`).
+    /// `--resolve` mappings and IP literals are not affected; the gate's own addresses and
+    /// unspecified, multicast and broadcast addresses are refused whatever this says.
+    public var allowPrivateDestinations = false
     /// A parent HTTP proxy that upstream connections go through (CONNECT), as in
     /// corporate networks. The pin check still applies end to end.
     public var upstreamProxy: ParentProxy?

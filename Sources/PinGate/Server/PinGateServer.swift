@@ -37,6 +37,8 @@ public final class PinGateServer: Service, Sendable {
     public let updater: PinListUpdater?
     /// The pin-failure reporter, when report URIs are configured.
     let reporter: ViolationReporter?
+    /// Where CONNECTs may lead; other listeners of the gate (the admin endpoint) register here.
+    let destinationGuard: DestinationGuard
     /// The request log (off unless `configuration.requestLog` says where); flushed when
     /// the gate has shut down.
     public let requestLog: RequestLog
@@ -55,7 +57,7 @@ public final class PinGateServer: Service, Sendable {
 
     private init(configuration: GateConfiguration, store: PinListStore, statistics: GateStatistics, refusals: RefusalLog,
                  ca: LocalCA, minter: LeafMinter, updater: PinListUpdater?, reporter: ViolationReporter?,
-                 requestLog: RequestLog, group: MultiThreadedEventLoopGroup, listener: Channel, connections: ConnectionTracker, logger: Logger,
+                 destinationGuard: DestinationGuard, requestLog: RequestLog, group: MultiThreadedEventLoopGroup, listener: Channel, connections: ConnectionTracker, logger: Logger,
                  startedAt: Date) {
         self.configuration = configuration
         self.store = store
@@ -66,6 +68,7 @@ public final class PinGateServer: Service, Sendable {
         self.minter = minter
         self.updater = updater
         self.reporter = reporter
+        self.destinationGuard = destinationGuard
         self.requestLog = requestLog
         self.group = group
         self.listener = listener
@@ -102,9 +105,15 @@ public final class PinGateServer: Service, Sendable {
         let refusals = RefusalLog(capacity: refusalLogCapacity)
         let minter = try LeafMinter(ca: ca)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: max(1, configuration.eventLoopThreads))
-        let connector = UpstreamConnector(client: TLSClientConnector(
-            settings: configuration.upstreamClientSettings, context: upstreamContext, onConnected: { statistics.upstreamConnectionOpened() }))
         let policy = decisionPolicy ?? PinningDecisionPolicy(pinsOnlyHosts: configuration.pinsOnlyHosts)
+        // Only CONNECT destinations are guarded: the list server and report collectors are
+        // the operator's own configuration.
+        let destinationGuard = DestinationGuard(
+            allowPrivate: configuration.allowPrivateDestinations || !policy.refusesInternalDestinations)
+        var upstreamSettings = configuration.upstreamClientSettings
+        upstreamSettings.destinationGuard = destinationGuard
+        let connector = UpstreamConnector(client: TLSClientConnector(
+            settings: upstreamSettings, context: upstreamContext, onConnected: { statistics.upstreamConnectionOpened() }))
         let tunnels = TunnelRegistry()
         let connections = ConnectionTracker()
         var updater: PinListUpdater?
@@ -158,13 +167,25 @@ public final class PinGateServer: Service, Sendable {
                 }
                 .bind(host: configuration.listenHost, port: configuration.listenPort)
                 .get()
+            // Before the first CONNECT can arrive is too late (the listener is open), but
+            // this runs before the gate is announced; a CONNECT in between to the gate
+            // itself would fail on its own, by the head timeout, not loop.
+            if let bound = listener.localAddress { destinationGuard.addOwnListener(bound) }
+            if let expired = store.list?.expiryReason(at: now()) {
+                // The list verified, so nothing stopped start-up; but a gate that will
+                // refuse everything should say so where the operator is looking.
+                logger.warning("the fingerprint list in force has expired: every CONNECT will be refused (503 list-expired)", metadata: [
+                    "detail": "\(expired)",
+                ])
+            }
             logger.info("pingate listening", metadata: [
                 "address": "\(configuration.listenHost):\(listener.localAddress?.port ?? 0)",
                 "openssl": "\(OpenSSLVersion.text)",
                 "nghttp2": "\(Self.nghttp2Version)",
             ])
             return PinGateServer(configuration: configuration, store: store, statistics: statistics, refusals: refusals,
-                                 ca: ca, minter: minter, updater: updater, reporter: reporter, requestLog: requestLog,
+                                 ca: ca, minter: minter, updater: updater, reporter: reporter, destinationGuard: destinationGuard,
+                                 requestLog: requestLog,
                                  group: group, listener: listener,
                                  connections: connections, logger: logger, startedAt: now())
         } catch {
@@ -172,6 +193,12 @@ public final class PinGateServer: Service, Sendable {
             try? await group.shutdownGracefully()
             throw error
         }
+    }
+
+    /// Records another listener of this gate (its admin endpoint): CONNECTs to it are
+    /// refused as `destination-not-allowed` instead of looping.
+    public func addOwnListener(_ address: SocketAddress) {
+        destinationGuard.addOwnListener(address)
     }
 
     /// The bound address (its port is the real one when 0 was asked for).
