@@ -60,10 +60,12 @@ enum RequestAwareTunnel {
         }
         try clientPipeline.addHandler(sniffer)
 
+        var http2Upstream: HTTP2UpstreamSide?
         if upstreamProtocol == "h2" {
             let upstreamSide = try HTTP2UpstreamSide(router: router, limits: limits)
             router.upstream = upstreamSide
             try upstreamPipeline.addHandler(upstreamSide)
+            http2Upstream = upstreamSide
         } else {
             let upstreamSide = HTTP1UpstreamSide(router: router)
             let encoder = HTTPRequestEncoder()
@@ -84,12 +86,29 @@ enum RequestAwareTunnel {
         // The sides are held by their pipelines; the router by the sides. When either
         // channel closes, the router ends the other, and the pipelines let go of all.
 
-        replay(clientEarly, into: client)
+        // The upstream's bytes first: its SETTINGS are usually among them, and they decide
+        // whether an extended CONNECT (or an Upgrade to translate into one) can be carried.
         replay(upstreamEarly, into: upstream)
         // A glue that was holding reads back (its buffer was full) took its pending read
         // with it: ask again, or a leg would never be read.
-        client.read()
         upstream.read()
+        let startClient = {
+            replay(clientEarly, into: client)
+            client.read()
+        }
+        if let http2Upstream, !http2Upstream.peerSettingsReceived {
+            // An HTTP/2 upstream that has not sent its SETTINGS yet (some send them only
+            // after our preface): the client's requests wait for them, so the router never
+            // decides on RFC 9113's defaults instead of what the upstream offers. One
+            // round trip at most, at the tunnel's start; the client's bytes stay in its
+            // socket and in what the glue held. Should the upstream go first, the client goes
+            // with it (no client side exists yet to hear of it through the router).
+            http2Upstream.onPeerSettings = { arrived in
+                if arrived { startClient() } else { client.close(promise: nil) }
+            }
+        } else {
+            startClient()
+        }
     }
 
     /// The HTTP/1.1 client side, once the sniffer put one in: the side an upgrade switches.
