@@ -540,18 +540,28 @@ def scenario_extended_connect(args, session):
     session.streams[stream_id] = report
     session.conn.send_headers(stream_id, headers, end_stream=False)
     session.flush()
+    started = time.monotonic()
+    marks = {}
+
+    def mark(name):
+        marks[name] = round(time.monotonic() - started, 3)
+
     session.pump(lambda: report["status"] is not None or session.stream_done(stream_id))
+    mark("head")
     extra = {"stream_id": stream_id, "server_enables_connect_protocol":
-             (session.settings or {}).get("ENABLE_CONNECT_PROTOCOL")}
+             (session.settings or {}).get("ENABLE_CONNECT_PROTOCOL"), "marks": marks}
     if report["status"] != 200:
         session.wait_streams([stream_id])
         return extra
     payload = os.urandom(args.payload_size)
     sent_all = send_stream_data(session, stream_id, ws_frame(2, payload))
-    session.pump(lambda: any(op == 2 for op in ws_parse(report["body"])[0]) or session.stream_done(stream_id))
+    mark("sent")
+    session.pump(lambda: any(op == 2 for op, _ in ws_parse(report["body"])[0]) or session.stream_done(stream_id))
+    mark("echo")
     close_payload = struct.pack(">H", 1000) + b"bye"
     send_stream_data(session, stream_id, ws_frame(8, close_payload))
-    session.pump(lambda: any(op == 8 for op in ws_parse(report["body"])[0]) or session.stream_done(stream_id))
+    session.pump(lambda: any(op == 8 for op, _ in ws_parse(report["body"])[0]) or session.stream_done(stream_id))
+    mark("close")
     if session.usable() and report["reset"] is None:
         try:
             session.conn.end_stream(stream_id)
@@ -559,6 +569,7 @@ def scenario_extended_connect(args, session):
         except h2.exceptions.H2Error:
             pass
     session.wait_streams([stream_id])
+    mark("ended")
     frames, masked = ws_parse(report["body"])
     echoes = [body for op, body in frames if op == 2]
     closes = [body for op, body in frames if op == 8]

@@ -56,7 +56,10 @@ struct ExtendedConnectTests {
         if let authority { arguments += ["--authority", authority] }
         let run = try await TestProcess.run("python3", arguments, timeout: 60)
         #expect(run.status == 0, "\(scenario): \(run.stderr) \(run.stdout)")
-        return (try? JSONSerialization.jsonObject(with: run.stdoutData)) as? [String: Any] ?? [:]
+        let report = (try? JSONSerialization.jsonObject(with: run.stdoutData)) as? [String: Any] ?? [:]
+        // No step waited out a timeout: every stream ended as it should.
+        #expect((report["elapsed_s"] as? Double ?? 99) < 5, "\(scenario) took \(report["elapsed_s"] ?? "?") s: \(report)")
+        return report
     }
 
     /// `ws_peer.py client` through `gate` (HTTP/1.1 inside the tunnel); its JSON report.
