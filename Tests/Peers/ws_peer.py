@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """HTTP/1.1 WebSocket peers for pingate's tests, on the `websockets` library (sync API).
 
-server --cert C --key K
-    A wss:// echo origin on 127.0.0.1, port 0, ALPN http/1.1 only. Prints one JSON line
+server --cert C --key K [--bad-accept]
+    A wss:// echo origin on 127.0.0.1, port 0, ALPN http/1.1 only. `GET /refuse` is
+    answered 404 (no switch); with --bad-accept every 101 carries a Sec-WebSocket-Accept
+    that answers no key (a server that did not understand the handshake). Prints one JSON line
     `{"event": "listening", "port": N}`, then one `{"event": "connection", ...}` line per
     WebSocket handshake it completed (path, the request headers) and one
     `{"event": "closed", "messages": N, "sha256": [...]}` line per connection when it
@@ -55,10 +57,23 @@ def run_server(args):
         finally:
             emit({"event": "closed", "messages": len(digests), "sha256": digests})
 
+    def process_request(connection, request):
+        emit({"event": "request", "path": request.path})
+        if request.path == "/refuse":
+            return connection.respond(404, "no such socket\n")
+        return None
+
+    def process_response(connection, request, response):
+        if args.bad_accept and response.status_code == 101:
+            del response.headers["Sec-WebSocket-Accept"]  # Headers is multi-valued: replace, not add
+            response.headers["Sec-WebSocket-Accept"] = "AAAAAAAAAAAAAAAAAAAAAAAAAAA="
+        return response
+
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(args.cert, args.key)
     context.set_alpn_protocols(["http/1.1"])
-    server = serve(echo, "127.0.0.1", 0, ssl=context, compression=None)
+    server = serve(echo, "127.0.0.1", 0, ssl=context, compression=None,
+                   process_request=process_request, process_response=process_response)
     emit({"event": "listening", "port": server.socket.getsockname()[1]})
     server.serve_forever()
 
@@ -115,6 +130,7 @@ def main(argv):
     server = sub.add_parser("server")
     server.add_argument("--cert", required=True)
     server.add_argument("--key", required=True)
+    server.add_argument("--bad-accept", action="store_true")
     client = sub.add_parser("client")
     client.add_argument("--proxy", required=True)
     client.add_argument("--connect", required=True)

@@ -45,15 +45,21 @@ struct ExtendedConnectTests {
     }
 
     /// The `websockets` wss:// echo origin (HTTP/1.1 only).
-    static func withWebSocketOrigin<Value>(_ body: (GateFixture, H2EchoOrigin) async throws -> Value) async throws -> Value {
-        try await withOrigin("ws_peer.py", { ["server", "--cert", $0.certificatePath, "--key", $0.keyPath] }, body)
+    /// With `badAccept`, its 101s carry a Sec-WebSocket-Accept that answers no key.
+    static func withWebSocketOrigin<Value>(badAccept: Bool = false, _ body: (GateFixture, H2EchoOrigin) async throws -> Value)
+        async throws -> Value {
+        try await withOrigin("ws_peer.py", {
+            ["server", "--cert", $0.certificatePath, "--key", $0.keyPath] + (badAccept ? ["--bad-accept"] : [])
+        }, body)
     }
 
     /// `h2_client.py --scenario NAME` through `gate` to the origin; its JSON report.
-    static func h2Client(_ scenario: String, gate: GateFixture, port: Int, authority: String? = nil) async throws -> [String: Any] {
+    static func h2Client(_ scenario: String, gate: GateFixture, port: Int, authority: String? = nil, path: String? = nil)
+        async throws -> [String: Any] {
         var arguments = [h2Client, "--proxy", "127.0.0.1:\(gate.port)", "--connect", "\(host):\(port)", "--cacert", gate.caPath,
                          "--scenario", scenario, "--payload-size", "\(payloadSize)", "--timeout", "10"]
         if let authority { arguments += ["--authority", authority] }
+        if let path { arguments += ["--path", path] }
         let run = try await TestProcess.run("python3", arguments, timeout: 60)
         #expect(run.status == 0, "\(scenario): \(run.stderr) \(run.stdout)")
         let report = (try? JSONSerialization.jsonObject(with: run.stdoutData)) as? [String: Any] ?? [:]
@@ -205,6 +211,30 @@ struct ExtendedConnectTests {
             #expect(stats.requestsRefused(.authorityMismatch) == 1)
             #expect(stats.requestsForwarded == 1)
             #expect(stats.upstreamConnections == 2)
+        }
+    }
+
+    @Test("h2 client → HTTP/1.1 origin that does not switch: its 404 is the stream's response; a 101 whose Sec-WebSocket-Accept answers no key is a 502, never a 200")
+    func http2ClientToHTTP1UpstreamWithoutSwitch() async throws {
+        try await Self.withWebSocketOrigin { gate, origin in
+            let report = try await Self.h2Client("extended-connect", gate: gate, port: origin.port, path: "/refuse")
+            let stream = Self.stream(report, 1)
+            #expect(stream["status"] as? Int == 404, "\(report) \(origin.errors)")
+            #expect(stream["body_text"] as? String == "no such socket\n")
+            #expect(Self.headers(stream)["pingate-refusal"] == nil)
+            #expect(stream["ended"] as? Bool == true)
+            #expect(Self.events(origin, "request").map { $0["path"] as? String } == ["/refuse"])
+            #expect(Self.events(origin, "connection").isEmpty)
+            #expect(gate.statistics.requestsForwarded == 1)
+        }
+        try await Self.withWebSocketOrigin(badAccept: true) { gate, origin in
+            let report = try await Self.h2Client("extended-connect", gate: gate, port: origin.port)
+            let stream = Self.stream(report, 1)
+            #expect(stream["status"] as? Int == 502, "\(report) \(origin.errors)")
+            #expect(Self.headers(stream)["pingate-refusal"] == "upstream-unreachable")
+            #expect((stream["body_text"] as? String)?.contains("Sec-WebSocket-Accept") == true, "\(stream)")
+            #expect(report["echoes"] == nil)  // nothing was relayed: the client never got a 200
+            #expect(Self.events(origin, "request").count == 1)
         }
     }
 
