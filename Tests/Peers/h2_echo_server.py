@@ -119,9 +119,10 @@ def ws_frame(opcode, payload, mask=None):
 class EchoConnection:
     """One HTTP/2 connection, served on its own thread with blocking reads."""
 
-    def __init__(self, tls, connect_protocol=False):
+    def __init__(self, tls, connect_protocol=False, settings_after_preface=False):
         self.sock = tls
         self.connect_protocol = connect_protocol
+        self.settings_after_preface = settings_after_preface
         config = h2.config.H2Configuration(client_side=False, header_encoding="utf-8")
         self.conn = h2.connection.H2Connection(config=config)
         if connect_protocol:
@@ -142,7 +143,19 @@ class EchoConnection:
                 self.closed = True
 
     def run(self):
-        self.conn.initiate_connection()
+        if self.settings_after_preface:
+            # Some servers send their SETTINGS only once the client's preface is in: until
+            # then the client cannot know what this server offers.
+            try:
+                first = self.sock.recv(65536)
+            except (OSError, ssl.SSLError):
+                first = b""
+            self.conn.initiate_connection()
+            if first:
+                for event in self.conn.receive_data(first):
+                    self.handle(event)
+        else:
+            self.conn.initiate_connection()
         self.flush()
         while not self.closed:
             try:
@@ -303,7 +316,7 @@ class EchoConnection:
               "ws_close_code": stream.ws_close_code})
 
 
-def serve(context, sock, connect_protocol):
+def serve(context, sock, connect_protocol, settings_after_preface):
     try:
         tls = context.wrap_socket(sock, server_side=True)
     except (ssl.SSLError, OSError) as error:
@@ -316,7 +329,7 @@ def serve(context, sock, connect_protocol):
         tls.close()
         return
     emit({"event": "connection"})
-    EchoConnection(tls, connect_protocol).run()
+    EchoConnection(tls, connect_protocol, settings_after_preface).run()
 
 
 def main(argv):
@@ -325,6 +338,8 @@ def main(argv):
     parser.add_argument("--key", required=True, help="PEM private key")
     parser.add_argument("--enable-connect-protocol", action="store_true",
                         help="advertise SETTINGS_ENABLE_CONNECT_PROTOCOL and serve WebSocket extended CONNECT")
+    parser.add_argument("--settings-after-preface", action="store_true",
+                        help="send SETTINGS only after the client's preface arrived")
     args = parser.parse_args(argv)
     # A parent that ignores or blocks SIGTERM (a service runner does) passes that on
     # through exec: restore the default, so the test's SIGTERM stops this origin at once.
@@ -341,7 +356,7 @@ def main(argv):
     emit({"event": "listening", "port": listener.getsockname()[1]})
     while True:
         sock, _ = listener.accept()
-        threading.Thread(target=serve, args=(context, sock, args.enable_connect_protocol), daemon=True).start()
+        threading.Thread(target=serve, args=(context, sock, args.enable_connect_protocol, args.settings_after_preface), daemon=True).start()
 
 
 if __name__ == "__main__":

@@ -37,10 +37,12 @@ struct ExtendedConnectTests {
     }
 
     /// The HTTP/2 echo origin; with `connectProtocol` it offers RFC 8441 and serves WebSocket.
-    static func withH2Origin<Value>(connectProtocol: Bool, _ body: (GateFixture, H2EchoOrigin) async throws -> Value)
-        async throws -> Value {
+    /// With `settingsAfterPreface`, its SETTINGS go out only once the gate's preface came.
+    static func withH2Origin<Value>(connectProtocol: Bool, settingsAfterPreface: Bool = false,
+                                    _ body: (GateFixture, H2EchoOrigin) async throws -> Value) async throws -> Value {
         try await withOrigin("h2_echo_server.py", {
             ["--cert", $0.certificatePath, "--key", $0.keyPath] + (connectProtocol ? ["--enable-connect-protocol"] : [])
+                + (settingsAfterPreface ? ["--settings-after-preface"] : [])
         }, body)
     }
 
@@ -169,6 +171,21 @@ struct ExtendedConnectTests {
             #expect(h1["status"] as? Int == 501, "\(h1)")
             #expect(h1["refusal"] as? String == "upgrade-unsupported")
             #expect(gate.statistics.requestsRefused(.upgradeUnsupported) == 2)
+        }
+    }
+
+    @Test("an h2 upstream that sends its SETTINGS only after the gate's preface: the client's extended CONNECT and Upgrade wait for them and pass (not a 501 decided on RFC 9113's defaults)")
+    func upstreamSettingsArriveLate() async throws {
+        try await Self.withH2Origin(connectProtocol: true, settingsAfterPreface: true) { gate, origin in
+            let report = try await Self.h2Client("extended-connect", gate: gate, port: origin.port)
+            #expect(Self.stream(report, 1)["status"] as? Int == 200, "\(report) \(origin.errors)")
+            #expect(report["echo_equal"] as? Bool == true, "\(report)")
+            let h1 = try await Self.wsClient(gate: gate, port: origin.port)
+            #expect(h1["status"] as? Int == 101, "\(h1)")
+            #expect(h1["echo_equal"] as? Bool == true, "\(h1)")
+            let stats = gate.statistics
+            #expect(stats.requestsForwarded == 2)
+            #expect(stats.requestsRefused(.upgradeUnsupported) == 0)
         }
     }
 
