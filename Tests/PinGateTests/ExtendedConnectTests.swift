@@ -12,7 +12,7 @@ import Testing
 struct ExtendedConnectTests {
     static let host = "ws.pingate.test"
     static let other = "other.pingate.test"
-    static let payloadSize = 100_000
+    static let payloadSize = 1_000_000
     static let h2Client = (H2EchoOrigin.peers as NSString).appendingPathComponent("h2_client.py")
     static let wsPeer = (H2EchoOrigin.peers as NSString).appendingPathComponent("ws_peer.py")
 
@@ -94,7 +94,7 @@ struct ExtendedConnectTests {
 
     // MARK: 1. HTTP/2 client, HTTP/2 upstream
 
-    @Test("h2 ↔ h2: the gate offers ENABLE_CONNECT_PROTOCOL, a WebSocket extended CONNECT is forwarded as one and 100 kB of random bytes echo back exactly; another :authority gets 421 and a plain CONNECT 405, neither reaching the origin")
+    @Test("h2 ↔ h2: the gate offers ENABLE_CONNECT_PROTOCOL, a WebSocket extended CONNECT is forwarded as one and 1 MB of random bytes (past every window) echo back exactly; another :authority gets 421 and a plain CONNECT 405, neither reaching the origin")
     func http2BothLegs() async throws {
         try await Self.withH2Origin(connectProtocol: true) { gate, origin in
             let authority = "\(Self.host):\(origin.port)"
@@ -191,7 +191,7 @@ struct ExtendedConnectTests {
 
     // MARK: 2. HTTP/2 client, HTTP/1.1 upstream
 
-    @Test("h2 client → HTTP/1.1 WebSocket origin: the extended CONNECT becomes a GET Upgrade with a fresh key, the 101's accept is checked, the stream gets 200 and 100 kB echo back exactly; another :authority gets 421 and the origin sees no handshake")
+    @Test("h2 client → HTTP/1.1 WebSocket origin: the extended CONNECT becomes a GET Upgrade with a fresh key, the 101's accept is checked, the stream gets 200 and 1 MB echo back exactly; another :authority gets 421 and the origin sees no handshake")
     func http2ClientToHTTP1Upstream() async throws {
         try await Self.withWebSocketOrigin { gate, origin in
             let authority = "\(Self.host):\(origin.port)"
@@ -257,7 +257,7 @@ struct ExtendedConnectTests {
 
     // MARK: 3. HTTP/1.1 client, HTTP/2 upstream
 
-    @Test("HTTP/1.1 WebSocket client → h2 origin with ENABLE_CONNECT_PROTOCOL: the Upgrade becomes an extended CONNECT, the client gets 101 with the accept for its key and 100 kB echo back exactly; another Host gets 421")
+    @Test("HTTP/1.1 WebSocket client → h2 origin with ENABLE_CONNECT_PROTOCOL: the Upgrade becomes an extended CONNECT, the client gets 101 with the accept for its key and 1 MB echo back exactly; another Host gets 421")
     func http1ClientToHTTP2Upstream() async throws {
         try await Self.withH2Origin(connectProtocol: true) { gate, origin in
             let report = try await Self.wsClient(gate: gate, port: origin.port)
