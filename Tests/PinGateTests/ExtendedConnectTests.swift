@@ -13,6 +13,8 @@ struct ExtendedConnectTests {
     static let host = "ws.pingate.test"
     static let other = "other.pingate.test"
     static let payloadSize = 1_000_000
+    /// `h2_client.py --timeout`: the limit of each of its waits, in seconds.
+    static let peerWait = 20
     static let h2Client = (H2EchoOrigin.peers as NSString).appendingPathComponent("h2_client.py")
     static let wsPeer = (H2EchoOrigin.peers as NSString).appendingPathComponent("ws_peer.py")
 
@@ -59,14 +61,15 @@ struct ExtendedConnectTests {
     static func h2Client(_ scenario: String, gate: GateFixture, port: Int, authority: String? = nil, path: String? = nil)
         async throws -> [String: Any] {
         var arguments = [h2Client, "--proxy", "127.0.0.1:\(gate.port)", "--connect", "\(host):\(port)", "--cacert", gate.caPath,
-                         "--scenario", scenario, "--payload-size", "\(payloadSize)", "--timeout", "10"]
+                         "--scenario", scenario, "--payload-size", "\(payloadSize)", "--timeout", "\(peerWait)"]
         if let authority { arguments += ["--authority", authority] }
         if let path { arguments += ["--path", path] }
         let run = try await TestProcess.run("python3", arguments, timeout: 60)
         #expect(run.status == 0, "\(scenario): \(run.stderr) \(run.stdout)")
         let report = (try? JSONSerialization.jsonObject(with: run.stdoutData)) as? [String: Any] ?? [:]
-        // No step waited out a timeout: every stream ended as it should.
-        #expect((report["elapsed_s"] as? Double ?? 99) < 5, "\(scenario) took \(report["elapsed_s"] ?? "?") s: \(report)")
+        // No step waited out its timeout (each wait would alone take `peerWait`): every
+        // stream ended when it should, not when the peer gave up on it.
+        #expect((report["elapsed_s"] as? Double ?? 99) < Double(peerWait), "\(scenario) took \(report["elapsed_s"] ?? "?") s: \(report)")
         return report
     }
 
@@ -278,6 +281,16 @@ struct ExtendedConnectTests {
             #expect(seenHeaders["sec-websocket-version"] == "13")
             #expect(seen["ws_payloads_sha256"] as? [String] == [report["payload_sha256"] as? String ?? "?"])
             #expect(gate.statistics.requestsForwarded == 1)
+
+            // An HTTP/1.1 CONNECT that names an Upgrade is still a classic CONNECT: 405, and
+            // not taken for an extended one.
+            let target = "\(Self.host):\(origin.port)"
+            let connect = "CONNECT \(target) HTTP/1.1\r\nHost: \(target)\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            let steps = try await DomainFrontingTests.run([connect], gate: gate, target: target)
+            #expect(steps.first?.status == 405, "\(steps)")
+            #expect(steps.first?.refusal == "method-not-allowed")
+            #expect(gate.statistics.requestsRefused(.methodNotAllowed) == 1)
 
             let fronted = try await Self.wsClient(gate: gate, port: origin.port, hostHeader: "\(Self.other):\(origin.port)")
             #expect(fronted["status"] as? Int == 421, "\(fronted)")

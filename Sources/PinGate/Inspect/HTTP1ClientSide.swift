@@ -87,7 +87,9 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         current = (id, head.version, head.isKeepAlive, hasBody)
         // The protocol an `Upgrade` asks for, when `Connection` names it (read once: the
         // router forwards it, and the codecs must be renewed if no 101 follows).
-        let upgrade = framing[canonicalForm: "connection"].contains { $0.lowercased() == "upgrade" }
+        // A CONNECT has no Upgrade semantics in HTTP/1.1: one that names an Upgrade anyway is
+        // still a classic CONNECT (refused 405), never mistaken for an RFC 8441 one.
+        let upgrade = head.method != .CONNECT && framing[canonicalForm: "connection"].contains { $0.lowercased() == "upgrade" }
             ? framing.first(name: "upgrade") : nil
         // As llhttp decides it: once such a request ended, NIO's decoder stops parsing.
         upgradeAsked = head.method == .CONNECT || upgrade != nil ? (requestEnded: false, answered: false) : nil
