@@ -112,6 +112,12 @@ public final class HTTP2Session {
         public var initialWindowSize: UInt32 = 256 * 1024
         /// The connection-level receive window.
         public var connectionWindowSize: Int32 = 1 << 20
+        /// Server role only: advertise SETTINGS_ENABLE_CONNECT_PROTOCOL = 1 (RFC 8441 §3),
+        /// which is what lets the peer open extended CONNECT streams (`:method CONNECT`
+        /// with `:protocol`, e.g. WebSocket over HTTP/2); nghttp2 refuses `:protocol` on a
+        /// request unless this was sent. Off by default: a plain HTTP/2 server has no use
+        /// for it, and RFC 8441 forbids taking it back once sent.
+        public var enableConnectProtocol = false
 
         /// The defaults above.
         public init() {}
@@ -135,6 +141,16 @@ public final class HTTP2Session {
     /// one by itself on an invalid frame, a flow-control or an HPACK failure); nil while it
     /// has sent none, or only a graceful one.
     public private(set) var connectionErrorSent: UInt32?
+
+    /// True once the peer's first SETTINGS frame arrived (before it, `peerEnablesConnectProtocol`
+    /// reports RFC 9113's defaults, not what the peer chose).
+    public private(set) var peerSettingsReceived = false
+
+    /// True when the peer advertised SETTINGS_ENABLE_CONNECT_PROTOCOL = 1 (RFC 8441 §3):
+    /// only then may this client session open extended CONNECT streams toward it.
+    public var peerEnablesConnectProtocol: Bool {
+        nghttp2_session_get_remote_settings(session, NGHTTP2_SETTINGS_ENABLE_CONNECT_PROTOCOL) == 1
+    }
 
     /// Body bytes handed to nghttp2 for sending since the last `takeSentBodyBytes()`, by
     /// stream: what left the session (into `takeOutput()`), not what was queued.
@@ -185,6 +201,10 @@ public final class HTTP2Session {
             nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue), value: limits.initialWindowSize),
             nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), value: 0),
         ]
+        // A client never sends it (RFC 8441 §3 defines it for the server's SETTINGS).
+        if role == .server && limits.enableConnectProtocol {
+            settings.append(nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_CONNECT_PROTOCOL.rawValue), value: 1))
+        }
         result = nghttp2_submit_settings(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), &settings, settings.count)
         guard result == 0 else {
             nghttp2_session_del(session)
@@ -470,6 +490,8 @@ public final class HTTP2Session {
             case Int(NGHTTP2_DATA.rawValue) where endStream:
                 // The bytes came through the chunk callback; this marks the end.
                 owner.events.append(.data(streamID: header.stream_id, bytes: .copied([]), endStream: true))
+            case Int(NGHTTP2_SETTINGS.rawValue) where header.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) == 0:
+                owner.peerSettingsReceived = true
             case Int(NGHTTP2_GOAWAY.rawValue):
                 let goAway = frame.pointee.goaway
                 owner.events.append(.goAway(lastStreamID: goAway.last_stream_id, errorCode: goAway.error_code))

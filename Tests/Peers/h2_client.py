@@ -16,6 +16,7 @@ WINDOW_UPDATE) are written as raw bytes. See Tests/Peers/README.md.
 import argparse
 import hashlib
 import json
+import os
 import socket
 import ssl
 import struct
@@ -32,6 +33,7 @@ USER_AGENT = "pingate-h2-peer"
 SCENARIOS = (
     "get", "get-two", "concurrent-mixed", "oversized-headers", "bad-pseudo",
     "invalid-frame", "window-overflow", "hpack-bomb", "rapid-reset",
+    "extended-connect", "plain-connect",
 )
 
 
@@ -467,11 +469,137 @@ def scenario_rapid_reset(args, session):
             "probe_ok": session.streams[probe]["status"] == 200 and session.streams[probe]["ended"]}
 
 
+def ws_frame(opcode, payload):
+    """One final, masked RFC 6455 client frame."""
+    mask = os.urandom(4)
+    head = bytes([0x80 | opcode])
+    if len(payload) < 126:
+        head += bytes([0x80 | len(payload)])
+    elif len(payload) < 65536:
+        head += bytes([0x80 | 126]) + struct.pack(">H", len(payload))
+    else:
+        head += bytes([0x80 | 127]) + struct.pack(">Q", len(payload))
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def ws_parse(data):
+    """The whole server frames in `data` (unmasked, as a server sends them): a list of
+    (opcode, payload), and whether any frame came masked (a protocol error)."""
+    frames, offset, masked = [], 0, False
+    while offset + 2 <= len(data):
+        second = data[offset + 1]
+        length, at = second & 0x7F, offset + 2
+        if length == 126:
+            if at + 2 > len(data):
+                break
+            length, at = struct.unpack(">H", data[at:at + 2])[0], at + 2
+        elif length == 127:
+            if at + 8 > len(data):
+                break
+            length, at = struct.unpack(">Q", data[at:at + 8])[0], at + 8
+        if second & 0x80:
+            masked = True
+            at += 4
+        if at + length > len(data):
+            break
+        frames.append((data[offset] & 0x0F, bytes(data[at:at + length])))
+        offset = at + length
+    return frames, masked
+
+
+def send_stream_data(session, stream_id, data):
+    """Sends `data` on `stream_id` as the server's windows allow (pumping for WINDOW_UPDATE)."""
+    view = memoryview(data)
+    while view and session.usable():
+        stream = session.streams[stream_id]
+        if stream["reset"] is not None or stream["ended"]:
+            return False
+        window = min(session.conn.local_flow_control_window(stream_id), session.conn.max_outbound_frame_size)
+        if window <= 0:
+            before = session.conn.local_flow_control_window(stream_id)
+            session.pump(lambda: session.conn.local_flow_control_window(stream_id) > before
+                         or session.stream_done(stream_id), timeout=session.timeout)
+            if session.conn.local_flow_control_window(stream_id) <= before:
+                return False
+            continue
+        session.conn.send_data(stream_id, bytes(view[:window]))
+        view = view[window:]
+        session.flush()
+    return not view
+
+
+def scenario_extended_connect(args, session):
+    """RFC 8441: a WebSocket over an extended CONNECT stream. Once the answer is 200, one
+    binary message of --payload-size random bytes goes out and its echo is awaited, then
+    the close handshake, then END_STREAM both ways."""
+    headers = [(":method", "CONNECT"), (":protocol", args.protocol), (":scheme", "https"),
+               (":authority", args.authority), (":path", args.path),
+               ("sec-websocket-version", "13"), ("user-agent", USER_AGENT)]
+    stream_id = session.next_stream_id()
+    report = new_stream_report(args.authority)
+    session.streams[stream_id] = report
+    session.conn.send_headers(stream_id, headers, end_stream=False)
+    session.flush()
+    started = time.monotonic()
+    marks = {}
+
+    def mark(name):
+        marks[name] = round(time.monotonic() - started, 3)
+
+    session.pump(lambda: report["status"] is not None or session.stream_done(stream_id))
+    mark("head")
+    extra = {"stream_id": stream_id, "server_enables_connect_protocol":
+             (session.settings or {}).get("ENABLE_CONNECT_PROTOCOL"), "marks": marks}
+    if report["status"] != 200:
+        session.wait_streams([stream_id])
+        return extra
+    payload = os.urandom(args.payload_size)
+    sent_all = send_stream_data(session, stream_id, ws_frame(2, payload))
+    mark("sent")
+    session.pump(lambda: any(op == 2 for op, _ in ws_parse(report["body"])[0]) or session.stream_done(stream_id))
+    mark("echo")
+    close_payload = struct.pack(">H", 1000) + b"bye"
+    send_stream_data(session, stream_id, ws_frame(8, close_payload))
+    session.pump(lambda: any(op == 8 for op, _ in ws_parse(report["body"])[0]) or session.stream_done(stream_id))
+    mark("close")
+    if session.usable() and report["reset"] is None:
+        try:
+            session.conn.end_stream(stream_id)
+            session.flush()
+        except h2.exceptions.H2Error:
+            pass
+    session.wait_streams([stream_id])
+    mark("ended")
+    frames, masked = ws_parse(report["body"])
+    echoes = [body for op, body in frames if op == 2]
+    closes = [body for op, body in frames if op == 8]
+    extra.update({
+        "sent_all": sent_all, "payload_sha256": hashlib.sha256(payload).hexdigest(),
+        "payload_len": len(payload), "echo_sha256": hashlib.sha256(echoes[0]).hexdigest() if echoes else None,
+        "echo_equal": bool(echoes) and echoes[0] == payload, "echoes": len(echoes), "masked_from_server": masked,
+        "close_code": struct.unpack(">H", closes[0][:2])[0] if closes and len(closes[0]) >= 2 else None,
+    })
+    return extra
+
+
+def scenario_plain_connect(args, session):
+    """A classic CONNECT inside the tunnel (`:method CONNECT`, `:authority` only)."""
+    stream_id = session.next_stream_id()
+    report = new_stream_report(args.authority)
+    session.streams[stream_id] = report
+    session.conn.send_headers(stream_id, [(":method", "CONNECT"), (":authority", args.authority)], end_stream=False)
+    session.flush()
+    session.wait_streams([stream_id])
+    probe = probe_get(args, session)
+    return {"stream_id": stream_id, "probe_stream": probe}
+
+
 RUNNERS = {
     "get": scenario_get, "get-two": scenario_get_two, "concurrent-mixed": scenario_concurrent_mixed,
     "oversized-headers": scenario_oversized_headers, "bad-pseudo": scenario_bad_pseudo,
     "invalid-frame": scenario_invalid_frame, "window-overflow": scenario_window_overflow,
     "hpack-bomb": scenario_hpack_bomb, "rapid-reset": scenario_rapid_reset,
+    "extended-connect": scenario_extended_connect, "plain-connect": scenario_plain_connect,
 }
 
 
@@ -493,6 +621,8 @@ def parse_args(argv):
     parser.add_argument("--authority", help="request :authority (default: the CONNECT host, "
                         "with :port unless 443); get-two and concurrent-mixed need another host here")
     parser.add_argument("--path", default="/")
+    parser.add_argument("--protocol", default="websocket", help="extended-connect: the :protocol value")
+    parser.add_argument("--payload-size", type=int, default=100000, help="extended-connect: message bytes")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds per wait (default 5)")
     args = parser.parse_args(argv)
     args.connect_hp = host_port(args.connect, "--connect")

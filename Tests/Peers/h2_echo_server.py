@@ -11,6 +11,13 @@ is sent straight back (as far as the peer's windows allow), and once the request
 ended and everything is echoed, the response ends with the trailers
 `grpc-status: 0` and `grpc-message: ok`. Anything else gets a 400 or 404 text answer.
 
+With `--enable-connect-protocol` it also advertises SETTINGS_ENABLE_CONNECT_PROTOCOL = 1
+and accepts RFC 8441 extended CONNECT (`:method CONNECT`, `:protocol websocket`, any
+path): `200`, then a WebSocket echo on the stream's DATA (RFC 6455 frames: each client
+frame, masked, is answered by the same opcode and payload unmasked; a close frame by a
+close frame, after which the stream ends, as a server closes its connection). A
+classic CONNECT (no `:protocol`) gets 405. The stream's log line then has `protocol`, `ws_messages`, `ws_payloads_sha256` and `ws_close_code`.
+
 Only the `h2` library and the standard library are used. It runs until it is killed.
 """
 
@@ -22,10 +29,14 @@ import ssl
 import sys
 import threading
 
+import hashlib
+import struct
+
 import h2.config
 import h2.connection
 import h2.events
 import h2.exceptions
+import h2.settings
 
 PRINT_LOCK = threading.Lock()
 
@@ -55,15 +66,71 @@ class Stream:
         self.trailers_sent = False
         self.reset = None
         self.logged = False
+        self.ws_buffer = bytearray()   # WebSocket bytes not yet a whole frame
+        self.ws_messages = 0
+        self.ws_payloads = []          # sha256 of each data frame's payload, in order
+        self.ws_close_code = None
+
+
+def ws_frames(buffer):
+    """Whole RFC 6455 frames at the start of `buffer` (removed from it), unmasked:
+    (fin, opcode, payload) each."""
+    frames = []
+    while len(buffer) >= 2:
+        first, second = buffer[0], buffer[1]
+        length, offset = second & 0x7F, 2
+        if length == 126:
+            if len(buffer) < 4:
+                break
+            length, offset = struct.unpack(">H", bytes(buffer[2:4]))[0], 4
+        elif length == 127:
+            if len(buffer) < 10:
+                break
+            length, offset = struct.unpack(">Q", bytes(buffer[2:10]))[0], 10
+        mask = b""
+        if second & 0x80:
+            mask, offset = bytes(buffer[offset:offset + 4]), offset + 4
+        if len(buffer) < offset + length:
+            break
+        payload = bytes(buffer[offset:offset + length])
+        if mask:
+            payload = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        del buffer[:offset + length]
+        frames.append((bool(first & 0x80), first & 0x0F, payload))
+    return frames
+
+
+def ws_frame(opcode, payload, mask=None):
+    """One final RFC 6455 frame; masked with `mask` (4 bytes) when given."""
+    head = bytes([0x80 | opcode])
+    bit = 0x80 if mask else 0
+    if len(payload) < 126:
+        head += bytes([bit | len(payload)])
+    elif len(payload) < 65536:
+        head += bytes([bit | 126]) + struct.pack(">H", len(payload))
+    else:
+        head += bytes([bit | 127]) + struct.pack(">Q", len(payload))
+    if mask:
+        payload = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        head += mask
+    return head + payload
 
 
 class EchoConnection:
     """One HTTP/2 connection, served on its own thread with blocking reads."""
 
-    def __init__(self, tls):
+    def __init__(self, tls, connect_protocol=False, settings_after_preface=False):
         self.sock = tls
+        self.connect_protocol = connect_protocol
+        self.settings_after_preface = settings_after_preface
         config = h2.config.H2Configuration(client_side=False, header_encoding="utf-8")
         self.conn = h2.connection.H2Connection(config=config)
+        if connect_protocol:
+            # In the first SETTINGS frame, as RFC 8441 §3 has a server do it.
+            codes = h2.settings.SettingCodes
+            self.conn.local_settings = h2.settings.Settings(client=False, initial_values={
+                codes.MAX_CONCURRENT_STREAMS: 100, codes.MAX_HEADER_LIST_SIZE: 65536,
+                codes.ENABLE_CONNECT_PROTOCOL: 1})
         self.streams = {}
         self.closed = False
 
@@ -76,7 +143,19 @@ class EchoConnection:
                 self.closed = True
 
     def run(self):
-        self.conn.initiate_connection()
+        if self.settings_after_preface:
+            # Some servers send their SETTINGS only once the client's preface is in: until
+            # then the client cannot know what this server offers.
+            try:
+                first = self.sock.recv(65536)
+            except (OSError, ssl.SSLError):
+                first = b""
+            self.conn.initiate_connection()
+            if first:
+                for event in self.conn.receive_data(first):
+                    self.handle(event)
+        else:
+            self.conn.initiate_connection()
         self.flush()
         while not self.closed:
             try:
@@ -123,6 +202,22 @@ class EchoConnection:
             if stream.mode == "echo":
                 stream.pending += event.data
                 self.send_pending(stream)
+            elif stream.mode == "websocket":
+                stream.ws_buffer += event.data
+                for _, opcode, payload in ws_frames(stream.ws_buffer):
+                    if opcode in (1, 2):
+                        stream.ws_messages += 1
+                        stream.ws_payloads.append(hashlib.sha256(payload).hexdigest())
+                        stream.pending += ws_frame(opcode, payload)
+                    elif opcode == 8:
+                        stream.ws_close_code = struct.unpack(">H", payload[:2])[0] if len(payload) >= 2 else None
+                        stream.pending += ws_frame(8, payload)
+                        # A WebSocket server closes the connection after the close handshake
+                        # (RFC 6455 §7.1.1); over HTTP/2 that is its END_STREAM (RFC 8441 §5).
+                        stream.close_after_send = True
+                    elif opcode == 9:
+                        stream.pending += ws_frame(10, payload)
+                self.send_pending(stream)
             if event.stream_ended is not None:
                 self.ended(stream)
         elif isinstance(event, h2.events.TrailersReceived):
@@ -149,7 +244,14 @@ class EchoConnection:
 
     def start(self, stream):
         content_type = stream.headers.get("content-type", "")
-        if stream.path != "/echo":
+        if stream.method == "CONNECT":
+            if not self.connect_protocol or stream.headers.get(":protocol") != "websocket":
+                self.refuse(stream, 405, "only an extended CONNECT for websocket is served here\n")
+            else:
+                stream.mode = "websocket"
+                stream.status = 200
+                self.conn.send_headers(stream.id, [(":status", "200")])
+        elif stream.path != "/echo":
             self.refuse(stream, 404, "no such path\n")
         elif stream.method != "POST" or not content_type.startswith("application/grpc") \
                 or stream.headers.get("te") != "trailers":
@@ -172,14 +274,14 @@ class EchoConnection:
         if stream.request_ended:
             return
         stream.request_ended = True
-        if stream.mode == "echo":
+        if stream.mode in ("echo", "websocket"):
             self.send_pending(stream)
         else:
             self.log(stream)
 
     def send_pending(self, stream):
         """Sends as much of the echo as the windows allow; the trailers once all is out."""
-        if stream.reset is not None or stream.trailers_sent or stream.mode != "echo":
+        if stream.reset is not None or stream.trailers_sent or stream.mode not in ("echo", "websocket"):
             return
         while stream.pending:
             window = min(self.conn.local_flow_control_window(stream.id), self.conn.max_outbound_frame_size)
@@ -191,7 +293,11 @@ class EchoConnection:
             stream.echoed += len(piece)
             if not stream.request_ended:
                 stream.echoed_before_end += len(piece)
-        if stream.request_ended:
+        if stream.mode == "websocket" and (stream.request_ended or getattr(stream, "close_after_send", False)):
+            self.conn.send_data(stream.id, b"", end_stream=True)
+            stream.trailers_sent = True
+            self.log(stream)
+        elif stream.request_ended:
             self.conn.send_headers(stream.id, [("grpc-status", "0"), ("grpc-message", "ok")], end_stream=True)
             stream.trailers_sent = True
             self.log(stream)
@@ -205,10 +311,12 @@ class EchoConnection:
               "received": stream.received, "echoed": stream.echoed,
               "echoed_before_end": stream.echoed_before_end, "request_ended": stream.request_ended,
               "request_trailers": stream.request_trailers, "trailers_sent": stream.trailers_sent,
-              "reset": stream.reset})
+              "reset": stream.reset, "protocol": stream.headers.get(":protocol"),
+              "ws_messages": stream.ws_messages, "ws_payloads_sha256": stream.ws_payloads,
+              "ws_close_code": stream.ws_close_code})
 
 
-def serve(context, sock):
+def serve(context, sock, connect_protocol, settings_after_preface):
     try:
         tls = context.wrap_socket(sock, server_side=True)
     except (ssl.SSLError, OSError) as error:
@@ -221,13 +329,17 @@ def serve(context, sock):
         tls.close()
         return
     emit({"event": "connection"})
-    EchoConnection(tls).run()
+    EchoConnection(tls, connect_protocol, settings_after_preface).run()
 
 
 def main(argv):
     parser = argparse.ArgumentParser(description="gRPC-style HTTP/2 echo origin (see Tests/Peers/README.md)")
     parser.add_argument("--cert", required=True, help="PEM certificate (chain) to present")
     parser.add_argument("--key", required=True, help="PEM private key")
+    parser.add_argument("--enable-connect-protocol", action="store_true",
+                        help="advertise SETTINGS_ENABLE_CONNECT_PROTOCOL and serve WebSocket extended CONNECT")
+    parser.add_argument("--settings-after-preface", action="store_true",
+                        help="send SETTINGS only after the client's preface arrived")
     args = parser.parse_args(argv)
     # A parent that ignores or blocks SIGTERM (a service runner does) passes that on
     # through exec: restore the default, so the test's SIGTERM stops this origin at once.
@@ -244,7 +356,7 @@ def main(argv):
     emit({"event": "listening", "port": listener.getsockname()[1]})
     while True:
         sock, _ = listener.accept()
-        threading.Thread(target=serve, args=(context, sock), daemon=True).start()
+        threading.Thread(target=serve, args=(context, sock, args.enable_connect_protocol, args.settings_after_preface), daemon=True).start()
 
 
 if __name__ == "__main__":

@@ -15,8 +15,16 @@ struct ExchangeRequestHead: Equatable {
     /// End-to-end header fields only: the connection-specific ones (RFC 9110 §7.6.1,
     /// RFC 9113 §8.2.2) and `Host` are not here; each leg adds what its version needs.
     var headers: HTTPHeaders
-    /// The protocol an HTTP/1.1 `Upgrade` asked for (e.g. `websocket`), when it did.
+    /// The protocol the client asked this exchange to become, when it did, in either
+    /// version's form: an HTTP/1.1 `Upgrade` (with `Connection: upgrade`; `method` as sent,
+    /// `GET` for WebSocket), or an HTTP/2 extended CONNECT's `:protocol` (RFC 8441;
+    /// `method` is then `CONNECT`). Once the upstream agrees, the exchange carries that
+    /// protocol's bytes both ways. Each upstream side translates the form it cannot speak
+    /// (for WebSocket, the only protocol with both forms) or says why it cannot.
     var upgrade: String?
+
+    /// True for an RFC 8441 extended CONNECT (the HTTP/2 form of `upgrade`).
+    var isExtendedConnect: Bool { method == "CONNECT" && upgrade != nil }
 }
 
 /// A response head, version-neutral as `ExchangeRequestHead` is.
@@ -25,7 +33,9 @@ struct ExchangeResponseHead: Equatable {
     var status: Int
     /// End-to-end header fields only.
     var headers: HTTPHeaders
-    /// For a `101 Switching Protocols`, the protocol switched to.
+    /// Set when the upstream agreed to the client's `upgrade`: the protocol switched to.
+    /// The status is the upstream's own form of "yes" (`101` over HTTP/1.1, a `2xx` to an
+    /// extended CONNECT over HTTP/2); the client side answers in its own form.
     var upgrade: String? = nil
 }
 
@@ -210,8 +220,10 @@ protocol TunnelClientSide: AnyObject {
 
 /// One side of a request-aware tunnel, toward the upstream the verdict was made on.
 protocol TunnelUpstreamSide: AnyObject {
-    /// Whether a request with an HTTP/1.1 `Upgrade` can be carried (it cannot over HTTP/2).
-    var carriesUpgrades: Bool { get }
+    /// Why a request asking for `head.upgrade` (HTTP/1.1 `Upgrade` or extended CONNECT)
+    /// cannot be carried to this upstream, or nil when it can (possibly translated to the
+    /// upstream's own form). The router answers 501 `upgrade-unsupported` with the text.
+    func upgradeRefusal(for head: ExchangeRequestHead) -> String?
     /// Sends a request head; returns the id this side uses for the exchange.
     func startRequest(_ head: ExchangeRequestHead, authority: RequestAuthority, endStream: Bool) -> Int
     /// Sends request body bytes of exchange `id`.

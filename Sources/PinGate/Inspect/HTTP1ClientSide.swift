@@ -49,6 +49,13 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     /// A request that asks for an upgrade is in progress: whether it was read to its end,
     /// and whether it was answered without a switch. Both, and the codecs are renewed.
     private var upgradeAsked: (requestEnded: Bool, answered: Bool)?
+    /// The current request's `Sec-WebSocket-Key`, kept for an upgrade the upstream grants
+    /// in HTTP/2's form (a 2xx to an extended CONNECT, which carries no accept): the gate
+    /// then answers the `101` with the accept for the client's own key.
+    private var webSocketKey: String?
+    /// The exchange whose WebSocket is relayed through this side (raw bytes in both
+    /// directions, as the stream DATA of an HTTP/2 upstream's extended CONNECT).
+    private var relaying: Int?
 
     init(router: TunnelRouter) {
         self.router = router
@@ -131,9 +138,12 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         answering = (id, head.version, head.isKeepAlive)
         // The protocol an `Upgrade` asks for, when `Connection` names it (read once: the
         // router forwards it, and the codecs must be renewed if no 101 follows).
-        let upgrade = fields.upgrade
+        // A CONNECT has no Upgrade semantics in HTTP/1.1: one that names an Upgrade anyway is
+        // still a classic CONNECT (refused 405), never mistaken for an RFC 8441 one.
+        let upgrade = head.method != .CONNECT ? fields.upgrade : nil
         // As llhttp decides it: once such a request ended, NIO's decoder stops parsing.
         upgradeAsked = head.method == .CONNECT || upgrade != nil ? (requestEnded: false, answered: false) : nil
+        webSocketKey = upgrade != nil ? head.headers.first(name: "sec-websocket-key") : nil
         guard let target = Self.splitTarget(uri: head.uri, hosts: fields.hosts) else {
             router.requestHead(id, ExchangeRequestHead(method: head.method.rawValue, path: head.uri, authority: nil,
                                                        headers: [:], upgrade: nil), endStream: !hasBody)
@@ -197,6 +207,17 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if let event = event as? ChannelEvent, event == .inputClosed, let id = relaying {
+            // The client ended its half of the relayed WebSocket: the upstream stream ends
+            // too, at once (no read burst ends after this to flush it).
+            router.requestEnd(id, trailers: nil)
+            router.clientReadComplete()
+            return
+        }
+        if event is IdleStateHandler.IdleStateEvent, relaying != nil {
+            close()
+            return
+        }
         if let event = event as? ChannelEvent, event == .inputClosed, !upgraded {
             // The client sent its last request (or left). The connection is half-open:
             // answer what is in flight, then close; with nothing in flight, close now,
@@ -242,6 +263,10 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
 
     func sendResponseHead(_ id: Int, _ head: ExchangeResponseHead, endStream: Bool) {
         guard let context, let current = answering, current.id == id else { return }
+        if head.status != 101, head.upgrade != nil {
+            switchToRelay(id, head, context: context)
+            return
+        }
         var headers = head.headers
         if head.status == 101, let upgrade = head.upgrade {
             headers.add(name: "connection", value: "upgrade")
@@ -257,7 +282,8 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     func sendResponseBody(_ id: Int, _ bytes: ByteBuffer) {
         guard let context, answering?.id == id else { return }
         let count = bytes.readableBytes
-        context.write(wrapOutboundOut(.body(.byteBuffer(bytes))), promise: nil)
+        // Relayed: the codecs are gone, the bytes are the WebSocket's own.
+        context.write(relaying == id ? NIOAny(bytes) : wrapOutboundOut(.body(.byteBuffer(bytes))), promise: nil)
         if let credit = flow.wrote(id, bytes: count, writable: context.channel.isWritable) {
             router.responseBodyTransmitted(id, bytes: credit)
         }
@@ -265,6 +291,12 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
 
     func endResponse(_ id: Int, trailers: HTTPHeaders?) {
         guard let context, let finished = answering, finished.id == id else { return }
+        if relaying == id {
+            // The upstream ended the relayed WebSocket's stream: nothing else can follow
+            // on this connection, which closes once what was written is out.
+            close()
+            return
+        }
         answering = nil
         context.writeAndFlush(wrapOutboundOut(.end(trailers)), promise: nil)
         if !finished.keepAlive || (inputEnded && queued.isEmpty) {
@@ -349,6 +381,46 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
                 close()
             }
         }
+    }
+
+    /// The upstream granted the client's WebSocket upgrade in HTTP/2's form (a 2xx to the
+    /// extended CONNECT this request became, RFC 8441 §5). The client expects RFC 6455's
+    /// answer: `101` with `Upgrade: websocket` and the accept for its own key, which the
+    /// gate computes (the upstream never saw the key). Then the codecs leave and the
+    /// connection's raw bytes are the stream's DATA both ways, through a tap behind this
+    /// handler, with the same credits as any body.
+    private func switchToRelay(_ id: Int, _ head: ExchangeResponseHead, context: ChannelHandlerContext) {
+        guard let key = webSocketKey else {
+            // Refused before it went upstream (`upgradeRefusal`); never here in practice.
+            router.requestCancelled(id)
+            close()
+            return
+        }
+        var headers = WebSocketHandshake.withoutHandshakeFields(head.headers)
+        headers.remove(name: "content-length")
+        headers.add(name: "connection", value: "upgrade")
+        headers.add(name: "upgrade", value: WebSocketHandshake.token)
+        headers.add(name: "sec-websocket-accept", value: WebSocketHandshake.accept(forKey: key))
+        let version = answering?.version ?? .http1_1
+        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: version, status: .switchingProtocols, headers: headers))), promise: nil)
+        context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+        upgraded = true
+        upgradeAsked = nil
+        relaying = id
+        let pipeline = context.pipeline.syncOperations
+        do {
+            try pipeline.addHandler(RawBytesTap { [weak self] bytes in self?.relayedFromClient(bytes) }, position: .after(self))
+            for handler in try Self.codecs(in: pipeline) { pipeline.removeHandler(handler, promise: nil) }
+        } catch {
+            close()
+        }
+    }
+
+    /// Raw bytes of the relayed WebSocket from the client, for the upstream's stream.
+    private func relayedFromClient(_ bytes: ByteBuffer) {
+        guard let id = relaying else { return }
+        flow.handedOver(bytes.readableBytes)
+        router.requestBody(id, bytes)
     }
 
     /// After a `101`, this handler only passes raw bytes on (to the byte relay behind it).

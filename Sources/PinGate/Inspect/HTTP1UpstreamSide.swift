@@ -36,8 +36,17 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     private var closing = false
     private(set) var upgraded = false
     private var switchingProtocols = false
-    /// Called when a `101` switched the connection to another protocol.
+    /// Called when a `101` switched the connection to another protocol for an HTTP/1.1
+    /// client (whose own leg then becomes a byte relay too).
     var onUpgrade: (() -> Void)?
+    /// An HTTP/2 client's extended CONNECT sent here as a WebSocket GET (RFC 8441 §5): the
+    /// exchange, the key the gate made for it, and what the client sent on its stream
+    /// before the upstream answered (held, uncredited, so the client's stream window
+    /// bounds it), with whether the stream already ended.
+    private var translated: (id: Int, key: String, held: [ByteBuffer], ended: Bool)?
+    /// The exchange whose stream is now relayed as raw bytes (after a checked `101` for a
+    /// translated extended CONNECT): its stream DATA in, the connection's bytes out.
+    private var relaying: Int?
 
     init(router: TunnelRouter) {
         self.router = router
@@ -53,12 +62,28 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
 
     // MARK: from the router
 
-    /// An HTTP/1.1 upstream can switch protocols (`101`, WebSocket).
-    var carriesUpgrades: Bool { true }
+    /// An HTTP/1.1 upstream can switch protocols (`101`): an HTTP/1.1 client's `Upgrade`
+    /// passes as it is; an HTTP/2 client's extended CONNECT is translated, which only
+    /// WebSocket defines (RFC 8441 §5).
+    func upgradeRefusal(for head: ExchangeRequestHead) -> String? {
+        guard head.isExtendedConnect, let upgrade = head.upgrade, !WebSocketHandshake.isWebSocket(upgrade) else { return nil }
+        return "the upstream speaks HTTP/1.1, where only a WebSocket extended CONNECT has an Upgrade form (RFC 8441 §5), not :protocol \(upgrade)"
+    }
 
     func startRequest(_ head: ExchangeRequestHead, authority: RequestAuthority, endStream: Bool) -> Int {
         let id = nextID
         nextID += 1
+        if upgraded {
+            // The connection now carries another protocol: no HTTP exchange fits on it
+            // (an HTTP/2 client's other streams, after one of them became a WebSocket).
+            context?.eventLoop.assumeIsolated().execute { [router] in
+                router.responseFailed(id, detail: "the upstream's one HTTP/1.1 connection now carries a WebSocket")
+            }
+            return id
+        }
+        if head.isExtendedConnect {
+            return startTranslated(id, head, authority: authority)
+        }
         var headers = HTTPHeaders()
         // Host first (RFC 9112 §3.2), from the checked authority, never the client's text.
         headers.add(name: "host", value: authority.headerValue)
@@ -81,7 +106,53 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         return id
     }
 
+    /// An HTTP/2 client's WebSocket extended CONNECT as RFC 6455's opening GET (RFC 8441 §5,
+    /// what Envoy does): `Connection: Upgrade`, `Upgrade: websocket`, a fresh key (the
+    /// client sent none; one it sent anyway is not used), the version passed on (13 when
+    /// missing), and the other fields (`sec-websocket-protocol`, `-extensions`, `origin`…)
+    /// as they came. The GET ends with its head; the stream's DATA waits for the 101.
+    private func startTranslated(_ id: Int, _ head: ExchangeRequestHead, authority: RequestAuthority) -> Int {
+        guard translated == nil else {
+            // One connection can become one WebSocket: a second must not overwrite the first's key.
+            context?.eventLoop.assumeIsolated().execute { [router] in
+                router.responseFailed(id, detail: "the upstream's one HTTP/1.1 connection is already being switched to a WebSocket")
+            }
+            return id
+        }
+        let key = WebSocketHandshake.freshKey()
+        var headers = HTTPHeaders()
+        headers.add(name: "host", value: authority.headerValue)
+        var passed = WebSocketHandshake.withoutHandshakeFields(head.headers)
+        passed.remove(name: "content-length")
+        headers.add(contentsOf: passed)
+        headers.add(name: "connection", value: "upgrade")
+        headers.add(name: "upgrade", value: WebSocketHandshake.token)
+        headers.add(name: "sec-websocket-key", value: key)
+        if !headers.contains(name: "sec-websocket-version") {
+            headers.add(name: "sec-websocket-version", value: WebSocketHandshake.version)
+        }
+        translated = (id, key, [], false)
+        let requestHead = HTTPRequestHead(version: .http1_1, method: .GET, uri: head.path, headers: headers)
+        let parts: [Part] = [.head(requestHead), .end(nil)]
+        if active == nil {
+            activate(id)
+            for part in parts { write(part, id: id) }
+        } else {
+            waiting.append((id, parts, true))
+        }
+        return id
+    }
+
     func sendRequestBody(_ id: Int, _ bytes: ByteBuffer) {
+        if relaying == id {
+            writeRelayed(bytes, id: id)
+            return
+        }
+        if translated?.id == id {
+            // Sent before the upstream's answer: held until the 101 (or dropped without one).
+            translated?.held.append(bytes)
+            return
+        }
         if active == id {
             write(.body(bytes), id: id)
         } else if let index = waiting.firstIndex(where: { $0.id == id }) {
@@ -90,6 +161,17 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     }
 
     func endRequest(_ id: Int, trailers: HTTPHeaders?) {
+        if relaying == id {
+            // The client's stream ended its half: so does this connection's (TLS
+            // close_notify, then a TCP half-close); the upstream's bytes still come back.
+            context?.flush()
+            context?.close(mode: .output, promise: nil)
+            return
+        }
+        if translated?.id == id {
+            translated?.ended = true
+            return
+        }
         if active == id {
             write(.end(trailers), id: id)
         } else if let index = waiting.firstIndex(where: { $0.id == id }) {
@@ -163,7 +245,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
                 // The decoder's `.end` of the 101 itself; the switch happens now, when the
                 // decoder is done with the response (its removal hands on later bytes).
                 switchingProtocols = false
-                onUpgrade?()
+                if relaying != nil { becomeStreamRelay() } else { onUpgrade?() }
                 return
             }
             // Raw bytes of the new protocol, handed on by the removed decoder.
@@ -177,6 +259,25 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         }
         switch unwrapInboundIn(data) {
         case .head(let head):
+            if head.status.code == 101, let started = translated, started.id == id {
+                // The answer to a translated extended CONNECT: a switch only if it answers
+                // the gate's key (RFC 6455 §4.1). Otherwise the client's stream gets a 502
+                // and this connection, now in an unknown protocol, closes.
+                translated = nil
+                if let problem = WebSocketHandshake.problem(with: head.headers, key: started.key) {
+                    router.responseFailed(id, detail: "the upstream did not complete the WebSocket handshake: \(problem)")
+                    close()
+                    return
+                }
+                router.responseHead(id, ExchangeResponseHead(
+                    status: 101, headers: WebSocketHandshake.withoutHandshakeFields(HTTP1HeadFields(head.headers).endToEnd),
+                    upgrade: WebSocketHandshake.token), endStream: false)
+                upgraded = true
+                switchingProtocols = true
+                relaying = id
+                pendingRelay = (started.held, started.ended)
+                return
+            }
             if head.status.code == 101 {
                 let upgrade = head.headers.first(name: "upgrade")
                 router.responseHead(id, ExchangeResponseHead(status: 101, headers: HTTP1HeadFields(head.headers).endToEnd,
@@ -186,6 +287,13 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
                 return
             }
             if head.status.code >= 200 {
+                if let started = translated, started.id == id {
+                    // Answered without a switch: the answer passes as the stream's response,
+                    // and what the client sent meanwhile is dropped (and credited back).
+                    translated = nil
+                    let count = started.held.reduce(0) { $0 + $1.readableBytes }
+                    if count > 0 { router.requestBodyTransmitted(id, bytes: count) }
+                }
                 activeResponseHeadSeen = true
                 activeKeepAlive = head.isKeepAlive
             }
@@ -223,7 +331,13 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        if let id = active { router.responseCancelled(id) }
+        if let id = relaying {
+            // The relayed protocol's connection ended: so does the client's stream.
+            relaying = nil
+            router.responseEnd(id, trailers: nil)
+        } else if let id = active {
+            router.responseCancelled(id)
+        }
         for entry in waiting { router.responseCancelled(entry.id) }
         waiting = []
         router.upstreamClosed()
@@ -231,6 +345,14 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if let event = event as? ChannelEvent, event == .inputClosed, let id = relaying {
+            // The upstream ended its half of the relayed protocol: the stream ends (END_STREAM)
+            // and, the connection being good for nothing else, the tunnel with it.
+            relaying = nil
+            router.responseEnd(id, trailers: nil)
+            close()
+            return
+        }
         if let event = event as? ChannelEvent, event == .inputClosed, !upgraded {
             // The upstream is done sending. The decoder has already delivered the end of
             // a response delimited by the close; anything still awaited is cancelled as
@@ -255,6 +377,57 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             for (id, bytes) in flow.takeOwed() { router.requestBodyTransmitted(id, bytes: bytes) }
         }
         context.fireChannelWritabilityChanged()
+    }
+
+    // MARK: a translated WebSocket, relayed
+
+    /// What an HTTP/2 client sent on its stream before the 101, for the relay to send first.
+    private var pendingRelay: (held: [ByteBuffer], ended: Bool)?
+
+    /// After a checked `101` for a translated extended CONNECT: the HTTP codecs leave, and
+    /// the connection's raw bytes become the client stream's DATA (through a tap behind
+    /// this handler: they arrive as `ByteBuffer`s, not response parts) and the stream's
+    /// DATA the connection's bytes, with the same credits as any body in both directions.
+    private func becomeStreamRelay() {
+        guard let context, let id = relaying else { return }
+        let pipeline = context.pipeline.syncOperations
+        do {
+            try pipeline.addHandler(RawBytesTap { [weak self] bytes in self?.relayed(bytes) }, position: .after(self))
+            // The decoder's removal hands on what it holds past the 101 (`.forwardBytes`).
+            pipeline.removeHandler(try pipeline.handler(type: ByteToMessageHandler<HTTPResponseDecoder>.self), promise: nil)
+            pipeline.removeHandler(try pipeline.handler(type: HTTPRequestEncoder.self), promise: nil)
+        } catch {
+            close()
+            return
+        }
+        // Exchanges queued behind the upgrade can never be sent on this connection.
+        for entry in waiting { router.responseFailed(entry.id, detail: "the upstream's one HTTP/1.1 connection now carries a WebSocket") }
+        waiting = []
+        let pending = pendingRelay
+        pendingRelay = nil
+        for bytes in pending?.held ?? [] { writeRelayed(bytes, id: id) }
+        if pending?.ended == true {
+            endRequest(id, trailers: nil)
+        } else {
+            context.flush()
+        }
+    }
+
+    /// Raw bytes of the relayed protocol from the upstream, for the client's stream.
+    private func relayed(_ bytes: ByteBuffer) {
+        guard let id = relaying else { return }
+        flow.handedOver(bytes.readableBytes)
+        router.responseBody(id, bytes)
+    }
+
+    /// Stream DATA from the client, as raw bytes on this connection (no codec is left).
+    private func writeRelayed(_ bytes: ByteBuffer, id: Int) {
+        guard let context else { return }
+        let count = bytes.readableBytes
+        context.write(NIOAny(bytes), promise: nil)
+        if let credit = flow.wrote(id, bytes: count, writable: context.channel.isWritable) {
+            router.requestBodyTransmitted(id, bytes: credit)
+        }
     }
 
     private func resumeReading(afterPassingOn count: Int?) {

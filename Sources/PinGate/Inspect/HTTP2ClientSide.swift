@@ -51,6 +51,12 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
     /// A side on a fresh nghttp2 server session with `limits`.
     init(router: TunnelRouter, limits: HTTP2Session.Limits) throws(HTTP2Error) {
         self.router = router
+        // RFC 8441: the client may open extended CONNECT streams (WebSocket over HTTP/2).
+        // Each is checked like any request and reaches only the pinned upstream, in its
+        // own form there (an extended CONNECT, or an HTTP/1.1 Upgrade); an upstream that
+        // can carry neither gets the stream a 501, so advertising it always is safe.
+        var limits = limits
+        limits.enableConnectProtocol = true
         self.wire = HTTP2Wire(session: try HTTP2Session(role: .server, limits: limits))
     }
 
@@ -105,9 +111,12 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
             requestStreams.insert(streamID)
             let authority = HTTP2Wire.pseudo(":authority", in: fields)
                 ?? fields.first { $0.name == "host" }?.value
+            // `:protocol` makes a CONNECT an extended CONNECT (RFC 8441 §4); nghttp2 accepts
+            // it only because this session advertised SETTINGS_ENABLE_CONNECT_PROTOCOL, and
+            // has checked that it comes with `:scheme` and `:path` on a CONNECT.
             let head = ExchangeRequestHead(
                 method: HTTP2Wire.pseudo(":method", in: fields) ?? "", path: HTTP2Wire.pseudo(":path", in: fields) ?? "",
-                authority: authority, headers: HTTP2Wire.headers(fields), upgrade: nil)
+                authority: authority, headers: HTTP2Wire.headers(fields), upgrade: HTTP2Wire.pseudo(":protocol", in: fields))
             router.requestHead(id, head, endStream: endStream)
         case .data(let streamID, let bytes, let endStream):
             let id = Int(streamID)
@@ -175,6 +184,21 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
 
     func sendResponseHead(_ id: Int, _ head: ExchangeResponseHead, endStream: Bool) {
         let streamID = Int32(id)
+        if head.upgrade != nil {
+            // The upstream agreed to the extended CONNECT's protocol: in its own form (a 2xx
+            // on HTTP/2; over HTTP/1.1 a checked `101`). Here it is the stream's 200 (RFC 8441
+            // §5), without the HTTP/1.1 key/accept fields; the stream stays open both ways
+            // and its DATA is the protocol's bytes.
+            let fields = [HTTP2HeaderField(":status", "200")]
+                + HTTP2Wire.fields(WebSocketHandshake.withoutHandshakeFields(head.headers))
+            do {
+                try wire.session.submitResponse(streamID: streamID, fields, endStream: endStream)
+                if !endStream { respondingStreams.insert(streamID) }
+            } catch {
+                reset(streamID)
+            }
+            return
+        }
         let fields = [HTTP2HeaderField(":status", "\(head.status)")] + HTTP2Wire.fields(head.headers)
         do {
             if head.status < 200 {

@@ -31,11 +31,20 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     private var answeredStreams: Set<Int32> = []
     /// Streams opened with a request body still to come.
     private var sendingStreams: Set<Int32> = []
+    /// Extended CONNECT streams awaiting their answer: the protocol asked for, and whether
+    /// the client's own request had already ended (an HTTP/1.1 upgrade GET has no body).
+    private var tunnelStreams: [Int32: (protocol: String, requestEnded: Bool)] = [:]
     /// Ids for exchanges that could not become streams (the session refused them); they
     /// are negative so they never meet a stream id.
     private var nextRefusedID = -1
     private var inReadBurst = false
     private var closing = false
+    /// Called once: with true when the upstream's first SETTINGS arrived, with false when
+    /// the connection ended before they did (set only while they are awaited).
+    var onPeerSettings: ((_ arrived: Bool) -> Void)?
+
+    /// True once the upstream's SETTINGS arrived (what it offers is then known).
+    var peerSettingsReceived: Bool { wire.session.peerSettingsReceived }
 
     /// A side on a fresh nghttp2 client session with `limits` (the preface is queued).
     init(router: TunnelRouter, limits: HTTP2Session.Limits) throws(HTTP2Error) {
@@ -55,19 +64,57 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
 
     // MARK: from the router
 
-    /// HTTP/2 has no `Upgrade` (RFC 9113 §8.6); the router answers such a request itself.
-    var carriesUpgrades: Bool { false }
+    /// HTTP/2 has no `Upgrade` (RFC 9113 §8.6): a protocol switch rides an extended CONNECT
+    /// (RFC 8441), which this upstream must have offered (SETTINGS_ENABLE_CONNECT_PROTOCOL).
+    /// An extended CONNECT from an HTTP/2 client passes as it is, whatever its `:protocol`;
+    /// an HTTP/1.1 client's `Upgrade` is translated, which only WebSocket defines.
+    ///
+    /// The upstream's SETTINGS are in by now: the client's requests are held back at the
+    /// tunnel's start until they arrive (`RequestAwareTunnel.install`).
+    func upgradeRefusal(for head: ExchangeRequestHead) -> String? {
+        let upgrade = head.upgrade ?? ""
+        guard wire.session.peerEnablesConnectProtocol else {
+            return "the upstream speaks HTTP/2 and did not advertise SETTINGS_ENABLE_CONNECT_PROTOCOL (RFC 8441), so it cannot carry \(upgrade)"
+        }
+        if head.isExtendedConnect { return nil }
+        guard WebSocketHandshake.isWebSocket(upgrade), head.method == "GET" else {
+            return "the upstream speaks HTTP/2, where only a WebSocket GET has an extended CONNECT form (RFC 8441 §5), not \(head.method) with Upgrade: \(upgrade)"
+        }
+        guard head.headers.first(name: "sec-websocket-key") != nil else {
+            return "a WebSocket upgrade without Sec-WebSocket-Key cannot be answered"
+        }
+        return nil
+    }
 
     func startRequest(_ head: ExchangeRequestHead, authority: RequestAuthority, endStream: Bool) -> Int {
         // The authority sent is the checked one, never the client's own text.
-        var fields = [
-            HTTP2HeaderField(":method", head.method), HTTP2HeaderField(":scheme", "https"),
-            HTTP2HeaderField(":authority", authority.headerValue), HTTP2HeaderField(":path", head.path),
-        ]
-        fields.append(contentsOf: HTTP2Wire.fields(head.headers))
+        var fields: [HTTP2HeaderField]
+        var headers = head.headers
+        let tunnel = head.upgrade != nil
+        if let upgrade = head.upgrade {
+            // An extended CONNECT (RFC 8441 §4): `:protocol` names what the stream carries.
+            // An HTTP/1.1 WebSocket GET becomes one (§5); its key/accept fields mean nothing
+            // here: the client side computes the accept from the client's own key.
+            fields = [
+                HTTP2HeaderField(":method", "CONNECT"), HTTP2HeaderField(":protocol", upgrade),
+                HTTP2HeaderField(":scheme", "https"), HTTP2HeaderField(":authority", authority.headerValue),
+                HTTP2HeaderField(":path", head.path),
+            ]
+            headers = WebSocketHandshake.withoutHandshakeFields(headers)
+        } else {
+            fields = [
+                HTTP2HeaderField(":method", head.method), HTTP2HeaderField(":scheme", "https"),
+                HTTP2HeaderField(":authority", authority.headerValue), HTTP2HeaderField(":path", head.path),
+            ]
+        }
+        fields.append(contentsOf: HTTP2Wire.fields(headers))
+        // A tunnel stream stays open for the protocol's bytes even when the client's request
+        // had no body (an HTTP/1.1 upgrade GET ends with its head).
+        let endsNow = endStream && !tunnel
         do {
-            let streamID = try wire.session.submitRequest(fields, endStream: endStream)
-            if !endStream { sendingStreams.insert(streamID) }
+            let streamID = try wire.session.submitRequest(fields, endStream: endsNow)
+            if !endsNow { sendingStreams.insert(streamID) }
+            if tunnel { tunnelStreams[streamID] = (protocol: head.upgrade ?? "", requestEnded: endStream) }
             return Int(streamID)
         } catch {
             // No stream (the upstream sent GOAWAY, or ran out of stream ids): the router
@@ -123,6 +170,10 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         switch wire.receive(buffer) {
         case .success(let events):
             for event in events { handle(event, input: buffer) }
+            if wire.session.peerSettingsReceived, let waiting = onPeerSettings {
+                onPeerSettings = nil
+                waiting(true)
+            }
         case .failure:
             // The upstream broke HTTP/2: nothing more of this connection can be trusted.
             close()
@@ -138,8 +189,23 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
                 return
             }
             let status = Int(HTTP2Wire.pseudo(":status", in: fields) ?? "") ?? 502
-            if status >= 200 { answeredStreams.insert(streamID) }
-            router.responseHead(id, ExchangeResponseHead(status: status, headers: HTTP2Wire.headers(fields)), endStream: endStream)
+            var head = ExchangeResponseHead(status: status, headers: HTTP2Wire.headers(fields))
+            if status >= 200 {
+                answeredStreams.insert(streamID)
+                if let tunnel = tunnelStreams.removeValue(forKey: streamID) {
+                    if (200..<300).contains(status) {
+                        // RFC 8441 §4: a 2xx opens the tunnel; the stream's DATA is the protocol.
+                        head.upgrade = tunnel.protocol
+                    } else if tunnel.requestEnded {
+                        // Refused: the answer passes as an ordinary response. The client's
+                        // request had ended (an upgrade GET), so the stream ends our way too.
+                        if sendingStreams.remove(streamID) != nil, !wire.endBody(streamID, trailers: nil) {
+                            try? wire.session.resetStream(streamID, errorCode: ErrorCode.cancel)
+                        }
+                    }
+                }
+            }
+            router.responseHead(id, head, endStream: endStream)
         case .data(let streamID, let bytes, let endStream):
             let id = Int(streamID)
             if bytes.count > 0 { router.responseBody(id, HTTP2Wire.buffer(bytes, from: input)) }
@@ -147,6 +213,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         case .streamClosed(let streamID, let errorCode):
             answeredStreams.remove(streamID)
             sendingStreams.remove(streamID)
+            tunnelStreams.removeValue(forKey: streamID)
             // Reset by the upstream (or refused past its GOAWAY): the exchange is abandoned.
             if errorCode != 0 { router.responseCancelled(Int(streamID)) }
         case .goAway:
@@ -164,6 +231,10 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
+        if let waiting = onPeerSettings {
+            onPeerSettings = nil
+            waiting(false)
+        }
         router.upstreamClosed()
         context.fireChannelInactive()
     }

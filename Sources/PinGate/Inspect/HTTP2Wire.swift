@@ -62,6 +62,11 @@ final class HTTP2Wire {
     /// Ends the connection: a graceful GOAWAY when the session can still send one (streams
     /// the peer may retry), whatever is queued, then the close.
     func close(_ context: ChannelHandlerContext) {
+        // What is queued goes first: nghttp2 sends control frames (GOAWAY) ahead of DATA, so
+        // a stream's last DATA (its END_STREAM, e.g. as a relayed WebSocket ends with its
+        // upstream connection) would otherwise follow the GOAWAY, which some peers (Python
+        // `h2`) no longer read past.
+        _ = write(context, flush: false)
         if session.isAlive { try? session.goAway(errorCode: 0) }
         _ = write(context, flush: true)
         context.close(promise: nil)

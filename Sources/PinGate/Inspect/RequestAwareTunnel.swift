@@ -59,10 +59,12 @@ enum RequestAwareTunnel {
         }
         try clientPipeline.addHandler(sniffer)
 
+        var http2Upstream: HTTP2UpstreamSide?
         if upstreamProtocol == "h2" {
             let upstreamSide = try HTTP2UpstreamSide(router: router, limits: limits)
             router.upstream = upstreamSide
             try upstreamPipeline.addHandler(upstreamSide)
+            http2Upstream = upstreamSide
         } else {
             let upstreamSide = HTTP1UpstreamSide(router: router)
             let encoder = HTTPRequestEncoder()
@@ -83,12 +85,28 @@ enum RequestAwareTunnel {
         // The sides are held by their pipelines; the router by the sides. When either
         // channel closes, the router ends the other, and the pipelines let go of all.
 
-        replay(clientEarly, into: client)
+        // The upstream's bytes first: its SETTINGS are usually among them, and they decide
+        // whether an extended CONNECT (or an Upgrade to translate into one) can be carried.
         replay(upstreamEarly, into: upstream)
         // A glue that was holding reads back (its buffer was full) took its pending read
         // with it: ask again, or a leg would never be read.
-        client.read()
         upstream.read()
+        if let http2Upstream, !http2Upstream.peerSettingsReceived {
+            // An HTTP/2 upstream that has not sent its SETTINGS yet (some send them only
+            // after our preface): the client's bytes are held in front of the sniffer until
+            // they arrive, so the router never decides on RFC 9113's defaults instead of
+            // what the upstream offers. One round trip at most, at the tunnel's start; while
+            // held, the client's socket is not read (a read already under way is held too).
+            // Should the upstream go first, the client goes with it: no client side exists
+            // yet to hear of it through the router.
+            let hold = HoldInbound()
+            try clientPipeline.addHandler(hold, position: .before(sniffer))
+            http2Upstream.onPeerSettings = { arrived in
+                if arrived { hold.release() } else { client.close(promise: nil) }
+            }
+        }
+        replay(clientEarly, into: client)
+        client.read()
     }
 
     /// The HTTP/1.1 client side, once the sniffer put one in: the side an upgrade switches.
@@ -128,5 +146,47 @@ enum RequestAwareTunnel {
         for buffer in early.reads { tls.fireChannelRead(NIOAny(buffer)) }
         if !early.reads.isEmpty { tls.fireChannelReadComplete() }
         if early.inputEnded { tls.fireUserInboundEventTriggered(ChannelEvent.inputClosed) }
+    }
+
+    /// Holds a leg's inbound bytes and read requests until `release()`, then replays them
+    /// in order and leaves the pipeline. Used for the client leg while an HTTP/2 upstream's
+    /// SETTINGS are awaited.
+    private final class HoldInbound: ChannelDuplexHandler, RemovableChannelHandler {
+        typealias InboundIn = ByteBuffer
+        typealias OutboundIn = ByteBuffer
+
+        private var context: ChannelHandlerContext?
+        private var held: [NIOAny] = []
+        private var inputClosed = false
+        private var readWanted = false
+
+        func handlerAdded(context: ChannelHandlerContext) { self.context = context }
+        func handlerRemoved(context: ChannelHandlerContext) { self.context = nil }
+
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) { held.append(data) }
+        func channelReadComplete(context: ChannelHandlerContext) {}
+
+        func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+            if let event = event as? ChannelEvent, event == .inputClosed {
+                inputClosed = true
+                return
+            }
+            context.fireUserInboundEventTriggered(event)
+        }
+
+        /// Reads wait too: the socket is not read while the bytes are held.
+        func read(context: ChannelHandlerContext) { readWanted = true }
+
+        /// Passes on what was held, then steps aside for good.
+        func release() {
+            guard let context else { return }
+            let bytes = held
+            held = []
+            for data in bytes { context.fireChannelRead(data) }
+            if !bytes.isEmpty { context.fireChannelReadComplete() }
+            if inputClosed { context.fireUserInboundEventTriggered(ChannelEvent.inputClosed) }
+            if readWanted { context.read() }
+            context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
+        }
     }
 }

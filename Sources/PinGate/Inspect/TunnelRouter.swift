@@ -95,16 +95,17 @@ final class TunnelRouter {
             }
         case .pass(let authority):
             guard let upstream else { return }
-            if head.method == "CONNECT" {
-                // A tunnel inside the tunnel would carry bytes no check ever reads (RFC 8441's
-                // extended CONNECT is not offered: SETTINGS_ENABLE_CONNECT_PROTOCOL stays 0).
+            if head.method == "CONNECT" && head.upgrade == nil {
+                // A classic CONNECT inside the tunnel would open a tunnel to any host:port,
+                // carrying bytes no check ever reads. Only RFC 8441's extended CONNECT (with
+                // `:protocol`) passes: its authority was checked above like any request's,
+                // and it reaches the same pinned upstream.
                 refuse(id, exchange, status: 405, reason: .methodNotAllowed,
-                       detail: "CONNECT inside a tunnel is not relayed")
+                       detail: "CONNECT inside a tunnel is not relayed (only an RFC 8441 extended CONNECT with :protocol is)")
                 return
             }
-            if let upgrade = head.upgrade, !upstream.carriesUpgrades {
-                refuse(id, exchange, status: 501, reason: .upgradeUnsupported,
-                       detail: "the upstream speaks HTTP/2, which cannot carry an Upgrade to \(upgrade) (RFC 9113 §8.6)")
+            if head.upgrade != nil, let detail = upstream.upgradeRefusal(for: head) {
+                refuse(id, exchange, status: 501, reason: .upgradeUnsupported, detail: detail)
                 return
             }
             exchanges[id] = exchange
@@ -230,13 +231,19 @@ final class TunnelRouter {
     /// The upstream abandoned exchange `upstreamID` (HTTP/2 RST_STREAM, or its HTTP/1.1
     /// connection ended mid-response).
     func responseCancelled(_ upstreamID: Int) {
+        responseFailed(upstreamID, detail: "the upstream abandoned the request")
+    }
+
+    /// The upstream's answer to exchange `upstreamID` cannot be passed on (`detail` says
+    /// why, e.g. a WebSocket `101` whose `Sec-WebSocket-Accept` does not answer the gate's
+    /// key): as `responseCancelled`, with that text in the client's 502.
+    func responseFailed(_ upstreamID: Int, detail: String) {
         guard let id = clientIDByUpstreamID[upstreamID], let exchange = exchanges[id] else { return }
         if exchange.status == nil {
             // Nothing was answered yet: the client hears why, as it would from a proxy.
             exchanges[id]?.status = 502
             exchanges[id]?.responseEnded = true
-            client?.answer(id, status: 502, refusal: DecisionReason.upstreamUnreachable.rawValue,
-                           detail: "the upstream abandoned the request")
+            client?.answer(id, status: 502, refusal: DecisionReason.upstreamUnreachable.rawValue, detail: detail)
             finishIfDone(id)
         } else {
             client?.cancel(id)

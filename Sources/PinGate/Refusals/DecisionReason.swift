@@ -46,9 +46,11 @@ public enum DecisionReason: String, Sendable, Hashable, CaseIterable, Codable {
     /// A request inside an admitted tunnel was malformed or ambiguous HTTP (a smuggling
     /// shape, a bad header, an HTTP/2 protocol error): refused, nothing forwarded.
     case malformedRequest = "malformed-request"
-    /// A request inside an admitted tunnel asked for an HTTP/1.1 `Upgrade` (WebSocket) that
-    /// the tunnel's upstream connection cannot carry (it speaks HTTP/2): refused, nothing
-    /// forwarded.
+    /// A request inside an admitted tunnel asked to switch protocols (an HTTP/1.1 `Upgrade`,
+    /// or an RFC 8441 extended CONNECT) in a way the tunnel's upstream connection cannot
+    /// carry: an HTTP/2 upstream that did not advertise SETTINGS_ENABLE_CONNECT_PROTOCOL, or
+    /// a protocol other than WebSocket that would have to change form. Refused (501),
+    /// nothing forwarded.
     case upgradeUnsupported = "upgrade-unsupported"
     /// A client's first bytes inside an admitted tunnel were neither an HTTP/1.x request
     /// line nor the HTTP/2 preface (or not the protocol its ALPN named), and its host is not

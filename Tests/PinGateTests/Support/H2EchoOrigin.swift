@@ -22,11 +22,16 @@ final class H2EchoOrigin {
     }
 
     /// Starts the origin with `certificatePath`/`keyPath` and waits for its port.
-    static func start(certificatePath: String, keyPath: String) async throws -> H2EchoOrigin {
+    static func start(certificatePath: String, keyPath: String, extraArguments: [String] = []) async throws -> H2EchoOrigin {
+        try await start(script: "h2_echo_server.py", ["--cert", certificatePath, "--key", keyPath] + extraArguments)
+    }
+
+    /// Starts peer `script` (in `Tests/Peers`) with `arguments`; like the echo origin it
+    /// must print `{"event": "listening", "port": N}` first (`ws_peer.py server` does).
+    static func start(script: String, _ arguments: [String]) async throws -> H2EchoOrigin {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: try TestProcess.resolve("python3"))
-        process.arguments = ["-u", (peers as NSString).appendingPathComponent("h2_echo_server.py"),
-                             "--cert", certificatePath, "--key", keyPath]
+        process.arguments = ["-u", (peers as NSString).appendingPathComponent(script)] + arguments
         let out = Pipe()
         let err = Pipe()
         process.standardOutput = out
@@ -50,12 +55,21 @@ final class H2EchoOrigin {
     /// Starts the origin as `start` does, runs `body` with it, and stops it (by its PID)
     /// whether `body` returns or throws.
     static func with<Value>(
-        certificatePath: String, keyPath: String,
+        certificatePath: String, keyPath: String, extraArguments: [String] = [],
+        isolation: isolated (any Actor)? = #isolation,
+        _ body: (H2EchoOrigin) async throws -> Value
+    ) async throws -> Value {
+        try await with(script: "h2_echo_server.py", ["--cert", certificatePath, "--key", keyPath] + extraArguments, body)
+    }
+
+    /// Starts peer `script` as `start(script:_:)` does, runs `body`, and stops it (by PID).
+    static func with<Value>(
+        script: String, _ arguments: [String],
         isolation: isolated (any Actor)? = #isolation,
         _ body: (H2EchoOrigin) async throws -> Value
     ) async throws -> Value {
         try await withResource(
-            start: { try await start(certificatePath: certificatePath, keyPath: keyPath) },
+            start: { try await start(script: script, arguments) },
             stop: { await $0.stop() },
             body: body)
     }
