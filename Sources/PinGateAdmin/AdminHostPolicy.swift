@@ -1,4 +1,5 @@
 import Foundation
+import PinGate
 
 /// Which `Host` headers the admin endpoint answers. A web page on another site can make
 /// a browser resolve its own name to 127.0.0.1 (DNS rebinding) and then read `/status`,
@@ -31,42 +32,20 @@ public struct AdminHostPolicy: Sendable, Equatable {
     }
 
     /// True when a request with this `Host` header value (nil: none sent) is answered.
+    /// The value is parsed and normalized as a request's authority inside a tunnel is
+    /// (`RequestAuthority`: lower case, no trailing dot, IPv6 unbracketed, port 80 when
+    /// none is given), so the two checks cannot disagree on what a `Host` names.
     public func allows(_ header: String?) -> Bool {
         if allowsAny { return true }
-        guard let header, let (host, port) = Self.split(header.trimmingCharacters(in: .whitespaces)) else { return false }
-        return names.contains(host) && (port ?? 80) == self.port
+        guard let header,
+              let authority = RequestAuthority(parsing: header.trimmingCharacters(in: .whitespaces), defaultPort: 80)
+        else { return false }
+        return names.contains(authority.host) && authority.port == port
     }
 
     /// The names and port answered, for the 421's text.
     public var accepted: String {
         names.sorted().map { ($0.contains(":") ? "[\($0)]" : $0) + ":\(port)" }.joined(separator: ", ")
-    }
-
-    /// `host`, `host:port`, `[v6]` or `[v6]:port` → normalized host and port; nil when malformed.
-    static func split(_ value: String) -> (String, Int?)? {
-        var host: Substring
-        var portText: Substring?
-        if value.hasPrefix("[") {
-            guard let close = value.firstIndex(of: "]") else { return nil }
-            host = value[value.index(after: value.startIndex)..<close]
-            let rest = value[value.index(after: close)...]
-            if !rest.isEmpty {
-                guard rest.hasPrefix(":") else { return nil }
-                portText = rest.dropFirst()
-            }
-        } else {
-            let parts = value.split(separator: ":", omittingEmptySubsequences: false)
-            guard parts.count <= 2 else { return nil }
-            host = parts[0]
-            portText = parts.count == 2 ? parts[1] : nil
-        }
-        guard !host.isEmpty else { return nil }
-        var port: Int?
-        if let portText {
-            guard let parsed = Int(portText), (1...65535).contains(parsed) else { return nil }
-            port = parsed
-        }
-        return (normalize(String(host)), port)
     }
 
     /// Lower case, brackets and one trailing dot removed.

@@ -92,11 +92,11 @@ struct AuthorityBinding {
 /// A request's authority, normalized the way CONNECT targets are: host lower case,
 /// one trailing dot dropped, IPv6 without brackets, and the port made explicit (the
 /// CONNECT port when the request left it out).
-struct RequestAuthority: Equatable, Sendable, CustomStringConvertible {
+package struct RequestAuthority: Equatable, Sendable, CustomStringConvertible {
     /// The normalized host.
-    let host: String
+    package let host: String
     /// The port, explicit.
-    let port: Int
+    package let port: Int
     /// Whether the request spelled the port out (it is then kept when forwarding).
     let portWasExplicit: Bool
 
@@ -104,7 +104,7 @@ struct RequestAuthority: Equatable, Sendable, CustomStringConvertible {
     /// (userinfo, empty host, a bad port, characters a host cannot have). The text is
     /// checked and normalized by the CONNECT parser itself, so a request's authority and a
     /// CONNECT target compare equal exactly when they name the same origin.
-    init?(parsing text: String, defaultPort: Int) {
+    package init?(parsing text: String, defaultPort: Int) {
         // An authority has a port when its last colon is not inside IPv6 brackets.
         let hasPort = text.hasPrefix("[") ? !text.hasSuffix("]") : text.utf8.contains(UInt8(ascii: ":"))
         let target = hasPort ? text : "\(text):\(defaultPort)"
@@ -118,7 +118,7 @@ struct RequestAuthority: Equatable, Sendable, CustomStringConvertible {
     private var isIPv6: Bool { host.utf8.contains(UInt8(ascii: ":")) }
 
     /// `host:port` with IPv6 bracketed: how logs and refusals name it.
-    var description: String { isIPv6 ? "[\(host)]:\(port)" : "\(host):\(port)" }
+    package var description: String { isIPv6 ? "[\(host)]:\(port)" : "\(host):\(port)" }
 
     /// The authority as forwarded upstream: the host, with the port only if the request
     /// gave one (servers compare `Host` literally, and most expect no default port).

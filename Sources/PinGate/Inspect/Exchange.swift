@@ -50,7 +50,7 @@ enum ConnectionSpecificHeaders {
 }
 
 /// What one HTTP/1.1 head's fields say about framing and the connection, and its
-/// end-to-end fields, read in two passes over the fields instead of one lookup per
+/// end-to-end fields, read in one pass over the fields instead of one lookup per
 /// question (each of NIO's `headers[canonicalForm:]` lookups scans every field and builds
 /// an array): this runs for every request and every response a tunnel carries.
 struct HTTP1HeadFields {
@@ -72,18 +72,19 @@ struct HTTP1HeadFields {
     /// has none, RFC 9112 §6.3).
     var hasBody: Bool { transferEncoding || nonZeroContentLength }
 
-    /// Reads `headers`.
+    /// Reads `headers` in one pass: each field is classified once, and carried on unless it
+    /// is connection-specific. The fields a `Connection` field names are taken out after
+    /// the pass (rare: the usual tokens, `keep-alive`, `close` and `upgrade`, name no
+    /// field that is not dropped anyway).
     init(_ headers: HTTPHeaders) {
         endToEnd = HTTPHeaders()
+        endToEnd.reserveCapacity(headers.count)
         var connectionNamesUpgrade = false
         var upgradeValue: String?
-        // Field names a `Connection` field lists beyond the usual tokens: dropped too.
         var namedByConnection: [Substring] = []
-        var anyConnectionSpecific = false
         for (name, value) in headers {
             switch Self.known(name) {
             case .connection:
-                anyConnectionSpecific = true
                 for token in value.split(separator: ",") {
                     let token = token.trimmingASCIISpaces()
                     if Self.equalsLowercased(token, "upgrade") {
@@ -93,40 +94,27 @@ struct HTTP1HeadFields {
                     }
                 }
             case .transferEncoding:
-                anyConnectionSpecific = true
                 transferEncoding = true
             case .contentLength:
                 if value != "0" { nonZeroContentLength = true }
+                endToEnd.add(name: name, value: value)
             case .upgrade:
-                anyConnectionSpecific = true
                 if upgradeValue == nil { upgradeValue = value }
             case .te:
-                anyConnectionSpecific = true
                 if value.split(separator: ",").contains(where: { Self.equalsLowercased($0.trimmingASCIISpaces(), "trailers") }) {
                     wantsTrailers = true
                 }
             case .host:
-                anyConnectionSpecific = true
                 // `Host: a, b` is two authorities as much as two fields are.
                 hosts.append(contentsOf: value.split(separator: ",", omittingEmptySubsequences: false).map { String($0.trimmingASCIISpaces()) })
             case .otherConnectionSpecific:
-                anyConnectionSpecific = true
-            case nil:
                 break
+            case nil:
+                endToEnd.add(name: name, value: value)
             }
         }
         upgrade = connectionNamesUpgrade ? upgradeValue : nil
-        guard anyConnectionSpecific else {
-            // Nothing to drop (a typical response but for `Connection`): no copy by field.
-            endToEnd = headers
-            return
-        }
-        endToEnd.reserveCapacity(headers.count)
-        for (name, value) in headers {
-            if let kind = Self.known(name), kind != .contentLength { continue }
-            if !namedByConnection.isEmpty, namedByConnection.contains(where: { Self.equalsIgnoringCase(name[...], $0) }) { continue }
-            endToEnd.add(name: name, value: value)
-        }
+        for token in namedByConnection { endToEnd.remove(name: String(token)) }
     }
 
     private enum Known {
@@ -167,15 +155,6 @@ struct HTTP1HeadFields {
             if lower != expected[index] { return false }
         }
         return true
-    }
-
-    /// ASCII case-insensitive equality of two texts.
-    static func equalsIgnoringCase(_ text: Substring, _ other: Substring) -> Bool {
-        text.utf8.elementsEqual(other.utf8) { $0 | 0x20 == $1 | 0x20 && ($0 == $1 || Self.isLetter($0)) }
-    }
-
-    private static func isLetter(_ byte: UInt8) -> Bool {
-        (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(byte | 0x20)
     }
 
     /// ASCII case-insensitive equality of `text` with `lowercased` (already lower case).
