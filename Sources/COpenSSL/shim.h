@@ -83,4 +83,10 @@ static inline int pg_SSL_TLSEXT_ERR_OK(void) { return SSL_TLSEXT_ERR_OK; }
 static inline int pg_SSL_TLSEXT_ERR_NOACK(void) { return SSL_TLSEXT_ERR_NOACK; }
 static inline int pg_SSL_TLSEXT_ERR_ALERT_FATAL(void) { return SSL_TLSEXT_ERR_ALERT_FATAL; }
 
+/// Client-side session caching with OpenSSL's own store off: sessions are handed to the
+/// new-session callback and kept only where the caller decides (bound to a verdict).
+static inline long pg_SSL_CTX_set_client_session_callback_only(SSL_CTX *ctx) {
+    return SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
+}
+
 #endif

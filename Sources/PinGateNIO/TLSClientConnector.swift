@@ -11,6 +11,11 @@ public struct TLSClientChannel: Sendable {
     public let peer: TLSPeerSummary
     /// How long TCP connect (and the parent proxy's CONNECT) plus the TLS handshake took.
     public let handshakeDuration: TimeAmount
+    /// With a session cache: keeps the sessions this server hands out (those already
+    /// received and those still to come), stamped with `generation`, the cache's
+    /// generation read before the verdict. Call it only when the verdict trusted a
+    /// verified server; a connection never asked keeps nothing. Nil without a cache.
+    public let keepSessions: (@Sendable (_ generation: UInt64) -> Void)?
 }
 
 /// Why a TLS client connection did not come up.
@@ -74,11 +79,17 @@ public struct TLSClientConnector: Sendable {
     public let context: TLSContext
     /// Called on the loop for every TCP connection that came up (the gate counts them).
     public let onConnected: @Sendable () -> Void
+    /// Sessions to offer for resumption, and where `TLSClientChannel.keepSessions` puts
+    /// new ones; nil: every handshake is a full one. Needs a context made with
+    /// `collectsSessions`.
+    public let sessionCache: TLSSessionCache?
 
     /// A connector with `settings` and `context`.
-    public init(settings: TLSClientSettings, context: TLSContext, onConnected: @escaping @Sendable () -> Void = {}) {
+    public init(settings: TLSClientSettings, context: TLSContext, sessionCache: TLSSessionCache? = nil,
+                onConnected: @escaping @Sendable () -> Void = {}) {
         self.settings = settings
         self.context = context
+        self.sessionCache = sessionCache
         self.onConnected = onConnected
     }
 
@@ -101,10 +112,16 @@ public struct TLSClientConnector: Sendable {
             handshakePromise.fail(error)
             return eventLoop.makeFailedFuture(TLSClientError.handshakeFailed("\(error)"))
         }
+        let resumption = sessionCache.map { SessionResumption(cache: $0, host: host, port: port) }
+        let offerSession: ((SocketAddress?) -> Void)? = resumption.map { resumption in
+            { address in resumption.offer(on: connection, connectedTo: address) }
+        }
         // The TLS connection is made here, on the loop, and handed to the initializer
         // that runs on the same loop.
         let tls = NIOLoopBound(TLSHandler(connection: connection, handshakePromise: handshakePromise,
-                                          certificateRequestWait: settings.certificateRequestWait), eventLoop: eventLoop)
+                                          certificateRequestWait: settings.certificateRequestWait,
+                                          willStartClientHandshake: offerSession), eventLoop: eventLoop)
+        let resumable = NIOLoopBound((connection, resumption), eventLoop: eventLoop)
         let parent = settings.parentProxy
         let target = Authority(host: host, port: port).description
         let bootstrap = ClientBootstrap(group: eventLoop)
@@ -200,7 +217,26 @@ public struct TLSClientConnector: Sendable {
                     channel.close(promise: nil)
                     return eventLoop.makeFailedFuture(Self.classifyHandshakeError(error, timeout: handshakeTimeout))
                 }
-                .map { peer in TLSClientChannel(channel: channel, peer: peer, handshakeDuration: .now() - started) }
+                .flatMapThrowing { peer in
+                    let (connection, resumption) = resumable.value
+                    guard let resumption else {
+                        return TLSClientChannel(channel: channel, peer: peer, handshakeDuration: .now() - started, keepSessions: nil)
+                    }
+                    let settled: TLSPeerSummary
+                    do {
+                        settled = try resumption.summary(after: peer, connection: connection)
+                    } catch {
+                        channel.close(promise: nil)
+                        throw error
+                    }
+                    return TLSClientChannel(channel: channel, peer: settled, handshakeDuration: .now() - started,
+                                            keepSessions: { generation in
+                        eventLoop.execute {
+                            let (connection, resumption) = resumable.value
+                            resumption?.keep(from: connection, generation: generation)
+                        }
+                    })
+                }
         }
     }
 
@@ -233,6 +269,64 @@ public struct TLSClientConnector: Sendable {
         case TLSHandlerError.refusedAfterHandshake(let detail):
             return .handshakeFailed("the server asked for a client certificate, which pingate does not send, and then refused the connection: \(detail)")
         default: return .handshakeFailed("\(error)")
+        }
+    }
+}
+
+/// One connection's part in session resumption, on its loop: which session was offered,
+/// under which key, and what the handshake that resumed it may claim.
+private final class SessionResumption {
+    let cache: TLSSessionCache
+    let host: String
+    let port: Int
+    private var key: TLSSessionCache.Key?
+    private var offered: TLSSessionCache.Entry?
+    /// The full handshake's summary that new sessions are kept beside: this connection's
+    /// own, or, when it resumed, the one kept with the session it resumed.
+    private var fullHandshake: TLSPeerSummary?
+
+    init(cache: TLSSessionCache, host: String, port: Int) {
+        self.cache = cache
+        self.host = host
+        self.port = port
+    }
+
+    /// Offers a kept session for this name, port and address, if there is one.
+    func offer(on connection: TLSConnection, connectedTo address: SocketAddress?) {
+        let key = TLSSessionCache.Key(host: host, port: port, address: address?.ipAddress ?? "\(address.map { "\($0)" } ?? "-")")
+        self.key = key
+        guard let entry = cache.take(key) else { return }
+        do {
+            try connection.offer(entry.session)
+            offered = entry
+        } catch {
+            // A session OpenSSL will not take is no reason to fail: a full handshake follows.
+        }
+    }
+
+    /// The summary the caller decides on. After a full handshake, OpenSSL's own. After a
+    /// resumed one, the full handshake's kept summary (its verified chain and verify
+    /// result), provided the session's certificate is the one kept with it.
+    func summary(after live: TLSPeerSummary, connection: TLSConnection) throws -> TLSPeerSummary {
+        guard connection.sessionWasReused else {
+            fullHandshake = live
+            return live
+        }
+        guard let offered, let kept = offered.peer.leaf, let presented = live.leaf,
+              kept.derBytes == presented.derBytes else {
+            throw TLSClientError.handshakeFailed("the server resumed a TLS session whose certificate is not the one kept with it")
+        }
+        fullHandshake = offered.peer
+        return offered.peer.resumed(alpn: live.alpn, protocolVersion: live.protocolVersion)
+    }
+
+    /// Keeps the sessions `connection` receives, under this connection's key, beside the
+    /// summary of the full handshake they descend from.
+    func keep(from connection: TLSConnection, generation: UInt64) {
+        guard let key, let full = fullHandshake else { return }
+        let cache = self.cache
+        connection.deliverSessions { session in
+            cache.store(session, peer: full, key: key, generation: generation)
         }
     }
 }

@@ -67,6 +67,10 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     /// waits for the server's verdict on the missing certificate (see `init`).
     private var confirming: (summary: TLSPeerSummary, timer: Scheduled<Void>)?
     private let certificateRequestWait: TimeAmount?
+    /// Client: called once, on the loop, just before the first handshake step, with the
+    /// address the channel is connected to; the connector offers a kept session there
+    /// (it is chosen by that address, which is only known once TCP is up).
+    private var willStartClientHandshake: ((SocketAddress?) -> Void)?
 
     /// Wraps `connection`; `handshakePromise` completes with the peer summary or the failure.
     ///
@@ -78,7 +82,8 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     /// NewSessionTicket or data (the server went on) or when the wait is over. Nil: the
     /// promise completes with the handshake.
     public init(connection: TLSConnection, handshakePromise: EventLoopPromise<TLSPeerSummary>?, clientHelloResponder: ClientHelloResponder? = nil,
-                certificateRequestWait: TimeAmount? = nil) {
+                certificateRequestWait: TimeAmount? = nil, willStartClientHandshake: ((SocketAddress?) -> Void)? = nil) {
+        self.willStartClientHandshake = willStartClientHandshake
         self.connection = connection
         self.handshakePromise = handshakePromise
         self.clientHelloResponder = clientHelloResponder
@@ -207,6 +212,10 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     private func runHandshake(context: ChannelHandlerContext) {
+        if let willStart = willStartClientHandshake {
+            willStartClientHandshake = nil
+            willStart(context.channel.remoteAddress)
+        }
         switch connection.handshake() {
         case .needsMoreInput:
             break

@@ -35,20 +35,37 @@ public enum TLSReadOutcome: Equatable {
 /// What the peer proved during the handshake, read once it completed.
 public struct TLSPeerSummary: Sendable {
     /// The peer's leaf certificate (nil if it sent none).
-    public let leaf: Certificate?
+    public internal(set) var leaf: Certificate?
     /// OpenSSL's chain-and-hostname verdict: `X509_V_OK` (0) when both passed.
-    public let verifyCode: Int
+    public internal(set) var verifyCode: Int
     /// OpenSSL's text for `verifyCode`.
-    public let verifyReason: String
+    public internal(set) var verifyReason: String
     /// The application protocol both ends agreed on through ALPN, if any.
-    public let alpn: String?
+    public internal(set) var alpn: String?
     /// The protocol version, e.g. "TLSv1.3".
-    public let protocolVersion: String
+    public internal(set) var protocolVersion: String
     /// The chain as validated (leaf first), or as the peer sent it when validation failed.
-    public let chain: [Certificate]
+    public internal(set) var chain: [Certificate]
+    /// True when the handshake resumed an offered session: the server proved nothing
+    /// new, and OpenSSL verified nothing (see `resumed(alpn:protocolVersion:)`).
+    public internal(set) var resumed = false
 
     /// True when the chain validated to a trusted root and matched the expected host.
     public var chainAndHostnameValid: Bool { leaf != nil && verifyCode == Int(X509_V_OK) }
+
+    /// This summary, which the full handshake that made a session produced, as the
+    /// summary of a later handshake that resumed that session with `alpn` and
+    /// `protocolVersion` agreed anew. Its leaf, chain and verify result stay those the
+    /// full handshake proved: a resumed handshake proves no certificate itself, and
+    /// what OpenSSL would report for it is the session's copy (the chain as *sent*, not
+    /// as verified), so the caller rebuilds it from the decision it kept instead.
+    public func resumed(alpn: String?, protocolVersion: String) -> TLSPeerSummary {
+        var summary = self
+        summary.alpn = alpn
+        summary.protocolVersion = protocolVersion
+        summary.resumed = true
+        return summary
+    }
 }
 
 /// One TLS connection over memory BIOs: ciphertext in, ciphertext out, plaintext both
@@ -224,6 +241,30 @@ public final class TLSConnection {
         SSL_set_msg_callback(ssl, TLSConnectionHooks.messageCallback)
     }
 
+    // MARK: sessions (client, from a context that collects them)
+
+    /// Offers `session` for resumption; call before the handshake starts. Whether the
+    /// server took it is `sessionWasReused` once the handshake is complete.
+    public func offer(_ session: TLSSession) throws {
+        OpenSSLErrorQueue.clear()
+        // SSL_set_session takes its own reference; the TLSSession keeps ours.
+        guard SSL_set_session(ssl, session.pointer) == 1 else { throw OpenSSLError.drained("offer TLS session") }
+    }
+
+    /// True when the completed handshake resumed the offered session.
+    public var sessionWasReused: Bool { SSL_session_reused(ssl) == 1 }
+
+    /// Hands every session the server gives this connection to `sink`: those already
+    /// received, then each one as it arrives (TLS 1.3 tickets come after the handshake,
+    /// while reading). Until then at most two are held, and none once the connection
+    /// ends, so a connection whose verdict never trusted the server keeps nothing.
+    public func deliverSessions(to sink: @escaping (TLSSession) -> Void) {
+        hooks.sessionSink = sink
+        let held = hooks.heldSessions
+        hooks.heldSessions = []
+        held.forEach(sink)
+    }
+
     /// What the peer proved; meaningful once the handshake is complete.
     public func peerSummary() -> TLSPeerSummary {
         let leaf = SSL_get1_peer_certificate(ssl).map { Certificate(owning: $0) }
@@ -302,6 +343,26 @@ final class TLSConnectionHooks {
     var offeredALPN: [String]?
     var certificateRequested = false
     var sessionTicketReceived = false
+    /// Sessions the server handed out before anyone asked for them (see `deliverSessions`).
+    var heldSessions: [TLSSession] = []
+    var sessionSink: ((TLSSession) -> Void)?
+
+    /// Client, from a context that collects sessions: a session the server handed out
+    /// (TLS 1.3: a NewSessionTicket; TLS 1.2: the handshake's own). Returning 1 keeps
+    /// OpenSSL's reference, which the `TLSSession` now owns.
+    static let newSessionCallback: @convention(c) (OpaquePointer?, OpaquePointer?) -> Int32 = { ssl, session in
+        guard let session, let hooks = TLSConnectionHooks.hooks(ssl) else { return 0 }
+        let owned = TLSSession(owning: session)
+        guard owned.isResumable else { return 1 } // freed with `owned`
+        if let sink = hooks.sessionSink {
+            sink(owned)
+        } else {
+            // Servers send two tickets by default; more would only pile up unused.
+            if hooks.heldSessions.count == 2 { hooks.heldSessions.removeFirst() }
+            hooks.heldSessions.append(owned)
+        }
+        return 1
+    }
 
     /// Client: called when the server sent a CertificateRequest; goes on with no certificate.
     static let certificateCallback: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Int32 = { ssl, _ in

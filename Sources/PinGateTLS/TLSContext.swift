@@ -27,9 +27,18 @@ public final class TLSContext: @unchecked Sendable {
     /// The handshake itself never aborts on a bad chain (`SSL_VERIFY_NONE`): OpenSSL
     /// still validates and records the result, and the pin policy reads it, because a
     /// pins-only host may legitimately present a chain no root vouches for.
-    public static func client(trustRoots: TrustRoots) throws -> TLSContext {
+    ///
+    /// With `collectsSessions`, each connection made from the context keeps the sessions
+    /// its server hands out (see `TLSConnection.deliverSessions(to:)`) and may offer one
+    /// (`TLSConnection.offer(_:)`); OpenSSL's own client cache stays off, because a
+    /// session must be kept only next to the decision its handshake led to.
+    public static func client(trustRoots: TrustRoots, collectsSessions: Bool = false) throws -> TLSContext {
         let context = try make(method: TLS_client_method(), operation: "create client TLS context")
         SSL_CTX_set_verify(context.pointer, SSL_VERIFY_NONE, nil)
+        if collectsSessions {
+            _ = pg_SSL_CTX_set_client_session_callback_only(context.pointer)
+            SSL_CTX_sess_set_new_cb(context.pointer, TLSConnectionHooks.newSessionCallback)
+        }
         OpenSSLErrorQueue.clear()
         switch trustRoots {
         case .system:

@@ -26,6 +26,7 @@ import PinGateNIO
 /// resolve: ["api.example.test:8443:127.0.0.1"]
 /// pins-only: []
 /// allow-private-destinations: false   # DNS answers that are loopback/private/link-local/CGNAT/IPv4-mapped are refused
+/// upstream-session-resumption: true   # resume upstream TLS sessions of verified, pin-trusted handshakes
 /// opaque-hosts: []               # relayed as bytes, not read as HTTP (non-HTTP TLS protocols)
 /// upstream-proxy: http://proxy.corp:3128    # parent proxy; pins still apply end to end
 /// report-uris: [https://reports.example.com/pins]   # TrustKit-style pin-failure reports
@@ -105,6 +106,7 @@ struct ConfigFile: Decodable {
     var logLevel: String?
     var strictPermissions: Bool?
     var allowPrivateDestinations: Bool?
+    var upstreamSessionResumption: Bool?
 
     enum CodingKeys: String, CodingKey {
         case listen, admin
@@ -128,6 +130,7 @@ struct ConfigFile: Decodable {
         case logLevel = "log-level"
         case strictPermissions = "strict-permissions"
         case allowPrivateDestinations = "allow-private-destinations"
+        case upstreamSessionResumption = "upstream-session-resumption"
     }
 
     /// Loads `path`, resolving relative paths in it against its directory.

@@ -66,6 +66,11 @@ struct RunCommand: AsyncParsableCommand {
         discussion: "--resolve mappings may point anywhere but the gate itself and unspecified, multicast or broadcast addresses."))
     var allowPrivateDestinations: Bool?
 
+    @Flag(name: .long, inversion: .prefixedNo, help: ArgumentHelp(
+        "Resume upstream TLS sessions (default: on).",
+        discussion: "Only sessions from verified, pin-trusted handshakes are kept, per name, port and address, until the list changes; each resumed connection is checked against the list again."))
+    var upstreamSessionResumption: Bool?
+
     @Option(name: .long, help: "https:// URL that pin-failure reports (TrustKit JSON) are POSTed to. Repeatable.")
     var reportUri: [String] = []
 
@@ -220,6 +225,7 @@ struct RunCommand: AsyncParsableCommand {
         configuration.resolveOverrides = try (resolve.isEmpty ? (file?.resolve ?? []) : resolve).map(ResolveOverride.init(parsing:))
         configuration.pinsOnlyHosts = Set(pinsOnly.isEmpty ? (file?.pinsOnly ?? []) : pinsOnly)
         configuration.allowPrivateDestinations = allowPrivateDestinations ?? file?.allowPrivateDestinations ?? false
+        configuration.upstreamSessionResumption = upstreamSessionResumption ?? file?.upstreamSessionResumption ?? true
         configuration.opaqueHosts = Set((opaqueHost.isEmpty ? (file?.opaqueHosts ?? []) : opaqueHost).map(HostName.normalize))
         configuration.reportURIs = try (reportUri.isEmpty ? (file?.reportURIs ?? []) : reportUri).map { text in
             guard text.lowercased().hasPrefix("https://"), let url = URL(string: text) else {

@@ -200,9 +200,16 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                                       countRelayed: tunnelBytes.counter(clientSide: false))
     }
 
+    /// The verdict on `upstream`; when it trusts a verified server, that server's TLS
+    /// sessions are kept for resumption. Only such a handshake's sessions may be resumed,
+    /// and a resumed connection comes back here all the same: its kept summary (leaf,
+    /// verified chain) is decided on again under the list in force then.
     private func verdict(on upstream: UpstreamConnection, for request: ConnectRequest) -> Verdict {
-        environment.decisionPolicy.verdict(
+        let verdict = environment.decisionPolicy.verdict(
             host: request.host, leaf: upstream.leaf, chain: Self.chainCheck(upstream), list: environment.store.list, now: environment.now())
+        if upstream.peer.resumed { environment.statistics.upstreamSessionResumed() }
+        if case .trusted = verdict, upstream.peer.chainAndHostnameValid { upstream.keepSessions?() }
+        return verdict
     }
 
     /// Pin failures (enforced or report-only) go to the report URIs, TrustKit style.
@@ -499,6 +506,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         if let upstream {
             metadata["upstream_handshake_ms"] = "\(upstream.handshakeDuration.nanoseconds / 1_000_000)"
             metadata["alpn"] = "\(connection.clientALPN ?? upstream.peer.alpn ?? "-")"
+            metadata["upstream_resumed"] = "\(upstream.peer.resumed)"
         }
         environment.decisionLogger.log(level: verdict == "allowed" ? .info : .notice, "connect decision", metadata: metadata)
     }

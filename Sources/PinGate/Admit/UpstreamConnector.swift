@@ -15,6 +15,9 @@ struct UpstreamConnection: Sendable {
     let leaf: LeafIdentity?
     /// How long TCP connect plus TLS handshake took.
     let handshakeDuration: TimeAmount
+    /// Keeps the TLS sessions this upstream hands out for resumption; call it only when
+    /// the verdict trusted a verified server (nil: resumption is off).
+    var keepSessions: (@Sendable () -> Void)? = nil
 }
 
 extension UpstreamConnection: Equatable {
@@ -47,8 +50,17 @@ struct UpstreamConnector: UpstreamDialer {
         }.flatMapThrowing { client in
             let glue = try client.channel.pipeline.syncOperations.handler(type: GlueHandler.self)
             let leaf = client.peer.leaf.map { LeafIdentity(certificateSHA256: $0.sha256Fingerprint, spkiSHA256: $0.spkiSHA256) }
+            // Read before the verdict is made, so a list change after this point (which
+            // moves the cache's generation on) keeps this connection's sessions out.
+            let keep = client.keepSessions.flatMap { keep in
+                self.client.sessionCache.map { cache in
+                    let generation = cache.generation
+                    return { @Sendable in keep(generation) }
+                }
+            }
             return UpstreamConnection(channel: client.channel, glue: NIOLoopBound(glue, eventLoop: eventLoop),
-                                      peer: client.peer, leaf: leaf, handshakeDuration: client.handshakeDuration)
+                                      peer: client.peer, leaf: leaf, handshakeDuration: client.handshakeDuration,
+                                      keepSessions: keep)
         }
     }
 }

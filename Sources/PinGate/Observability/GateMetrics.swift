@@ -20,6 +20,7 @@ public final class GateMetrics: Sendable {
     /// `pingate_requests_total{outcome="forwarded",reason="trusted"}`, made once: it counts
     /// every request a tunnel passes on, so it is not looked up by name per request.
     private let requestsForwarded: Counter
+    private let upstreamResumptions: Counter
 
     /// Metrics created in `factory` (e.g. a `PrometheusMetricsFactory` over a registry).
     public init(factory: any MetricsFactory) {
@@ -32,6 +33,7 @@ public final class GateMetrics: Sendable {
         upstreamHandshakeTimer = CoreMetrics.Timer(label: "pingate_upstream_handshake_seconds", factory: factory)
         clientHandshakeFailures = Counter(label: "pingate_client_handshakes_failed_total", dimensions: [("cause", "error")], factory: factory)
         clientHandshakeTimeouts = Counter(label: "pingate_client_handshakes_failed_total", dimensions: [("cause", "timeout")], factory: factory)
+        upstreamResumptions = Counter(label: "pingate_upstream_tls_resumed_total", factory: factory)
         requestsForwarded = Counter(label: "pingate_requests_total", dimensions: [("outcome", "forwarded"), ("reason", "trusted")],
                                     factory: factory)
     }
@@ -73,6 +75,7 @@ public final class GateMetrics: Sendable {
         if down > 0 { bytesDown.increment(by: down) }
     }
     func upstreamHandshake(nanoseconds: Int64) { upstreamHandshakeTimer.recordNanoseconds(nanoseconds) }
+    func upstreamSessionResumed() { upstreamResumptions.increment() }
     func clientHandshakeFailed() { clientHandshakeFailures.increment() }
     func clientHandshakeTimedOut() { clientHandshakeTimeouts.increment() }
 

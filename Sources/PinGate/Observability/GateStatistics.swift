@@ -15,6 +15,8 @@ public final class GateStatistics: Sendable {
         public var bytesDown: Int = 0
         /// Upstream TCP connections opened.
         public var upstreamConnections: Int = 0
+        /// Upstream TLS handshakes that resumed a kept session (each decided on again).
+        public var upstreamSessionsResumed: Int = 0
         /// Client-side TLS handshakes that failed after a 200.
         public var clientHandshakeFailures: Int = 0
         /// Client-side TLS handshakes that did not finish within the deadline after a 200.
@@ -62,6 +64,10 @@ public final class GateStatistics: Sendable {
         metrics.tunnelClosed()
     }
     func upstreamConnectionOpened() { state.withLock { $0.upstreamConnections += 1 } }
+    func upstreamSessionResumed() {
+        state.withLock { $0.upstreamSessionsResumed += 1 }
+        metrics.upstreamSessionResumed()
+    }
     func clientHandshakeFailed() {
         state.withLock { $0.clientHandshakeFailures += 1 }
         metrics.clientHandshakeFailed()

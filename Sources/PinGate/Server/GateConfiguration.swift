@@ -43,6 +43,11 @@ public struct GateConfiguration: Sendable {
     /// `--resolve` mappings and IP literals are not affected; the gate's own addresses and
     /// unspecified, multicast and broadcast addresses are refused whatever this says.
     public var allowPrivateDestinations = false
+    /// Whether upstream TLS sessions are resumed. A session is kept only from a handshake
+    /// that was verified and whose verdict trusted the server, only for the same name,
+    /// port and address, and only until the list changes; a resumed connection is decided
+    /// on again with the leaf and chain kept beside its session (see `TLSSessionCache`).
+    public var upstreamSessionResumption = true
     /// A parent HTTP proxy that upstream connections go through (CONNECT), as in
     /// corporate networks. The pin check still applies end to end.
     public var upstreamProxy: ParentProxy?

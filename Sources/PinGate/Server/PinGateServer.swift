@@ -97,7 +97,9 @@ public final class PinGateServer: Service, Sendable {
     ) async throws -> PinGateServer {
         // A write to a peer that has gone away must be an error, not the end of the process.
         signal(SIGPIPE, SIG_IGN)
-        let upstreamContext = try TLSContext.client(trustRoots: configuration.upstreamTrust)
+        let upstreamContext = try TLSContext.client(trustRoots: configuration.upstreamTrust,
+                                                    collectsSessions: configuration.upstreamSessionResumption)
+        let upstreamSessions = configuration.upstreamSessionResumption ? TLSSessionCache() : nil
         // Opened before the event loops exist: a log file that cannot be opened stops
         // start-up with nothing to undo.
         let requestLog = try RequestLog(destination: configuration.requestLog, includeQuery: configuration.requestLogIncludesQuery)
@@ -113,7 +115,8 @@ public final class PinGateServer: Service, Sendable {
         var upstreamSettings = configuration.upstreamClientSettings
         upstreamSettings.destinationGuard = destinationGuard
         let connector = UpstreamConnector(client: TLSClientConnector(
-            settings: upstreamSettings, context: upstreamContext, onConnected: { statistics.upstreamConnectionOpened() }))
+            settings: upstreamSettings, context: upstreamContext, sessionCache: upstreamSessions,
+            onConnected: { statistics.upstreamConnectionOpened() }))
         let tunnels = TunnelRegistry()
         let connections = ConnectionTracker()
         var updater: PinListUpdater?
@@ -126,6 +129,9 @@ public final class PinGateServer: Service, Sendable {
                     connector: listConnector, eventLoop: group.next(), logger: logger, now: now)
             }
             store.onInstall { list in
+                // Any new list (an update, a revocation, a key rotation) ends every kept
+                // session: each was decided under the list it replaces.
+                upstreamSessions?.removeAll()
                 metrics.listInForce(entries: list.entries.count, earliestExpiry: list.earliestExpiry(after: now()))
                 for verdict in tunnels.enforce(list, policy: policy, now: now(), logger: logger) {
                     statistics.tunnelClosedByUpdate(DecisionReason(verdict))
