@@ -135,7 +135,7 @@ let package = Package(
         // Helpers shared by the test targets: running real programs, temporary
         // directories, the signed-list vectors. Never linked into the product.
         .target(name: "PinGateTestSupport", path: "Tests/PinGateTestSupport"),
-        .testTarget(name: "PinGateTLSTests", dependencies: ["PinGateTLS", "PinGateTestSupport"]),
+        .testTarget(name: "PinGateTLSTests", dependencies: ["PinGateTLS", "PinGateNIO", "PinGateTestSupport"]),
         .testTarget(name: "PinGateHTTP2Tests", dependencies: ["PinGateHTTP2", "PinGateTestSupport"]),
         .testTarget(name: "PinListTests", dependencies: ["PinList", "PinListService", "PinGateTLS", "PinGateTestSupport"]),
         .testTarget(name: "PinGateCATests", dependencies: ["PinGateCA", "PinGateTLS", "PinGateTestSupport"]),

@@ -80,6 +80,8 @@ public struct AdminSnapshot: Sendable, Codable {
         public var clientHandshakeTimeouts: Int
         /// Upstream TCP connections opened.
         public var upstreamConnections: Int
+        /// Upstream TLS handshakes that resumed a kept session.
+        public var upstreamSessionsResumed: Int
         /// Live tunnels closed by a list update, by reason.
         public var tunnelsClosedByUpdate: [String: Int]
         /// Connections allowed under report-only pins with no match.
@@ -148,7 +150,8 @@ public struct AdminSnapshot: Sendable, Codable {
                 openTunnels: stats.openTunnels, tunnelsByReason: stats.connectsByReason, bytesUp: stats.bytesUp,
                 bytesDown: stats.bytesDown, clientHandshakeFailures: stats.clientHandshakeFailures,
                 clientHandshakeTimeouts: stats.clientHandshakeTimeouts,
-                upstreamConnections: stats.upstreamConnections, tunnelsClosedByUpdate: stats.tunnelsClosedByUpdate,
+                upstreamConnections: stats.upstreamConnections, upstreamSessionsResumed: stats.upstreamSessionsResumed,
+                tunnelsClosedByUpdate: stats.tunnelsClosedByUpdate,
                 reportOnlyViolations: stats.reportOnlyViolations, requestsForwarded: stats.requestsForwarded,
                 requestsRefusedByReason: stats.requestsRefusedByReason))
         var reason: String?
