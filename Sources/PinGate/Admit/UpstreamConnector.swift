@@ -12,7 +12,10 @@ struct UpstreamConnection: Sendable {
     let peer: TLSPeerSummary
     /// The leaf's two hashes, computed once: the verdict, the tunnel registry and the
     /// logs all use them.
-    let leaf: LeafIdentity?
+    let leaf: CertificateHashes?
+    /// The hashes of the chain OpenSSL validated (leaf first), computed once; empty when
+    /// validation failed. Depth pins match here.
+    let verifiedChain: [CertificateHashes]
     /// How long TCP connect plus TLS handshake took.
     let handshakeDuration: TimeAmount
 }
@@ -21,6 +24,13 @@ extension UpstreamConnection: Equatable {
     /// The same connection: the same channel (the rest is what its handshake produced).
     static func == (lhs: UpstreamConnection, rhs: UpstreamConnection) -> Bool {
         lhs.channel === rhs.channel
+    }
+}
+
+extension CertificateHashes {
+    /// Both hashes of `certificate`.
+    init(_ certificate: Certificate) {
+        self.init(certificateSHA256: certificate.sha256Fingerprint, spkiSHA256: certificate.spkiSHA256)
     }
 }
 
@@ -46,9 +56,10 @@ struct UpstreamConnector: UpstreamDialer {
             [GlueHandler(countRelayed: countRelayed)]
         }.flatMapThrowing { client in
             let glue = try client.channel.pipeline.syncOperations.handler(type: GlueHandler.self)
-            let leaf = client.peer.leaf.map { LeafIdentity(certificateSHA256: $0.sha256Fingerprint, spkiSHA256: $0.spkiSHA256) }
+            let leaf = client.peer.leaf.map(CertificateHashes.init)
             return UpstreamConnection(channel: client.channel, glue: NIOLoopBound(glue, eventLoop: eventLoop),
-                                      peer: client.peer, leaf: leaf, handshakeDuration: client.handshakeDuration)
+                                      peer: client.peer, leaf: leaf, verifiedChain: client.peer.verifiedChain.map(CertificateHashes.init),
+                                      handshakeDuration: client.handshakeDuration)
         }
     }
 }

@@ -74,13 +74,18 @@ public enum Refusal: Sendable, Equatable {
             return rejection.detail
         case .verdict(.empty):
             return "\(host) has no unexpired pin in the fingerprint list, so pingate refuses it (deny by default) and made no connection to it. Add a signed entry for \(host) to the list if this host should be reachable."
-        case .verdict(.untrusted(let observed, let expected)):
-            return "\(host):\(port) presented a certificate with SHA-256 \(observed), which matches none of its pins (\(expected.joined(separator: ", "))). Someone may be intercepting the connection, or the certificate rotated without a list update. Nothing was forwarded."
+        case .verdict(.untrusted(let observed, let expected, let chain)):
+            var text = "\(host):\(port) presented a certificate with SHA-256 \(observed), which matches none of its pins (\(expected.joined(separator: ", "))). Someone may be intercepting the connection, or the certificate rotated without a list update. Nothing was forwarded."
+            if chain.count > 1 {
+                // Depth pins name other positions: show what each position held.
+                text += "\nObserved validated chain:" + chain.enumerated().map { "\n  depth-\($0) sha256 \($1.certificateSHA256) spki \($1.spkiSHA256 ?? "-")" }.joined()
+            }
+            return text
         case .verdict(.chainInvalid(let reason, _)):
             return "\(host):\(port) presented a pinned certificate, but its chain or host name failed validation: \(reason). Nothing was forwarded."
         case .verdict(.revoked(let observed)):
             return "\(host):\(port) presented a certificate (SHA-256 \(observed)) whose certificate or key the fingerprint list has revoked. Nothing was forwarded."
-        case .verdict(.trusted), .verdict(.reportOnlyViolation):
+        case .verdict(.trusted), .verdict(.reportOnlyViolation), .verdict(.unpinnedAllowed):
             return "allowed"
         case .upstreamTimeout(let detail):
             return "\(host):\(port) did not answer in time (\(detail)). Nothing was forwarded."
