@@ -103,10 +103,17 @@ enum ListPrinter {
             text += "expires:    \(iso(expires)) (\(days(until: expires, now: now)))\(list.isFresh(at: now) ? "" : "  STALE: not used")\n"
         }
         if let keyID = list.metadata.keyID { text += "signed by:  key \(keyID)\n" }
+        if let rules = list.domainRules {
+            text += "domains:    unlisted \(rules.pinningRequiredForUnlisted ? "need a pin" : "allowed unpinned")\n"
+            for (name, required) in rules.domains.sorted(by: { $0.key < $1.key }) {
+                text += "  \(name)  \(required ? "pin required" : "unpinned-allowed")\n"
+            }
+        }
         text += "entries:    \(list.entries.count)\n"
         for entry in list.entries {
             let state = entry.isUnexpired(at: now) ? days(until: entry.expires, now: now) : "EXPIRED"
-            text += "  \(entry.name)  \(entry.kind.rawValue)/\(entry.fingerprint)  \(entry.mode.rawValue)  expires \(iso(entry.expires)) (\(state))\n"
+            let depth = entry.depth.isLeaf ? "" : "  depth \(entry.depth)"
+            text += "  \(entry.name)  \(entry.kind.rawValue)/\(entry.fingerprint)  \(entry.mode.rawValue)\(depth)  expires \(iso(entry.expires)) (\(state))\n"
         }
         for revoked in list.revoked.sorted() { text += "  revoked \(revoked)\n" }
         return text

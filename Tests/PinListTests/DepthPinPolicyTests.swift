@@ -147,3 +147,57 @@ struct DepthPinPolicyTests {
         #expect(PinEntry.Depth(parsing: "root") == nil)
     }
 }
+
+/// The v2 `depth` member: leaf pins keep the bytes they always had; depth pins round-trip.
+@Suite("Signed list v2: the depth member")
+struct SignedListDepthTests {
+    static let hash = SHA256Digest.base64(Array("intermediate key".utf8))
+
+    @Test("a leaf pin is encoded without depth (the bytes older lists had); 1 and any round-trip")
+    func encoding() throws {
+        let key = try PrivateKey.generateP256()
+        let pins = [
+            PinGateSignedList.Pin(host: "leaf.example.test", sha256: Self.hash, expires: 4_102_444_800),
+            PinGateSignedList.Pin(host: "api.example.test", spki: Self.hash, expires: 4_102_444_800, depth: .position(1)),
+            PinGateSignedList.Pin(host: "root.example.test", spki: Self.hash, expires: 4_102_444_800, depth: .any),
+        ]
+        let payload = PinGateSignedList.Payload(sequence: 3, issuedAt: 1_700_000_000, expiresAt: 4_102_444_800, pins: pins)
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        let leafOnly = String(decoding: try encoder.encode(PinGateSignedList.Payload(
+            sequence: 3, issuedAt: 1_700_000_000, expiresAt: 4_102_444_800, pins: [pins[0]])), as: UTF8.self)
+        #expect(leafOnly == #"{"expiresAt":4102444800,"issuedAt":1700000000,"pins":[{"expires":4102444800,"host":"leaf.example.test","sha256":"\#(Self.hash)"}],"sequence":3}"#)
+        let withDepth = String(decoding: try encoder.encode(payload), as: UTF8.self)
+        #expect(withDepth.contains(#""depth":1,"#))
+        #expect(withDepth.contains(#""depth":"any","#))
+        let list = try PinGateSignedList.verify(try PinGateSignedList.sign(payload, key: key), keys: [try key.publicKey()], source: "t")
+        #expect(list.entries.map(\.depth) == [.leaf, .position(1), .any])
+    }
+
+    @Test("a list signed before depth existed (fixed bytes, signed by openssl) still verifies, as leaf pins")
+    func olderListVerifies() throws {
+        // Made with the openssl-only recipe of docs/signed-list-v2.md before this change.
+        let key = try PrivateKey.generateP256()
+        let bytes = Array(#"{"sequence":1,"issuedAt":1763790000,"expiresAt":4102444800,"pins":[{"host":"api.example.com","sha256":"NqWBi99vB1leaGi8Jr5RixqVZ+O/SlPckBhva3bVV7c=","expires":4102444800}]}"#.utf8)
+        let envelope = PinGateSignedList.Envelope(format: PinGateSignedList.formatName, keyId: try key.publicKey().keyID,
+                                                  payload: Data(bytes).base64EncodedString(),
+                                                  signature: Data(try key.signSHA256(bytes)).base64EncodedString())
+        let list = try PinGateSignedList.verify(try JSONEncoder().encode(envelope), keys: [try key.publicKey()], source: "t")
+        #expect(list.entries.count == 1)
+        #expect(list.entries[0].depth == .leaf)
+    }
+
+    @Test("a negative or unknown depth rejects the list")
+    func badDepth() throws {
+        let key = try PrivateKey.generateP256()
+        for depth in ["-1", "\"root\"", "1.5"] {
+            let bytes = Array(#"{"sequence":1,"issuedAt":1763790000,"expiresAt":4102444800,"pins":[{"host":"a.test","spki":"\#(Self.hash)","expires":4102444800,"depth":\#(depth)}]}"#.utf8)
+            let envelope = PinGateSignedList.Envelope(format: PinGateSignedList.formatName, keyId: try key.publicKey().keyID,
+                                                      payload: Data(bytes).base64EncodedString(),
+                                                      signature: Data(try key.signSHA256(bytes)).base64EncodedString())
+            #expect(throws: PinListError.self, "depth \(depth)") {
+                try PinGateSignedList.verify(try JSONEncoder().encode(envelope), keys: [try key.publicKey()], source: "t")
+            }
+        }
+    }
+}
