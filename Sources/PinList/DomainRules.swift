@@ -18,14 +18,13 @@ public struct DomainRules: Sendable, Equatable {
     /// Rules from the response's values; names are normalized.
     public init(pinningRequiredForUnlisted: Bool, domains: [String: Bool]) {
         self.pinningRequiredForUnlisted = pinningRequiredForUnlisted
-        var normalized: [String: Bool] = [:]
-        for (name, required) in domains {
-            // A name listed twice needs a pin if either entry says so: the stricter wins.
-            let key = HostName.normalize(name)
-            normalized[key] = (normalized[key] ?? false) || required
-        }
-        self.domains = normalized
+        // Names that normalize alike (or are listed twice): the stricter entry wins.
+        self.domains = Dictionary(domains.map { (HostName.normalize($0.key), $0.value) }, uniquingKeysWith: { $0 || $1 })
     }
+
+    /// True when some host may pass without a pin (a listed domain with
+    /// `sslPinningRequired: false`, or unlisted ones under `false`).
+    public var allowsSomeUnpinned: Bool { !pinningRequiredForUnlisted || domains.values.contains(false) }
 
     /// True when `host` (normalized) must match a pin.
     public func pinningRequired(for host: String) -> Bool {

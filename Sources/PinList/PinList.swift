@@ -117,4 +117,10 @@ public struct PinList: Sendable {
     public func hasUnexpiredEntries(at now: Date) -> Bool {
         isFresh(at: now) && entries.contains { $0.isUnexpired(at: now) }
     }
+
+    /// True when the list can decide for some host at `now`: an unexpired pin, or signed
+    /// domain rules that let some host through unpinned.
+    public func isUsable(at now: Date) -> Bool {
+        hasUnexpiredEntries(at: now) || (isFresh(at: now) && (domainRules?.allowsSomeUnpinned ?? false))
+    }
 }
