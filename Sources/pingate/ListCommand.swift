@@ -11,7 +11,7 @@ struct ListCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "list",
         abstract: "Verify a signed fingerprint list, or show the one in force.",
-        subcommands: [Verify.self, Show.self]
+        subcommands: [Verify.self, Show.self, Lint.self]
     )
 
     /// `pingate list verify FILE --key KEY`.
@@ -60,6 +60,54 @@ struct ListCommand: ParsableCommand {
             }
             print("\(path): valid \(list.metadata.format.rawValue) list")
             print(ListPrinter.describe(list, now: Date()), terminator: "")
+        }
+    }
+
+    /// `pingate list lint FILE --key KEY`.
+    struct Lint: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Verify a list file, then warn about fragile or pointless pins; non-zero with --strict when there is a warning.",
+            discussion: """
+            Warns when a host has a single pin and no backup (TrustKit's two-pin rule), when a
+            pin (or a v2 list) expires within 14 days, when a wildcard covers a public suffix
+            (every TLD, and a small built-in list of common multi-label suffixes such as co.uk
+            and com.au: not the full Public Suffix List), and, given --upstream-ca, when a
+            depth pin names a root that is the only trust anchor configured.
+            """)
+
+        @Argument(help: "The list file.")
+        var file: String
+
+        @Option(name: .long, help: "A public key that may have signed it (PEM or base64 X9.63). Repeatable.")
+        var key: [String]
+
+        @Option(name: .long, help: "auto, wultra-static, wultra-dynamic or pingate-v2.")
+        var format: String = "auto"
+
+        @Option(name: .customLong("upstream-ca"), help: "The gate's upstream trust anchors (PEM), for the depth-pin check. Repeatable.")
+        var upstreamCA: [String] = []
+
+        @Flag(name: .long, help: "Exit non-zero when there is any warning.")
+        var strict = false
+
+        func run() throws {
+            let path = PathText.resolve(file)
+            let document = try SignedListDocument.read(file: path, format: try PathText.listFormat(format))
+            let keys = try Verify.keys(key)
+            let list: PinList
+            do {
+                list = try document.verify(keys: keys)
+            } catch {
+                throw ConfigurationError("\(path) does not verify: \(error)")
+            }
+            let anchors: [CertificateHashes]? = upstreamCA.isEmpty ? nil : try upstreamCA.flatMap { file in
+                try Certificate.all(inPEM: String(contentsOfFile: PathText.resolve(file), encoding: .utf8))
+                    .map { CertificateHashes(certificateSHA256: $0.sha256Fingerprint, spkiSHA256: $0.spkiSHA256) }
+            }
+            let findings = PinListLint.findings(for: list, now: Date(), trustAnchors: anchors)
+            for finding in findings { print(finding) }
+            print("\(path): \(list.entries.count) pins, \(findings.count) warning\(findings.count == 1 ? "" : "s")")
+            if strict && !findings.isEmpty { throw ExitCode(3) }
         }
     }
 
