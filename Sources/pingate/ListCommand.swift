@@ -19,14 +19,7 @@ struct ListCommand: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Verify a list file and print its entries with days left; exits non-zero on a bad list.")
 
-        @Argument(help: "The list file.")
-        var file: String
-
-        @Option(name: .long, help: "A public key that may have signed it (PEM or base64 X9.63). Repeatable.")
-        var key: [String]
-
-        @Option(name: .long, help: "auto, wultra-static, wultra-dynamic or pingate-v2.")
-        var format: String = "auto"
+        @OptionGroup var list: ListFileOptions
 
         @Option(name: .long, help: "wultra-dynamic: the challenge the request carried.")
         var challenge: String?
@@ -44,20 +37,7 @@ struct ListCommand: ParsableCommand {
         }
 
         func run() throws {
-            let path = PathText.resolve(file)
-            // A challenge means the dynamic format unless one was named.
-            let listFormat = try PathText.listFormat(format) ?? (challenge == nil ? nil : .wultraDynamic)
-            var document = try SignedListDocument.read(file: path, format: listFormat)
-            document.challenge = challenge
-            document.signature = signature
-            // Keys first, on their own: a bad key is the key's fault, not the list's.
-            let keys = try Self.keys(key)
-            let list: PinList
-            do {
-                list = try document.verify(keys: keys)
-            } catch {
-                throw ConfigurationError("\(path) does not verify: \(error)")
-            }
+            let (path, list) = try self.list.verified(challenge: challenge, signature: signature)
             print("\(path): valid \(list.metadata.format.rawValue) list")
             print(ListPrinter.describe(list, now: Date()), terminator: "")
         }
@@ -75,14 +55,7 @@ struct ListCommand: ParsableCommand {
             depth pin names a root that is the only trust anchor configured.
             """)
 
-        @Argument(help: "The list file.")
-        var file: String
-
-        @Option(name: .long, help: "A public key that may have signed it (PEM or base64 X9.63). Repeatable.")
-        var key: [String]
-
-        @Option(name: .long, help: "auto, wultra-static, wultra-dynamic or pingate-v2.")
-        var format: String = "auto"
+        @OptionGroup var list: ListFileOptions
 
         @Option(name: .customLong("upstream-ca"), help: "The gate's upstream trust anchors (PEM), for the depth-pin check. Repeatable.")
         var upstreamCA: [String] = []
@@ -91,15 +64,7 @@ struct ListCommand: ParsableCommand {
         var strict = false
 
         func run() throws {
-            let path = PathText.resolve(file)
-            let document = try SignedListDocument.read(file: path, format: try PathText.listFormat(format))
-            let keys = try Verify.keys(key)
-            let list: PinList
-            do {
-                list = try document.verify(keys: keys)
-            } catch {
-                throw ConfigurationError("\(path) does not verify: \(error)")
-            }
+            let (path, list) = try self.list.verified()
             let anchors: [CertificateHashes]? = upstreamCA.isEmpty ? nil : try upstreamCA.flatMap { file in
                 try Certificate.all(inPEM: String(contentsOfFile: PathText.resolve(file), encoding: .utf8))
                     .map { CertificateHashes(certificateSHA256: $0.sha256Fingerprint, spkiSHA256: $0.spkiSHA256) }
@@ -137,6 +102,36 @@ struct ListCommand: ParsableCommand {
             }
             print("\(persistence.path): \(list.metadata.format.rawValue) list from \(document.source), received \(ListPrinter.iso(document.receivedAt))")
             print(ListPrinter.describe(list, now: Date()), terminator: "")
+        }
+    }
+}
+
+/// The list file and its keys, as `list verify` and `list lint` read them.
+struct ListFileOptions: ParsableArguments {
+    @Argument(help: "The list file.")
+    var file: String
+
+    @Option(name: .long, help: "A public key that may have signed it (PEM or base64 X9.63). Repeatable.")
+    var key: [String]
+
+    @Option(name: .long, help: "auto, wultra-static, wultra-dynamic or pingate-v2.")
+    var format: String = "auto"
+
+    /// Reads and verifies the file (a dynamic answer with its `challenge` and `signature`);
+    /// returns its resolved path and the list, or a `ConfigurationError` saying why not.
+    func verified(challenge: String? = nil, signature: String? = nil) throws -> (path: String, list: PinList) {
+        let path = PathText.resolve(file)
+        // A challenge means the dynamic format unless one was named.
+        let listFormat = try PathText.listFormat(format) ?? (challenge == nil ? nil : .wultraDynamic)
+        var document = try SignedListDocument.read(file: path, format: listFormat)
+        document.challenge = challenge
+        document.signature = signature
+        // Keys first, on their own: a bad key is the key's fault, not the list's.
+        let keys = try ListCommand.Verify.keys(key)
+        do {
+            return (path, try document.verify(keys: keys))
+        } catch {
+            throw ConfigurationError("\(path) does not verify: \(error)")
         }
     }
 }
