@@ -77,7 +77,8 @@ public struct PinPolicy: Sendable {
                 return .chainInvalid(reason: chain.reason + " (depth pins are checked only on a validated chain)", observed: observed)
             }
             if enforced { return .untrusted(observed: observed, expected: pins.map(\.fingerprint), observedChain: observedChain) }
-            guard chain.valid else { return .chainInvalid(reason: chain.reason, observed: observed) }
+            // Report-only leaf pins: pins-only relaxes the chain for them as before.
+            guard leafChainAccepted else { return .chainInvalid(reason: chain.reason, observed: observed) }
             return .reportOnlyViolation(observed: observed, expected: pins.map(\.fingerprint), observedChain: observedChain)
         }
         // A leaf match on a chain that failed validation stands only for pins-only hosts;

@@ -201,3 +201,16 @@ struct SignedListDepthTests {
         }
     }
 }
+
+extension DepthPinPolicyTests {
+    @Test("report-only leaf pins on a pins-only host still pass a mismatch on a failed chain (as before depth pins); with a depth pin they cannot")
+    func reportOnlyPinsOnly() throws {
+        let leafOnly = Self.list([try Self.pin(Self.leaf.certificateSHA256, kind: .certificate, depth: .leaf, mode: .reportOnly)])
+        let policy = PinPolicy(pinsOnlyHosts: ["api.example.test"])
+        #expect(policy.evaluate(host: "api.example.test", leaf: Self.rekeyedLeaf, chain: Self.broken, list: leafOnly, now: Self.now)
+                .reasonToken == "report-only-violation")
+        let withDepth = Self.list([try Self.pin(Self.intermediate.spkiSHA256!, depth: .position(1), mode: .reportOnly)])
+        #expect(policy.evaluate(host: "api.example.test", leaf: Self.rekeyedLeaf, chain: Self.broken, list: withDepth, now: Self.now)
+                .reasonToken == "chain-invalid")
+    }
+}
