@@ -75,12 +75,13 @@ public enum Refusal: Sendable, Equatable {
         case .verdict(.empty):
             return "\(host) has no unexpired pin in the fingerprint list, so pingate refuses it (deny by default) and made no connection to it. Add a signed entry for \(host) to the list if this host should be reachable."
         case .verdict(.untrusted(let observed, let expected, let chain)):
-            var text = "\(host):\(port) presented a certificate with SHA-256 \(observed), which matches none of its pins (\(expected.joined(separator: ", "))). Someone may be intercepting the connection, or the certificate rotated without a list update. Nothing was forwarded."
-            if chain.count > 1 {
-                // Depth pins name other positions: show what each position held.
-                text += "\nObserved validated chain:" + chain.enumerated().map { "\n  depth-\($0) sha256 \($1.certificateSHA256) spki \($1.spkiSHA256 ?? "-")" }.joined()
+            let pins = expected.joined(separator: ", ")
+            guard chain.count > 1 else {
+                return "\(host):\(port) presented a certificate with SHA-256 \(observed), which matches none of its pins (\(pins)). Someone may be intercepting the connection, or the certificate rotated without a list update. Nothing was forwarded."
             }
-            return text
+            // Depth pins name other positions of the validated chain: show what each held.
+            return "\(host):\(port) presented a certificate with SHA-256 \(observed); neither it nor the certificates of its validated chain at the positions its pins name match them (\(pins)). Someone may be intercepting the connection, or the certificate or its issuer changed without a list update. Nothing was forwarded.\nObserved validated chain:"
+                + chain.enumerated().map { "\n  depth-\($0) sha256 \($1.certificateSHA256) spki \($1.spkiSHA256 ?? "-")" }.joined()
         case .verdict(.chainInvalid(let reason, _)):
             return "\(host):\(port) presented a pinned certificate, but its chain or host name failed validation: \(reason). Nothing was forwarded."
         case .verdict(.revoked(let observed)):
