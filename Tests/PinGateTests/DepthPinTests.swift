@@ -4,6 +4,7 @@ import Testing
 import PinGateTLS
 import PinList
 @testable import PinGate
+@testable import PinGateAdmin
 import PinGateHarness
 
 /// Depth pins end to end: chains root → intermediate → leaf made with the openssl CLI,
@@ -11,6 +12,15 @@ import PinGateHarness
 @Suite("Depth pins end to end")
 struct DepthPinTests {
     static let host = "api.depth.test"
+
+    /// The admin endpoint's JSON answer for `path` from `snapshot`, parsed.
+    static func adminJSON(_ path: String, _ snapshot: AdminSnapshot) throws -> Any {
+        guard case .respond(let response) = AdminRoute.route(method: "GET", path: path, authorization: nil, token: nil,
+                                                             snapshot: { snapshot }, metrics: { "" }) else {
+            throw TestFailure("\(path) did not answer at once")
+        }
+        return try JSONSerialization.jsonObject(with: response.body)
+    }
 
     /// The PKIs of one test: the gate's usual one (signer, attacker CA) and a real chain.
     struct Chains {
@@ -78,6 +88,18 @@ struct DepthPinTests {
                 #expect(refusal.reason == .pinMismatch)
                 #expect(refusal.observedChain.map(\.depth) == [0, 1, 2])
                 #expect(refusal.observedChain.map(\.spki) == [underOther, otherIntermediate, chains.chain.root].map { $0.certificate.spkiSHA256 })
+
+                // What an operator reads: /pins names the pin doing the work, /refusals every position.
+                let snapshot = AdminSnapshot.gather(gate: gate.server, adminAddress: "127.0.0.1:0", nextUpdate: nil, now: Date())
+                let pins = try #require(try Self.adminJSON("/pins", snapshot) as? [[String: Any]])
+                #expect(pins.count == 1)
+                #expect(pins.first?["depth"] as? String == "1")
+                #expect(pins.first?["trusted_verdicts"] as? Int == 2)
+                #expect(pins.first?["last_match"] as? String == "trusted by depth-1 spki \(chains.intermediate.certificate.spkiSHA256)")
+                let refusals = try #require(try Self.adminJSON("/refusals", snapshot) as? [[String: Any]])
+                let observed = try #require(refusals.first?["observed_chain"] as? [[String: Any]])
+                #expect(observed.map { $0["depth"] as? Int } == [0, 1, 2])
+                #expect(observed[1]["spki"] as? String == otherIntermediate.certificate.spkiSHA256)
             }
         }
     }
