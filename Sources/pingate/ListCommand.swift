@@ -67,7 +67,7 @@ struct ListCommand: ParsableCommand {
             let (path, list) = try self.list.verified()
             let anchors: [CertificateHashes]? = upstreamCA.isEmpty ? nil : try upstreamCA.flatMap { file in
                 try Certificate.all(inPEM: String(contentsOfFile: PathText.resolve(file), encoding: .utf8))
-                    .map { CertificateHashes(certificateSHA256: $0.sha256Fingerprint, spkiSHA256: $0.spkiSHA256) }
+                    .map(CertificateHashes.init)
             }
             let findings = PinListLint.findings(for: list, now: Date(), trustAnchors: anchors)
             for finding in findings { print(finding) }

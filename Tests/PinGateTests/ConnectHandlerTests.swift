@@ -90,7 +90,7 @@ struct ConnectHandlerTests {
                                       verifiedChain: [leaf])
             let upstream = UpstreamConnection(
                 channel: channel, glue: NIOLoopBound(glue, eventLoop: loop), peer: peer,
-                leaf: CertificateHashes(certificateSHA256: leaf.sha256Fingerprint, spkiSHA256: leaf.spkiSHA256),
+                leaf: CertificateHashes(leaf),
                 verifiedChain: [CertificateHashes(leaf)],
                 handshakeDuration: .milliseconds(1))
             return (upstream, channel)

@@ -27,13 +27,6 @@ extension UpstreamConnection: Equatable {
     }
 }
 
-extension CertificateHashes {
-    /// Both hashes of `certificate`.
-    init(_ certificate: Certificate) {
-        self.init(certificateSHA256: certificate.sha256Fingerprint, spkiSHA256: certificate.spkiSHA256)
-    }
-}
-
 /// Opens tunnels' upstream legs. The gate uses `UpstreamConnector`; the handler's
 /// socket-free tests hand it upstreams that are embedded channels.
 protocol UpstreamDialer: Sendable {
