@@ -52,7 +52,7 @@ enum AdminPage {
         """
         for pin in snapshot.pins {
             let rowClass = pin.expired ? "expired" : (pin.daysLeft < 14 ? "soon" : "")
-            html += "<tr class=\"\(rowClass)\"><td>\(escape(pin.host))</td><td><code>\(escape(pin.kind))/\(escape(pin.fingerprint))</code></td>"
+            html += "<tr class=\"\(rowClass)\"><td>\(escape(pin.host))</td><td><code>\(escape(pin.kind))/\(escape(pin.fingerprint))</code>\(pin.depth == "0" ? "" : " (depth \(escape(pin.depth)))")</td>"
             html += "<td>\(iso(pin.expires))</td><td>\(pin.expired ? "expired" : "\(pin.daysLeft)")</td><td>\(escape(pin.mode))</td></tr>\n"
         }
         html += """

@@ -108,6 +108,12 @@ public struct AdminSnapshot: Sendable, Codable {
         public var mode: String
         /// True once past `expires`.
         public var expired: Bool
+        /// The position of the validated chain it names: `0` (the leaf), `1`, … or `any`.
+        public var depth: String
+        /// Trusted verdicts this pin carried since the gate started.
+        public var trustedVerdicts: Int
+        /// The last match, e.g. `trusted by depth-1 spki …`; nil before the first.
+        public var lastMatch: String?
     }
 
     /// `/status`.
@@ -130,7 +136,9 @@ public struct AdminSnapshot: Sendable, Codable {
         let pins = (list?.entries ?? []).map { entry in
             Pin(host: entry.name, kind: entry.kind.rawValue, fingerprint: entry.fingerprint, expires: entry.expires,
                 daysLeft: Int((entry.expires.timeIntervalSince(now) / 86400).rounded(.down)),
-                mode: entry.mode.rawValue, expired: !entry.isUnexpired(at: now))
+                mode: entry.mode.rawValue, expired: !entry.isUnexpired(at: now), depth: entry.depth.description,
+                trustedVerdicts: stats.trustedByPin[entry.statisticsKey, default: 0],
+                lastMatch: stats.lastMatchByPin[entry.statisticsKey].map { "trusted by \($0)" })
         }.sorted { ($0.host, $0.expires) < ($1.host, $1.expires) }
         let caNotAfter = gate.ca.certificate.notAfter
         let status = Status(

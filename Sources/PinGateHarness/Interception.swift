@@ -25,7 +25,7 @@ public struct InterceptingDecisionPolicy: DecisionPolicy {
     public func upstreamALPNOffer(configured: [String]) -> [String] { ["http/1.1"] }
 
     /// Trusted, whatever the upstream presented: that is the point of the attack.
-    public func verdict(host: String, leaf: LeafIdentity?, chain: PinPolicy.ChainCheck, list: PinList?, now: Date) -> Verdict {
+    public func verdict(host: String, leaf: CertificateHashes?, chain: PinPolicy.ChainCheck, list: PinList?, now: Date) -> Verdict {
         .trusted(fingerprint: leaf?.certificateSHA256 ?? "none")
     }
 

@@ -58,11 +58,12 @@ public final class LoopbackOrigin: Sendable {
         self.state = state
     }
 
-    /// Serves `behaviour` over TLS with `certificate`/`key` on 127.0.0.1, port 0,
-    /// selecting `alpn` when the client offers it.
-    public static func start(certificate: Certificate, key: PrivateKey, behaviour: Behaviour,
+    /// Serves `behaviour` over TLS with `certificate`/`key` on 127.0.0.1, port 0, sending
+    /// `chain` (intermediates, leaf's issuer first) after the leaf, and selecting `alpn`
+    /// when the client offers it.
+    public static func start(certificate: Certificate, chain: [Certificate] = [], key: PrivateKey, behaviour: Behaviour,
                              alpn: String? = "http/1.1") async throws -> LoopbackOrigin {
-        let state = State(context: try TLSContext.server(certificate: certificate, key: key))
+        let state = State(context: try TLSContext.server(certificate: certificate, chain: chain, key: key))
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         do {
             let channel = try await ServerBootstrap(group: group)
@@ -89,9 +90,9 @@ public final class LoopbackOrigin: Sendable {
         }
     }
 
-    /// From now on, new connections are served with `certificate`/`key` (a rotation).
-    public func present(certificate: Certificate, key: PrivateKey) throws {
-        let context = try TLSContext.server(certificate: certificate, key: key)
+    /// From now on, new connections are served with `certificate`/`key` and `chain` (a rotation).
+    public func present(certificate: Certificate, chain: [Certificate] = [], key: PrivateKey) throws {
+        let context = try TLSContext.server(certificate: certificate, chain: chain, key: key)
         state.context.withLock { $0 = context }
     }
 

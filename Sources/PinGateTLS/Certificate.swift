@@ -16,6 +16,21 @@ public final class Certificate: @unchecked Sendable {
 
     deinit { X509_free(pointer) }
 
+    /// Each certificate of a borrowed `STACK_OF(X509)` (e.g. `SSL_get0_verified_chain`),
+    /// in order, each taking its own reference: the stack stays the `SSL`'s, and the
+    /// certificates outlive the connection.
+    static func owningEach(of stack: OpaquePointer?) -> [Certificate] {
+        guard let stack else { return [] }
+        let count = OPENSSL_sk_num(stack)
+        guard count > 0 else { return [] }
+        return (0..<count).compactMap { index in
+            guard let raw = OPENSSL_sk_value(stack, index) else { return nil }
+            let certificate = OpaquePointer(raw)
+            X509_up_ref(certificate)
+            return Certificate(owning: certificate)
+        }
+    }
+
     /// Parses one DER-encoded certificate.
     public convenience init(der: [UInt8]) throws {
         OpenSSLErrorQueue.clear()

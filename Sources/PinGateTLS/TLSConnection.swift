@@ -45,7 +45,15 @@ public struct TLSPeerSummary: Sendable {
     /// The protocol version, e.g. "TLSv1.3".
     public internal(set) var protocolVersion: String
     /// The chain as validated (leaf first), or as the peer sent it when validation failed.
+    /// For reports only: never pin against it, since a peer can send anything here.
     public internal(set) var chain: [Certificate]
+    /// The chain OpenSSL built and verified from the leaf to a trust anchor (leaf first,
+    /// the anchor last), and only when chain and host name both passed; empty otherwise.
+    /// Depth pins count positions here and never in what the peer sent, so a peer cannot
+    /// satisfy an intermediate pin by appending a copy of that intermediate to its own chain.
+    /// After a resumed handshake it is the full handshake's, kept with the session (OpenSSL
+    /// builds no verified chain for a resumption).
+    public internal(set) var verifiedChain: [Certificate]
     /// True when the handshake resumed an offered session: the server proved nothing
     /// new, and OpenSSL verified nothing (see `resumed(alpn:protocolVersion:)`).
     public internal(set) var resumed = false
@@ -271,21 +279,13 @@ public final class TLSConnection {
         let code = Int(SSL_get_verify_result(ssl))
         let reason = X509_verify_cert_error_string(code).map { String(cString: $0) } ?? "unknown"
         let version = SSL_get_version(ssl).map { String(cString: $0) } ?? "unknown"
-        return TLSPeerSummary(leaf: leaf, verifyCode: code, verifyReason: reason, alpn: negotiatedALPN,
-                              protocolVersion: version, chain: peerChain())
-    }
-
-    /// Each certificate of the verified chain (or the sent one), with its own reference.
-    private func peerChain() -> [Certificate] {
-        guard let stack = SSL_get0_verified_chain(ssl) ?? SSL_get_peer_cert_chain(ssl) else { return [] }
-        let count = OPENSSL_sk_num(stack)
-        guard count > 0 else { return [] }
-        return (0..<count).compactMap { index in
-            guard let raw = OPENSSL_sk_value(stack, index) else { return nil }
-            let certificate = OpaquePointer(raw)
-            X509_up_ref(certificate)
-            return Certificate(owning: certificate)
-        }
+        // OpenSSL keeps whatever chain it built even when verification failed (a partial
+        // chain, or one ending at an untrusted self-signed root), so the verified chain is
+        // taken only when the verdict is X509_V_OK.
+        let verified = code == Int(X509_V_OK) && leaf != nil ? Certificate.owningEach(of: SSL_get0_verified_chain(ssl)) : []
+        return TLSPeerSummary(leaf: leaf, verifyCode: code, verifyReason: reason, alpn: negotiatedALPN, protocolVersion: version,
+                              chain: Certificate.owningEach(of: SSL_get0_verified_chain(ssl) ?? SSL_get_peer_cert_chain(ssl)),
+                              verifiedChain: verified)
     }
 
     /// The ALPN protocol agreed in the handshake, if any.

@@ -56,14 +56,20 @@ public enum PinGateSignedList {
         public var expires: Int64
         /// `enforce` (default) or `report-only`.
         public var mode: String?
+        /// The position in the validated chain the hash names: absent or `0` is the leaf,
+        /// `1` its issuer, …, `"any"` any certificate of the chain. Absent is never
+        /// written for a leaf pin, so leaf-only lists keep the bytes they always had.
+        public var depth: PinEntry.Depth?
 
         /// Creates a pin.
-        public init(host: String, sha256: String? = nil, spki: String? = nil, expires: Int64, mode: String? = nil) {
+        public init(host: String, sha256: String? = nil, spki: String? = nil, expires: Int64, mode: String? = nil,
+                    depth: PinEntry.Depth? = nil) {
             self.host = host
             self.sha256 = sha256
             self.spki = spki
             self.expires = expires
             self.mode = mode
+            self.depth = depth
         }
     }
 
@@ -115,7 +121,8 @@ public enum PinGateSignedList {
             default: throw PinListError.malformed("pin \(index) (\(pin.host)): unknown mode \"\(pin.mode ?? "")\"")
             }
             entries.append(PinEntry(host: host, fingerprint: try canonicalHash(value, what: "pin \(index) (\(pin.host))"),
-                                    kind: kind, expires: Date(timeIntervalSince1970: TimeInterval(pin.expires)), mode: mode))
+                                    kind: kind, expires: Date(timeIntervalSince1970: TimeInterval(pin.expires)), mode: mode,
+                                    depth: pin.depth ?? .leaf))
         }
         let revoked = try (payload.revoked ?? []).enumerated().map { try canonicalHash($1, what: "revoked[\($0)]") }
         return PinList(source: source, entries: entries, revoked: Set(revoked), metadata: .init(
@@ -142,5 +149,34 @@ public enum PinGateSignedList {
             throw PinListError.malformed("\(what): not base64 of a 32-byte SHA-256")
         }
         return digest.base64EncodedString()
+    }
+}
+
+/// A depth as lists write it: a JSON integer ≥ 0, or the string `"any"`.
+extension PinEntry.Depth: Codable {
+    /// Reads an integer ≥ 0 or `"any"`; anything else is malformed.
+    public init(from decoder: Decoder) throws {
+        let container = try decoder.singleValueContainer()
+        if let position = try? container.decode(Int.self) {
+            guard position >= 0 else {
+                throw DecodingError.dataCorruptedError(in: container, debugDescription: "depth \(position) is negative")
+            }
+            self = .position(position)
+            return
+        }
+        let text = try container.decode(String.self)
+        guard text == "any" else {
+            throw DecodingError.dataCorruptedError(in: container, debugDescription: "depth \"\(text)\" is neither an integer nor \"any\"")
+        }
+        self = .any
+    }
+
+    /// Writes an integer, or `"any"`.
+    public func encode(to encoder: Encoder) throws {
+        var container = encoder.singleValueContainer()
+        switch self {
+        case .position(let position): try container.encode(position)
+        case .any: try container.encode("any")
+        }
     }
 }

@@ -43,15 +43,20 @@ public struct PinList: Sendable {
     public let revoked: Set<String>
     /// Format, sequence and validity.
     public let metadata: Metadata
+    /// Wultra dynamic only: the challenge-signed `domainsConfig` (nil when the response had
+    /// none, and always nil for lists read from a file, a fallback or the state directory).
+    public let domainRules: DomainRules?
     private let exactEntries: [String: [PinEntry]]
     private let wildcardEntries: [PinEntry]
 
     /// Creates a list from verified entries.
-    public init(source: String, entries: [PinEntry], revoked: Set<String> = [], metadata: Metadata = Metadata(format: .wultraStatic)) {
+    public init(source: String, entries: [PinEntry], revoked: Set<String> = [], metadata: Metadata = Metadata(format: .wultraStatic),
+                domainRules: DomainRules? = nil) {
         self.source = source
         self.entries = entries
         self.revoked = revoked
         self.metadata = metadata
+        self.domainRules = domainRules
         var exact: [String: [PinEntry]] = [:]
         var wildcards: [PinEntry] = []
         for entry in entries {
@@ -63,6 +68,18 @@ public struct PinList: Sendable {
         }
         exactEntries = exact
         wildcardEntries = wildcards
+    }
+
+    /// The same list without its domain rules: what a document that was not just answered
+    /// over a fresh challenge (a persisted one, a fallback) may put in force.
+    public func withoutDomainRules() -> PinList {
+        guard domainRules != nil else { return self }
+        return PinList(source: source, entries: entries, revoked: revoked, metadata: metadata)
+    }
+
+    /// True when the list's domain rules let `host` (normalized) through without a pin.
+    public func allowsUnpinned(_ host: String) -> Bool {
+        domainRules.map { !$0.pinningRequired(for: host) } ?? false
     }
 
     /// False once a v2 list is past its `expiresAt`: a stale list is not used.
@@ -99,5 +116,11 @@ public struct PinList: Sendable {
     /// True when some pin is unexpired at `now` and the list itself is fresh.
     public func hasUnexpiredEntries(at now: Date) -> Bool {
         isFresh(at: now) && entries.contains { $0.isUnexpired(at: now) }
+    }
+
+    /// True when the list can decide for some host at `now`: an unexpired pin, or signed
+    /// domain rules that let some host through unpinned.
+    public func isUsable(at now: Date) -> Bool {
+        hasUnexpiredEntries(at: now) || (isFresh(at: now) && (domainRules?.allowsSomeUnpinned ?? false))
     }
 }

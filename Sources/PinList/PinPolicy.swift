@@ -3,8 +3,9 @@ import Foundation
 /// Turns what an upstream handshake proved into a `Verdict`.
 ///
 /// Wultra's model, extended: a pin matches when its host pattern covers the host and its
-/// hash equals the leaf's (certificate or SPKI); expired pins and stale lists do not
-/// count; no unexpired pin means `empty`; a revoked leaf is refused whatever else matches.
+/// hash (certificate or SPKI) equals that of the certificate at the position it names in
+/// the validated chain (the leaf by default); expired pins and stale lists do not count;
+/// no unexpired pin means `empty`; a revoked leaf is refused whatever else matches.
 public struct PinPolicy: Sendable {
     /// What the TLS layer concluded about the chain and hostname.
     public struct ChainCheck: Sendable, Equatable {
@@ -12,15 +13,20 @@ public struct PinPolicy: Sendable {
         public var valid: Bool
         /// OpenSSL's reason when it did not.
         public var reason: String
+        /// The hashes of the chain OpenSSL built and verified (leaf first, trust anchor
+        /// last); empty when validation failed. Depth pins are matched here only.
+        public var verifiedChain: [CertificateHashes]
 
         /// Creates a chain-check result.
-        public init(valid: Bool, reason: String) {
+        public init(valid: Bool, reason: String, verifiedChain: [CertificateHashes] = []) {
             self.valid = valid
             self.reason = reason
+            self.verifiedChain = verifiedChain
         }
     }
 
-    /// Hosts whose pin alone decides (e.g. a pinned self-signed origin); chain errors are ignored for them.
+    /// Hosts whose leaf pins alone decide (e.g. a pinned self-signed origin); chain errors
+    /// are ignored for their depth-0 pins. Depth pins always need a validated chain.
     public let pinsOnlyHosts: Set<String>
 
     /// Creates a policy; `pinsOnlyHosts` are normalized.
@@ -28,37 +34,56 @@ public struct PinPolicy: Sendable {
         self.pinsOnlyHosts = Set(pinsOnlyHosts.map(HostName.normalize))
     }
 
-    /// True when `host` has at least one unexpired pin in a fresh list, i.e. when an
-    /// upstream connection is worth making at all. The gate makes no outbound connection otherwise.
+    /// True when an upstream connection to `host` is worth making at all: it has an
+    /// unexpired pin in a fresh list, or the list's signed domain rules let it through
+    /// unpinned. The gate makes no outbound connection otherwise.
     public func isPinned(host: String, list: PinList?, now: Date) -> Bool {
         guard let list, list.isFresh(at: now) else { return false }
-        return !list.unexpiredEntries(for: HostName.normalize(host), at: now).isEmpty
+        let name = HostName.normalize(host)
+        return list.allowsUnpinned(name) || !list.unexpiredEntries(for: name, at: now).isEmpty
     }
 
-    /// The verdict for `host` presenting `leaf`.
+    /// The verdict for `host` presenting `leaf`, with `chain` the TLS layer's check.
     ///
     /// For enforced pins the pin is checked before the chain: a mismatch is the stronger
-    /// statement (someone else's certificate), so it is what the refusal reports. For
-    /// report-only hosts the chain still has to pass; only the pin check is softened.
-    public func evaluate(host: String, leaf: LeafIdentity?, chain: ChainCheck, list: PinList?, now: Date) -> Verdict {
+    /// statement (someone else's certificate), so it is what the refusal reports; except
+    /// that depth pins cannot be checked at all without a validated chain, so a host with
+    /// depth pins and a failed chain is refused as `chain-invalid`. For report-only hosts
+    /// the chain still has to pass; only the pin check is softened.
+    public func evaluate(host: String, leaf: CertificateHashes?, chain: ChainCheck, list: PinList?, now: Date) -> Verdict {
         let name = HostName.normalize(host)
         guard let list, list.isFresh(at: now) else { return .empty }
         let pins = list.unexpiredEntries(for: name, at: now)
-        guard !pins.isEmpty else { return .empty }
+        let unpinnedAllowed = list.allowsUnpinned(name)
+        guard !pins.isEmpty || unpinnedAllowed else { return .empty }
         guard let leaf else { return .chainInvalid(reason: "the upstream presented no certificate", observed: "") }
         let observed = leaf.certificateSHA256
         if list.revoked.contains(leaf.certificateSHA256) || (leaf.spkiSHA256.map(list.revoked.contains) ?? false) {
             return .revoked(observed: observed)
         }
-        let chainAccepted = chain.valid || pinsOnlyHosts.contains(name)
-        let matched = pins.contains { $0.matches(leaf) }
-        let enforced = pins.contains { $0.mode == .enforce }
-        if !matched {
-            if enforced { return .untrusted(observed: observed, expected: pins.map(\.fingerprint)) }
-            guard chainAccepted else { return .chainInvalid(reason: chain.reason, observed: observed) }
-            return .reportOnlyViolation(observed: observed, expected: pins.map(\.fingerprint))
+        // Only a chain OpenSSL validated has positions worth pinning.
+        let verifiedChain = chain.valid ? chain.verifiedChain : []
+        if unpinnedAllowed {
+            // No pin needed, but never no validation: pins-only does not apply here.
+            guard chain.valid else { return .chainInvalid(reason: chain.reason, observed: observed) }
+            return .unpinnedAllowed(observed: observed)
         }
-        guard chainAccepted else { return .chainInvalid(reason: chain.reason, observed: observed) }
-        return .trusted(fingerprint: observed)
+        let leafChainAccepted = chain.valid || pinsOnlyHosts.contains(name)
+        let observedChain = verifiedChain.isEmpty ? [leaf] : verifiedChain
+        let matches = pins.compactMap { $0.match(leaf: leaf, verifiedChain: verifiedChain) }
+        let enforced = pins.contains { $0.mode == .enforce }
+        guard let match = matches.first else {
+            if !chain.valid && pins.contains(where: { !$0.depth.isLeaf }) {
+                return .chainInvalid(reason: chain.reason + " (depth pins are checked only on a validated chain)", observed: observed)
+            }
+            if enforced { return .untrusted(observed: observed, expected: pins.map(\.fingerprint), observedChain: observedChain) }
+            // Report-only leaf pins: pins-only relaxes the chain for them as before.
+            guard leafChainAccepted else { return .chainInvalid(reason: chain.reason, observed: observed) }
+            return .reportOnlyViolation(observed: observed, expected: pins.map(\.fingerprint), observedChain: observedChain)
+        }
+        // A leaf match on a chain that failed validation stands only for pins-only hosts;
+        // depth matches exist only on a validated chain.
+        guard leafChainAccepted else { return .chainInvalid(reason: chain.reason, observed: observed) }
+        return .trusted(fingerprint: observed, pin: match)
     }
 }

@@ -1,23 +1,32 @@
 /// The pin policy's decision about one upstream connection, as a value with its reason.
 /// The proxy acts on it; the policy itself never touches a socket.
 public enum Verdict: Sendable, Equatable {
-    /// The leaf matches an unexpired pin for the host and the chain passed (or the host is pins-only).
-    case trusted(fingerprint: String)
-    /// The host's pins are report-only and none matched: the traffic passes, the violation is reported.
-    case reportOnlyViolation(observed: String, expected: [String])
-    /// The host has unexpired enforced pins and the leaf matches none of them.
-    case untrusted(observed: String, expected: [String])
+    /// An unexpired pin for the host matched and the chain passed (or the host is
+    /// pins-only and the pin is a leaf pin). `pin` says which pin, at which position of
+    /// the validated chain (nil only for policies that do not pin, like the harness's attacker).
+    case trusted(fingerprint: String, pin: PinMatch? = nil)
+    /// The host's pins are report-only and none matched: the traffic passes, the violation
+    /// is reported with the hashes observed at every position of the validated chain.
+    case reportOnlyViolation(observed: String, expected: [String], observedChain: [CertificateHashes] = [])
+    /// The host has unexpired enforced pins and nothing matches them: `observed` is the
+    /// leaf's certificate hash, `observedChain` the hashes at every position of the
+    /// validated chain (just the leaf when validation failed).
+    case untrusted(observed: String, expected: [String], observedChain: [CertificateHashes] = [])
     /// The leaf's certificate or key is on the list's revoked set.
     case revoked(observed: String)
     /// The host has no unexpired pin at all (unknown host, or all its pins expired): deny by default.
     case empty
     /// The leaf is pinned, but the chain or hostname check failed.
     case chainInvalid(reason: String, observed: String)
+    /// A challenge-signed Wultra `domainsConfig` says this host needs no pin
+    /// (`sslPinningRequired: false`, or unlisted under `sslPinningRequiredForUnlisted:
+    /// false`); its chain and host name validated.
+    case unpinnedAllowed(observed: String)
 
-    /// True when the traffic may pass (`trusted` and `reportOnlyViolation`).
+    /// True when the traffic may pass (`trusted`, `reportOnlyViolation`, `unpinnedAllowed`).
     public var isTrusted: Bool {
         switch self {
-        case .trusted, .reportOnlyViolation: return true
+        case .trusted, .reportOnlyViolation, .unpinnedAllowed: return true
         default: return false
         }
     }
@@ -31,16 +40,37 @@ public enum Verdict: Sendable, Equatable {
         case .revoked: return "revoked"
         case .empty: return "empty"
         case .chainInvalid: return "chain-invalid"
+        case .unpinnedAllowed: return "unpinned-allowed"
         }
     }
 
     /// The certificate fingerprint the upstream presented, when one was seen.
     public var observedFingerprint: String? {
         switch self {
-        case .trusted(let fingerprint): return fingerprint
-        case .reportOnlyViolation(let observed, _), .untrusted(let observed, _), .revoked(let observed): return observed
-        case .chainInvalid(_, let observed): return observed
+        case .trusted(let fingerprint, _): return fingerprint
+        case .reportOnlyViolation(let observed, _, _), .untrusted(let observed, _, _), .revoked(let observed): return observed
+        case .chainInvalid(_, let observed), .unpinnedAllowed(let observed): return observed
         case .empty: return nil
         }
+    }
+
+    /// The pin that carried a `trusted` verdict.
+    public var matchedPin: PinMatch? {
+        if case .trusted(_, let pin) = self { return pin }
+        return nil
+    }
+
+    /// The hashes at every position of the validated chain, for a pin failure.
+    public var observedChain: [CertificateHashes] {
+        switch self {
+        case .untrusted(_, _, let chain), .reportOnlyViolation(_, _, let chain): return chain
+        default: return []
+        }
+    }
+
+    /// One line for logs and reports: `trusted by depth-1 spki …`, or the reason token.
+    public var summary: String {
+        if let pin = matchedPin { return "trusted by \(pin)" }
+        return reasonToken
     }
 }

@@ -42,7 +42,7 @@ public final class PinListStore: Sendable {
 
     /// True when a fresh list with at least one unexpired pin is in force.
     public func isUsable(at now: Date) -> Bool {
-        state.withLock { $0.list?.hasUnexpiredEntries(at: now) ?? false }
+        state.withLock { $0.list?.isUsable(at: now) ?? false }
     }
 
     /// Puts `list` in force unconditionally (start-up from a local file, tests).
@@ -58,11 +58,18 @@ public final class PinListStore: Sendable {
     /// Verifies `document`, checks it may replace the list in force (no rollback, not
     /// expired), persists it, then puts it in force. On any failure the list in force
     /// stays as it was, and the failure is counted.
+    ///
+    /// `answersFreshChallenge` is true only for a Wultra dynamic answer to the challenge
+    /// this process just sent. Only then are its domain rules (`domainsConfig`, a bypass
+    /// list) put in force: a persisted answer verifies with an old challenge anyone may
+    /// replay, and a file or fallback has no challenge at all, so theirs are dropped.
     @discardableResult
-    public func install(_ document: SignedListDocument, keys: [PublicKey], persistence: PinListPersistence?, now: Date) -> Result<PinList, PinListRejection> {
+    public func install(_ document: SignedListDocument, keys: [PublicKey], persistence: PinListPersistence?, now: Date,
+                        answersFreshChallenge: Bool = false) -> Result<PinList, PinListRejection> {
         let candidate: PinList
         do {
-            candidate = try document.verify(keys: keys)
+            let verified = try document.verify(keys: keys)
+            candidate = answersFreshChallenge && document.format == .wultraDynamic ? verified : verified.withoutDomainRules()
             try PinListAcceptance.check(candidate, replacing: list, now: now)
         } catch let rejection as PinListRejection {
             record(rejection.token, at: now)
@@ -74,7 +81,12 @@ public final class PinListStore: Sendable {
             record("invalid-data", at: now)
             return .failure(.invalid(.malformed("\(error)")))
         }
-        let unchanged = state.withLock { $0.document?.body == document.body && $0.document?.format == document.format }
+        // The same bytes are unchanged only if they also give the same domain rules: the
+        // persisted answer loaded at start-up had its rules dropped, and the first fresh
+        // answer with the same body must put them back in force.
+        let unchanged = state.withLock {
+            $0.document?.body == document.body && $0.document?.format == document.format && $0.list?.domainRules == candidate.domainRules
+        }
         if unchanged {
             record("unchanged", at: now)
             return .success(candidate)

@@ -265,7 +265,9 @@ public final class PinListUpdater: Service, Sendable {
         fetchDocument().flatMap { document in
             // Verification and the fsync of persisting block: off the event loop.
             self.threadPool.runIfActive(eventLoop: self.eventLoop) {
-                self.store.install(document, keys: self.source.keys, persistence: self.persistence, now: self.now())
+                // A challenge on a fetched document is the one fetchDynamic just sent.
+                self.store.install(document, keys: self.source.keys, persistence: self.persistence, now: self.now(),
+                                   answersFreshChallenge: self.isFreshDynamicFetch(document))
             }
         }.map { result in
             self.log(result)
@@ -303,6 +305,13 @@ public final class PinListUpdater: Service, Sendable {
                                           source: url.absoluteString, body: response.body, receivedAt: self.now())
             }
         }
+    }
+
+    /// True for a document `fetchDynamic` just received: a URL source in the dynamic format
+    /// whose document carries the challenge sent with the request.
+    private func isFreshDynamicFetch(_ document: SignedListDocument) -> Bool {
+        guard case .url = source.location, source.format == .wultraDynamic else { return false }
+        return document.format == .wultraDynamic && document.challenge != nil
     }
 
     /// Wultra dynamic: `GET <service>/app/init?appName=…` with a fresh challenge; the

@@ -89,7 +89,10 @@ public final class ViolationReporter: Sendable {
             knownPins: knownPins,
             validationResult: 1,
             pingateVerdict: verdict.reasonToken,
-            observedFingerprint: verdict.observedFingerprint ?? "")
+            observedFingerprint: verdict.observedFingerprint ?? "",
+            observedChain: verdict.observedChain.enumerated().map { position, hashes in
+                "depth-\(position) sha256 \(hashes.certificateSHA256) spki \(hashes.spkiSHA256 ?? "-")"
+            })
         let body: Data
         do {
             let encoder = JSONEncoder()
@@ -128,6 +131,9 @@ public final class ViolationReporter: Sendable {
         let validationResult: Int
         let pingateVerdict: String
         let observedFingerprint: String
+        /// Both hashes at every position of the validated chain, so that a depth pin's
+        /// failure shows what each position held.
+        let observedChain: [String]
         let appPlatform = "pingate"
 
         enum CodingKeys: String, CodingKey {
@@ -141,6 +147,7 @@ public final class ViolationReporter: Sendable {
             case validationResult = "validation-result"
             case pingateVerdict = "pingate-verdict"
             case observedFingerprint = "pingate-observed-fingerprint"
+            case observedChain = "pingate-observed-chain"
             case appPlatform = "app-platform"
         }
     }

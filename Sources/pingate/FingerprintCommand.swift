@@ -4,11 +4,18 @@ import PinGate
 import PinGateTLS
 import PinGateNIO
 
-/// `pingate fingerprint`: the pin value of a certificate file or a live server's leaf.
+/// `pingate fingerprint`: the pin value of a certificate file or a live server's leaf,
+/// or, with `--chain`, both hashes at every position of the chain pingate validates.
 struct FingerprintCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "fingerprint",
-        abstract: "Print base64(SHA-256(leaf DER)) of a certificate file or of a live server's leaf.")
+        abstract: "Print base64(SHA-256(leaf DER)) of a certificate file or of a live server's leaf.",
+        discussion: """
+        With --connect and --chain, prints one line per position of the chain pingate builds
+        and validates (0 is the leaf, the last the trust anchor), each with the certificate's
+        SHA-256, its SPKI SHA-256 and its subject: the values a depth pin names (sign --depth).
+        A chain that does not validate has no positions to pin, and the command fails.
+        """)
 
     @Option(name: .long, help: "A PEM certificate file.")
     var cert: String?
@@ -16,11 +23,14 @@ struct FingerprintCommand: AsyncParsableCommand {
     @Option(name: .long, help: "HOST:PORT of a live TLS server; only the handshake is sent.")
     var connect: String?
 
-    @Option(name: .long, help: "Connect to ADDR for HOST:PORT, like curl's --resolve. Repeatable.")
-    var resolve: [String] = []
+    @Flag(name: .long, help: "With --connect: every position of the validated chain, with both hashes.")
+    var chain = false
+
+    @OptionGroup var probe: ProbeOptions
 
     func validate() throws {
         guard (cert == nil) != (connect == nil) else { throw ValidationError("give exactly one of --cert or --connect") }
+        if chain && connect == nil { throw ValidationError("--chain needs --connect: positions exist only in a validated chain") }
     }
 
     func run() async throws {
@@ -30,11 +40,22 @@ struct FingerprintCommand: AsyncParsableCommand {
             return
         }
         guard let connect else { return }
-        let (host, port) = try RunCommand.parseHostPort(connect)
-        var configuration = GateConfiguration()
-        configuration.resolveOverrides = try resolve.map(ResolveOverride.init(parsing:))
-        let peer = try await UpstreamProbe.inspect(host: host.lowercased(), port: port, configuration: configuration)
+        let (_, peer) = try await probe.inspect(connect)
         guard let leaf = peer.leaf else { throw ConfigurationError("\(connect) presented no certificate") }
-        print(leaf.sha256Fingerprint)
+        guard chain else {
+            print(leaf.sha256Fingerprint)
+            return
+        }
+        guard !peer.verifiedChain.isEmpty else {
+            throw ConfigurationError("\(connect): the chain did not validate (\(peer.verifyReason)); give its roots with --upstream-ca")
+        }
+        for line in Self.chainLines(peer.verifiedChain) { print(line) }
+    }
+
+    /// `depth=N sha256=… spki=… subject=…`, one per position, leaf first.
+    static func chainLines(_ chain: [Certificate]) -> [String] {
+        chain.enumerated().map { position, certificate in
+            "depth=\(position) sha256=\(certificate.sha256Fingerprint) spki=\(certificate.spkiSHA256) subject=\(certificate.subjectDescription)"
+        }
     }
 }

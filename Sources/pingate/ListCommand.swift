@@ -11,7 +11,7 @@ struct ListCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "list",
         abstract: "Verify a signed fingerprint list, or show the one in force.",
-        subcommands: [Verify.self, Show.self]
+        subcommands: [Verify.self, Show.self, Lint.self]
     )
 
     /// `pingate list verify FILE --key KEY`.
@@ -19,14 +19,7 @@ struct ListCommand: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Verify a list file and print its entries with days left; exits non-zero on a bad list.")
 
-        @Argument(help: "The list file.")
-        var file: String
-
-        @Option(name: .long, help: "A public key that may have signed it (PEM or base64 X9.63). Repeatable.")
-        var key: [String]
-
-        @Option(name: .long, help: "auto, wultra-static, wultra-dynamic or pingate-v2.")
-        var format: String = "auto"
+        @OptionGroup var list: ListFileOptions
 
         @Option(name: .long, help: "wultra-dynamic: the challenge the request carried.")
         var challenge: String?
@@ -44,22 +37,42 @@ struct ListCommand: ParsableCommand {
         }
 
         func run() throws {
-            let path = PathText.resolve(file)
-            // A challenge means the dynamic format unless one was named.
-            let listFormat = try PathText.listFormat(format) ?? (challenge == nil ? nil : .wultraDynamic)
-            var document = try SignedListDocument.read(file: path, format: listFormat)
-            document.challenge = challenge
-            document.signature = signature
-            // Keys first, on their own: a bad key is the key's fault, not the list's.
-            let keys = try Self.keys(key)
-            let list: PinList
-            do {
-                list = try document.verify(keys: keys)
-            } catch {
-                throw ConfigurationError("\(path) does not verify: \(error)")
-            }
+            let (path, list) = try self.list.verified(challenge: challenge, signature: signature)
             print("\(path): valid \(list.metadata.format.rawValue) list")
             print(ListPrinter.describe(list, now: Date()), terminator: "")
+        }
+    }
+
+    /// `pingate list lint FILE --key KEY`.
+    struct Lint: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Verify a list file, then warn about fragile or pointless pins; non-zero with --strict when there is a warning.",
+            discussion: """
+            Warns when a host has a single pin and no backup (TrustKit's two-pin rule), when a
+            pin (or a v2 list) expires within 14 days, when a wildcard covers a public suffix
+            (every TLD, and a small built-in list of common multi-label suffixes such as co.uk
+            and com.au: not the full Public Suffix List), and, given --upstream-ca, when a
+            depth pin names a root that is the only trust anchor configured.
+            """)
+
+        @OptionGroup var list: ListFileOptions
+
+        @Option(name: .customLong("upstream-ca"), help: "The gate's upstream trust anchors (PEM), for the depth-pin check. Repeatable.")
+        var upstreamCA: [String] = []
+
+        @Flag(name: .long, help: "Exit non-zero when there is any warning.")
+        var strict = false
+
+        func run() throws {
+            let (path, list) = try self.list.verified()
+            let anchors: [CertificateHashes]? = upstreamCA.isEmpty ? nil : try upstreamCA.flatMap { file in
+                try Certificate.all(inPEM: String(contentsOfFile: PathText.resolve(file), encoding: .utf8))
+                    .map(CertificateHashes.init)
+            }
+            let findings = PinListLint.findings(for: list, now: Date(), trustAnchors: anchors)
+            for finding in findings { print(finding) }
+            print("\(path): \(list.entries.count) pins, \(findings.count) warning\(findings.count == 1 ? "" : "s")")
+            if strict && !findings.isEmpty { throw ExitCode(3) }
         }
     }
 
@@ -93,6 +106,36 @@ struct ListCommand: ParsableCommand {
     }
 }
 
+/// The list file and its keys, as `list verify` and `list lint` read them.
+struct ListFileOptions: ParsableArguments {
+    @Argument(help: "The list file.")
+    var file: String
+
+    @Option(name: .long, help: "A public key that may have signed it (PEM or base64 X9.63). Repeatable.")
+    var key: [String]
+
+    @Option(name: .long, help: "auto, wultra-static, wultra-dynamic or pingate-v2.")
+    var format: String = "auto"
+
+    /// Reads and verifies the file (a dynamic answer with its `challenge` and `signature`);
+    /// returns its resolved path and the list, or a `ConfigurationError` saying why not.
+    func verified(challenge: String? = nil, signature: String? = nil) throws -> (path: String, list: PinList) {
+        let path = PathText.resolve(file)
+        // A challenge means the dynamic format unless one was named.
+        let listFormat = try PathText.listFormat(format) ?? (challenge == nil ? nil : .wultraDynamic)
+        var document = try SignedListDocument.read(file: path, format: listFormat)
+        document.challenge = challenge
+        document.signature = signature
+        // Keys first, on their own: a bad key is the key's fault, not the list's.
+        let keys = try ListCommand.Verify.keys(key)
+        do {
+            return (path, try document.verify(keys: keys))
+        } catch {
+            throw ConfigurationError("\(path) does not verify: \(error)")
+        }
+    }
+}
+
 /// Human-readable list output shared by `list verify` and `list show`.
 enum ListPrinter {
     static func describe(_ list: PinList, now: Date) -> String {
@@ -103,10 +146,17 @@ enum ListPrinter {
             text += "expires:    \(iso(expires)) (\(days(until: expires, now: now)))\(list.isFresh(at: now) ? "" : "  STALE: not used")\n"
         }
         if let keyID = list.metadata.keyID { text += "signed by:  key \(keyID)\n" }
+        if let rules = list.domainRules {
+            text += "domains:    unlisted \(rules.pinningRequiredForUnlisted ? "need a pin" : "allowed unpinned")\n"
+            for (name, required) in rules.domains.sorted(by: { $0.key < $1.key }) {
+                text += "  \(name)  \(required ? "pin required" : "unpinned-allowed")\n"
+            }
+        }
         text += "entries:    \(list.entries.count)\n"
         for entry in list.entries {
             let state = entry.isUnexpired(at: now) ? days(until: entry.expires, now: now) : "EXPIRED"
-            text += "  \(entry.name)  \(entry.kind.rawValue)/\(entry.fingerprint)  \(entry.mode.rawValue)  expires \(iso(entry.expires)) (\(state))\n"
+            let depth = entry.depth.isLeaf ? "" : "  depth \(entry.depth)"
+            text += "  \(entry.name)  \(entry.kind.rawValue)/\(entry.fingerprint)  \(entry.mode.rawValue)\(depth)  expires \(iso(entry.expires)) (\(state))\n"
         }
         for revoked in list.revoked.sorted() { text += "  revoked \(revoked)\n" }
         return text

@@ -19,6 +19,11 @@ struct SignCommand: AsyncParsableCommand {
         --format v2 writes pingate's signed list: one signature over the whole payload, with
         --sequence (must grow with every list you publish), --list-expires, --spki pins,
         --report-only pins, wildcard names (*.example.com, **.example.com) and --revoke.
+
+        --depth (v2) names the position of the validated chain the i-th pin is for: 0 (the
+        leaf, default), 1 (the leaf's issuer), … or any. With --cert give the certificate of
+        that position (e.g. the intermediate) and --name; with --connect the certificate at
+        that position of the chain pingate validates is pinned (for any: the trust anchor).
         """)
 
     @Option(name: .long, help: "The list-signing private key (PEM).")
@@ -30,8 +35,7 @@ struct SignCommand: AsyncParsableCommand {
     @Option(name: .long, help: "HOST:PORT of a live TLS server whose leaf to pin. Repeatable.")
     var connect: [String] = []
 
-    @Option(name: .long, help: "Connect to ADDR for HOST:PORT (with --connect), like curl's --resolve. Repeatable.")
-    var resolve: [String] = []
+    @OptionGroup var probe: ProbeOptions
 
     @Option(name: .long, help: "The host name (v2: or pattern) for the matching pin. Repeatable.")
     var name: [String] = []
@@ -57,6 +61,12 @@ struct SignCommand: AsyncParsableCommand {
     @Option(name: .long, help: "v2: a base64 SHA-256 certificate or SPKI hash to revoke. Repeatable.")
     var revoke: [String] = []
 
+    @Option(name: .long, help: "v2: the matching pin's position in the validated chain: 0 (leaf), 1, … or any. Repeatable.")
+    var depth: [String] = []
+
+    /// The parsed `--depth` values (validated in `validate()`).
+    private var depths: [PinEntry.Depth] { depth.compactMap(PinEntry.Depth.init(parsing:)) }
+
     func validate() throws {
         guard !cert.isEmpty || !connect.isEmpty else { throw ValidationError("give at least one --cert or --connect") }
         guard name.count <= cert.count + connect.count, expires.count <= cert.count + connect.count else {
@@ -64,8 +74,17 @@ struct SignCommand: AsyncParsableCommand {
         }
         guard format == "static" || format == "v2" else { throw ValidationError("--format is static or v2") }
         if format == "v2" { guard sequence != nil else { throw ValidationError("--format v2 needs --sequence") } }
-        if format == "static" && (spki || reportOnly || !revoke.isEmpty || sequence != nil) {
-            throw ValidationError("--spki, --report-only, --revoke and --sequence need --format v2")
+        if format == "static" && (spki || reportOnly || !revoke.isEmpty || sequence != nil || !depth.isEmpty) {
+            throw ValidationError("--spki, --report-only, --revoke, --sequence and --depth need --format v2")
+        }
+        guard depth.count <= cert.count + connect.count else { throw ValidationError("more --depth values than pins") }
+        for text in depth where PinEntry.Depth(parsing: text) == nil {
+            throw ValidationError("--depth \(text): give 0, 1, … or any")
+        }
+        // A --cert for another position than the leaf is a CA certificate: its common name
+        // is not the host it protects, so the host must be said.
+        for (index, value) in depths.enumerated() where index < cert.count && !value.isLeaf && index >= name.count {
+            throw ValidationError("pin \(index) (--cert \(cert[index])) has --depth \(value): give its host with --name")
         }
     }
 
@@ -74,15 +93,13 @@ struct SignCommand: AsyncParsableCommand {
         var certificates: [(Certificate, String?)] = try cert.map {
             (try Certificate(pem: String(contentsOfFile: PathText.resolve($0), encoding: .utf8)), nil)
         }
-        var configuration = GateConfiguration()
-        configuration.resolveOverrides = try resolve.map(ResolveOverride.init(parsing:))
-        for target in connect {
-            let (host, port) = try RunCommand.parseHostPort(target)
-            let peer = try await UpstreamProbe.inspect(host: host.lowercased(), port: port, configuration: configuration)
-            guard let leaf = peer.leaf else { throw ValidationError("\(target) presented no certificate") }
-            certificates.append((leaf, host.lowercased()))
+        for (offset, target) in connect.enumerated() {
+            let (host, peer) = try await probe.inspect(target)
+            let index = cert.count + offset
+            let certificate = try Self.certificate(at: index < depths.count ? depths[index] : .leaf, of: peer, target: target)
+            certificates.append((certificate, host))
         }
-        var pins: [(name: String, certificate: Certificate, expires: Int64)] = []
+        var pins: [(name: String, certificate: Certificate, expires: Int64, depth: PinEntry.Depth)] = []
         for (index, (certificate, connectedHost)) in certificates.enumerated() {
             guard let host = index < name.count ? name[index] : (connectedHost ?? certificate.commonName) else {
                 throw ValidationError("pin \(index) has no common name; give --name")
@@ -90,7 +107,7 @@ struct SignCommand: AsyncParsableCommand {
             guard let expiry = index < expires.count ? expires[index] : certificate.notAfter.map({ Int64($0.timeIntervalSince1970) }) else {
                 throw ValidationError("pin \(index) has no readable notAfter; give --expires")
             }
-            pins.append((HostName.normalize(host), certificate, expiry))
+            pins.append((HostName.normalize(host), certificate, expiry, index < depths.count ? depths[index] : .leaf))
         }
 
         if format == "static" {
@@ -106,12 +123,35 @@ struct SignCommand: AsyncParsableCommand {
             pins: pins.map {
                 PinGateSignedList.Pin(host: $0.name, sha256: spki ? nil : $0.certificate.sha256Fingerprint,
                                       spki: spki ? $0.certificate.spkiSHA256 : nil, expires: $0.expires,
-                                      mode: reportOnly ? "report-only" : "enforce")
+                                      mode: reportOnly ? "report-only" : "enforce",
+                                      depth: $0.depth.isLeaf ? nil : $0.depth)
             },
             revoked: revoke.isEmpty ? nil : revoke)
         let document = try PinGateSignedList.sign(payload, key: signer)
         // Verify what we wrote with our own verifier before handing it out.
         _ = try PinGateSignedList.verify(document, keys: [try signer.publicKey()], source: "sign")
         print(String(decoding: document, as: UTF8.self), terminator: "")
+    }
+
+    /// The certificate a `--connect` pin at `depth` names: the leaf, or that position of
+    /// the chain pingate validated (the trust anchor for `any`). A position needs a chain
+    /// that validated, as the gate will only ever match it on one.
+    private static func certificate(at depth: PinEntry.Depth, of peer: TLSPeerSummary, target: String) throws -> Certificate {
+        if depth.isLeaf {
+            guard let leaf = peer.leaf else { throw ValidationError("\(target) presented no certificate") }
+            return leaf
+        }
+        guard !peer.verifiedChain.isEmpty else {
+            throw ValidationError("\(target): its chain did not validate (\(peer.verifyReason)), so it has no position \(depth) to pin; give --upstream-ca or use --cert")
+        }
+        switch depth {
+        case .any:
+            return peer.verifiedChain[peer.verifiedChain.count - 1]
+        case .position(let position):
+            guard position < peer.verifiedChain.count else {
+                throw ValidationError("\(target): its validated chain has \(peer.verifiedChain.count) certificates, no position \(position)")
+            }
+            return peer.verifiedChain[position]
+        }
     }
 }

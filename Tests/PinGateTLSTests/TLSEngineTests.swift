@@ -177,6 +177,29 @@ struct TLSEngineTests {
         #expect(summary.leaf != nil)
     }
 
+    @Test("the verified chain is OpenSSL's, leaf to anchor: an extra certificate the server sends is not in it; a failed check leaves it empty")
+    func verifiedChain() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let caKey = try PrivateKey.generateP256()
+        let ca = try CertificateBuilder.selfSignedCA(commonName: "Chain Test CA", key: caKey, validity: 86400)
+        let stranger = try CertificateBuilder.selfSignedCA(commonName: "Appended CA", key: try PrivateKey.generateP256(), validity: 86400)
+        let leafKey = try PrivateKey.generateP256()
+        let leaf = try CertificateBuilder.serverLeaf(names: [.dns("engine.test")], subjectKey: leafKey, issuer: ca, issuerKey: caKey,
+                                                     notBefore: Date().addingTimeInterval(-60), notAfter: Date().addingTimeInterval(3600))
+        let serverContext = try TLSContext.server(certificate: leaf, chain: [stranger], key: leafKey)
+        let clientContext = try TLSContext.client(trustRoots: .pemFiles([try directory.write("ca.pem", try ca.pemString())]))
+        for (host, valid) in [("engine.test", true), ("other.test", false)] {
+            let client = try TLSConnection(clientOf: clientContext, options: .init(expectedHost: host, alpnOffer: nil))
+            let server = try TLSConnection(serverOf: serverContext, options: .init(preferredALPN: nil, pauseWhenPreferredALPNMissing: false))
+            #expect(Self.pump(client, server).0 == .complete)
+            let summary = client.peerSummary()
+            #expect(summary.chainAndHostnameValid == valid)
+            #expect(summary.verifiedChain.map(\.sha256Fingerprint) == (valid ? [leaf, ca].map(\.sha256Fingerprint) : []), "\(host)")
+            #expect(!summary.verifiedChain.contains { $0.sha256Fingerprint == stranger.sha256Fingerprint })
+        }
+    }
+
     @Test("an IP literal is verified against the IP SAN")
     func ipLiteral() throws {
         let directory = try TemporaryDirectory()

@@ -28,7 +28,7 @@ struct ConnectHandlerTests {
             pinned.contains(host) ? nil : .empty
         }
         func upstreamALPNOffer(configured: [String]) -> [String] { configured }
-        func verdict(host: String, leaf: LeafIdentity?, chain: PinPolicy.ChainCheck, list: PinList?, now: Date) -> Verdict { verdict }
+        func verdict(host: String, leaf: CertificateHashes?, chain: PinPolicy.ChainCheck, list: PinList?, now: Date) -> Verdict { verdict }
         func makeTunnelInspectors(target: String) -> [ChannelHandler] { [] }
         // The embedded tests drive the admission and the join of a byte relay.
         var inspectsRequests: Bool { false }
@@ -86,10 +86,12 @@ struct ConnectHandlerTests {
             let channel = EmbeddedChannel(handler: glue, loop: loop)
             try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 443)).wait()
             let leaf = try CertificateBuilder.selfSignedCA(commonName: "upstream", key: try PrivateKey.generateP256(), validity: 3600)
-            let peer = TLSPeerSummary(leaf: leaf, verifyCode: 0, verifyReason: "ok", alpn: alpn, protocolVersion: "TLSv1.3", chain: [leaf])
+            let peer = TLSPeerSummary(leaf: leaf, verifyCode: 0, verifyReason: "ok", alpn: alpn, protocolVersion: "TLSv1.3", chain: [leaf],
+                                      verifiedChain: [leaf])
             let upstream = UpstreamConnection(
                 channel: channel, glue: NIOLoopBound(glue, eventLoop: loop), peer: peer,
-                leaf: LeafIdentity(certificateSHA256: leaf.sha256Fingerprint, spkiSHA256: leaf.spkiSHA256),
+                leaf: CertificateHashes(leaf),
+                verifiedChain: [CertificateHashes(leaf)],
                 handshakeDuration: .milliseconds(1))
             return (upstream, channel)
         }

@@ -24,6 +24,8 @@ struct ReportOnlyTests {
                 let expires = Int64(Date().timeIntervalSince1970) + 86400
                 let list = try PinGateSignedList.verify(try pki.signedV2(sequence: 1, pins: [
                     .init(host: host, sha256: expected.fingerprint, expires: expires, mode: "report-only"),
+                    // A depth pin on a CA that did not issue the presented leaf: no match either.
+                    .init(host: host, spki: pki.rogueCA.certificate.spkiSHA256, expires: expires, mode: "report-only", depth: .position(1)),
                 ]), keys: [try pki.signer.publicKey()], source: "test")
                 return try await GateFixture.with(
                     pki: pki, listPath: nil,
@@ -61,7 +63,13 @@ struct ReportOnlyTests {
         #expect(report["hostname"] as? String == host)
         #expect(report["port"] as? Int == originPort)
         #expect(report["enforce-pinning"] as? Bool == false)
-        #expect(report["known-pins"] as? [String] == ["cert-sha256=\"\(expected.fingerprint)\""])
+        #expect(report["known-pins"] as? [String] == ["cert-sha256=\"\(expected.fingerprint)\"",
+                                                      "pin-sha256=\"\(pki.rogueCA.certificate.spkiSHA256)\"; depth=1"])
+        // Both hashes at every position of the validated chain, for the depth pin's sake.
+        #expect(report["pingate-observed-chain"] as? [String] == [
+            "depth-0 sha256 \(presented.fingerprint) spki \(presented.certificate.spkiSHA256)",
+            "depth-1 sha256 \(pki.originCA.fingerprint) spki \(pki.originCA.certificate.spkiSHA256)",
+        ])
         #expect(report["pingate-observed-fingerprint"] as? String == presented.fingerprint)
         let chain = try #require(report["validated-certificate-chain"] as? [String])
         #expect(chain.count == 2)

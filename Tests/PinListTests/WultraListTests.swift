@@ -95,13 +95,14 @@ struct WultraListTests {
         let list = try Self.goodList()
         let policy = PinPolicy()
         let now = Self.beforeExpiry
-        #expect(policy.evaluate(host: "api.vector.test", leaf: LeafIdentity(certificateSHA256: Self.entry0, spkiSHA256: nil), chain: Self.valid, list: list, now: now) == .trusted(fingerprint: Self.entry0))
-        #expect(policy.evaluate(host: "API.Vector.Test.", leaf: LeafIdentity(certificateSHA256: Self.entry1, spkiSHA256: nil), chain: Self.valid, list: list, now: now) == .trusted(fingerprint: Self.entry1))
+        #expect(policy.evaluate(host: "api.vector.test", leaf: CertificateHashes(certificateSHA256: Self.entry0, spkiSHA256: nil), chain: Self.valid, list: list, now: now).summary == "trusted by depth-0 sha256 \(Self.entry0)")
+        #expect(policy.evaluate(host: "API.Vector.Test.", leaf: CertificateHashes(certificateSHA256: Self.entry1, spkiSHA256: nil), chain: Self.valid, list: list, now: now).summary == "trusted by depth-0 sha256 \(Self.entry1)")
         let other = SHA256Digest.base64(Array("another certificate".utf8))
-        #expect(policy.evaluate(host: "api.vector.test", leaf: LeafIdentity(certificateSHA256: other, spkiSHA256: nil), chain: Self.valid, list: list, now: now)
-                == .untrusted(observed: other, expected: [Self.entry0, Self.entry1]))
-        #expect(policy.evaluate(host: "old.vector.test", leaf: LeafIdentity(certificateSHA256: "EsjPkAhVNOvX1W+GffQFkcmBS1maZ6dYTeD6XojcQ3I=", spkiSHA256: nil), chain: Self.valid, list: list, now: now) == .empty)
-        #expect(policy.evaluate(host: "never.seen.test", leaf: LeafIdentity(certificateSHA256: Self.entry0, spkiSHA256: nil), chain: Self.valid, list: list, now: now) == .empty)
+        #expect(policy.evaluate(host: "api.vector.test", leaf: CertificateHashes(certificateSHA256: other, spkiSHA256: nil), chain: Self.valid, list: list, now: now)
+                == .untrusted(observed: other, expected: [Self.entry0, Self.entry1],
+                              observedChain: [CertificateHashes(certificateSHA256: other, spkiSHA256: nil)]))
+        #expect(policy.evaluate(host: "old.vector.test", leaf: CertificateHashes(certificateSHA256: "EsjPkAhVNOvX1W+GffQFkcmBS1maZ6dYTeD6XojcQ3I=", spkiSHA256: nil), chain: Self.valid, list: list, now: now) == .empty)
+        #expect(policy.evaluate(host: "never.seen.test", leaf: CertificateHashes(certificateSHA256: Self.entry0, spkiSHA256: nil), chain: Self.valid, list: list, now: now) == .empty)
         #expect(policy.isPinned(host: "api.vector.test", list: list, now: now))
         #expect(!policy.isPinned(host: "old.vector.test", list: list, now: now))
     }
@@ -110,8 +111,8 @@ struct WultraListTests {
     func expiryAndNoList() throws {
         let list = try Self.goodList()
         let policy = PinPolicy()
-        #expect(policy.evaluate(host: "api.vector.test", leaf: LeafIdentity(certificateSHA256: Self.entry0, spkiSHA256: nil), chain: Self.valid, list: list, now: Self.afterExpiry) == .empty)
-        #expect(policy.evaluate(host: "api.vector.test", leaf: LeafIdentity(certificateSHA256: Self.entry0, spkiSHA256: nil), chain: Self.valid, list: nil, now: Self.beforeExpiry) == .empty)
+        #expect(policy.evaluate(host: "api.vector.test", leaf: CertificateHashes(certificateSHA256: Self.entry0, spkiSHA256: nil), chain: Self.valid, list: list, now: Self.afterExpiry) == .empty)
+        #expect(policy.evaluate(host: "api.vector.test", leaf: CertificateHashes(certificateSHA256: Self.entry0, spkiSHA256: nil), chain: Self.valid, list: nil, now: Self.beforeExpiry) == .empty)
         #expect(!policy.isPinned(host: "api.vector.test", list: nil, now: Self.beforeExpiry))
     }
 
@@ -119,12 +120,11 @@ struct WultraListTests {
     func chainRules() throws {
         let list = try Self.goodList()
         let broken = PinPolicy.ChainCheck(valid: false, reason: "self-signed certificate")
-        #expect(PinPolicy().evaluate(host: "api.vector.test", leaf: LeafIdentity(certificateSHA256: Self.entry0, spkiSHA256: nil), chain: broken, list: list, now: Self.beforeExpiry)
+        #expect(PinPolicy().evaluate(host: "api.vector.test", leaf: CertificateHashes(certificateSHA256: Self.entry0, spkiSHA256: nil), chain: broken, list: list, now: Self.beforeExpiry)
                 == .chainInvalid(reason: "self-signed certificate", observed: Self.entry0))
-        #expect(PinPolicy(pinsOnlyHosts: ["API.vector.test"]).evaluate(host: "api.vector.test", leaf: LeafIdentity(certificateSHA256: Self.entry0, spkiSHA256: nil), chain: broken, list: list, now: Self.beforeExpiry)
-                == .trusted(fingerprint: Self.entry0))
+        #expect(PinPolicy(pinsOnlyHosts: ["API.vector.test"]).evaluate(host: "api.vector.test", leaf: CertificateHashes(certificateSHA256: Self.entry0, spkiSHA256: nil), chain: broken, list: list, now: Self.beforeExpiry).summary == "trusted by depth-0 sha256 \(Self.entry0)")
         let other = SHA256Digest.base64(Array("x".utf8))
-        #expect(PinPolicy().evaluate(host: "api.vector.test", leaf: LeafIdentity(certificateSHA256: other, spkiSHA256: nil), chain: broken, list: list, now: Self.beforeExpiry).reasonToken == "pin-mismatch")
+        #expect(PinPolicy().evaluate(host: "api.vector.test", leaf: CertificateHashes(certificateSHA256: other, spkiSHA256: nil), chain: broken, list: list, now: Self.beforeExpiry).reasonToken == "pin-mismatch")
     }
 
     @Test("reason tokens are the documented ones")

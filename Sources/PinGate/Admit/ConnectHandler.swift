@@ -220,14 +220,14 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             let now = environment.now()
             reporter.report(host: request.host, port: request.port, verdict: verdict,
                             pins: environment.store.list?.unexpiredEntries(for: request.host, at: now) ?? [],
-                            chain: upstream.peer.chain, now: now)
+                            chain: upstream.peer.verifiedChain.isEmpty ? upstream.peer.chain : upstream.peer.verifiedChain, now: now)
         default:
             break
         }
     }
 
     private static func chainCheck(_ upstream: UpstreamConnection) -> PinPolicy.ChainCheck {
-        .init(valid: upstream.peer.chainAndHostnameValid, reason: upstream.peer.verifyReason)
+        .init(valid: upstream.peer.chainAndHostnameValid, reason: upstream.peer.verifyReason, verifiedChain: upstream.verifiedChain)
     }
 
     // MARK: refusal
@@ -235,12 +235,15 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     private func refuse(_ refusal: Refusal, request: ConnectRequest?, upstream: UpstreamConnection?, context: ChannelHandlerContext) {
         cancelTimers()
         environment.statistics.recordDecision(refusal.reason)
-        logDecision(verdict: "refused", reason: refusal.reason, observed: refusal.observedFingerprint, request: request, upstream: upstream)
+        let pinVerdict: Verdict? = if case .verdict(let verdict) = refusal { verdict } else { nil }
+        logDecision(verdict: "refused", reason: refusal.reason, observed: refusal.observedFingerprint, pinVerdict: pinVerdict,
+                    request: request, upstream: upstream)
         let host = request?.host ?? "-"
         let port = request?.port ?? 0
         environment.refusals.record(.init(
             time: environment.now(), client: connection.client, host: host, port: port, reason: refusal.reason,
-            observedFingerprint: refusal.observedFingerprint, expectedFingerprints: expectedFingerprints(for: refusal, request: request)))
+            observedFingerprint: refusal.observedFingerprint, expectedFingerprints: expectedFingerprints(for: refusal, request: request),
+            observedChain: pinVerdict.map { RefusalLog.ChainPosition.positions($0.observedChain) } ?? []))
         var buffer = context.channel.allocator.buffer(capacity: 512)
         buffer.writeBytes(refusal.httpResponse(host: host, port: port))
         context.writeAndFlush(wrapOutboundOut(buffer)).assumeIsolated().whenComplete { _ in
@@ -250,7 +253,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     /// The pins the refused host had, for the refusal log.
     private func expectedFingerprints(for refusal: Refusal, request: ConnectRequest?) -> [String] {
-        if case .verdict(.untrusted(_, let expected)) = refusal { return expected }
+        if case .verdict(.untrusted(_, let expected, _)) = refusal { return expected }
         guard let request else { return [] }
         return environment.store.list?.unexpiredEntries(for: request.host, at: environment.now()).map(\.fingerprint) ?? []
     }
@@ -299,7 +302,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                 "host": "\(request.host)", "observed_fingerprint": "\(verdict.observedFingerprint ?? "-")",
             ])
         }
-        statistics.recordDecision(DecisionReason(verdict))
+        statistics.recordDecision(DecisionReason(verdict), pin: verdict.matchedPin)
         statistics.tunnelOpened()
         watchUntilJoined(upstream, context: context)
         // One decision line per CONNECT: for an admitted one, written when it ends, with
@@ -310,7 +313,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             if case .relaying(_, let joined) = self.machine.state { finalUpstream = joined } else { finalUpstream = upstream }
             finalUpstream?.channel.close(promise: nil)
             self.logDecision(verdict: "allowed", reason: DecisionReason(verdict), observed: verdict.observedFingerprint,
-                             request: request, upstream: finalUpstream)
+                             pinVerdict: verdict, request: request, upstream: finalUpstream)
         }
 
         var established = context.channel.allocator.buffer(capacity: 64)
@@ -407,7 +410,8 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             // the chain must have validated, and the certificate must name that host too.
             let namesIt = leafCertificate?.names(host: otherHost) ?? false
             let chain = PinPolicy.ChainCheck(valid: chainValid && namesIt,
-                                             reason: namesIt ? upstream.peer.verifyReason : "the certificate does not name \(otherHost)")
+                                             reason: namesIt ? upstream.peer.verifyReason : "the certificate does not name \(otherHost)",
+                                             verifiedChain: namesIt ? upstream.verifiedChain : [])
             let verdict = policy.verdict(host: otherHost, leaf: upstream.leaf, chain: chain,
                                          list: environment.store.list, now: environment.now())
             if case .trusted = verdict { return true }
@@ -491,7 +495,10 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     // MARK: log
 
     /// The decision log: one structured line per CONNECT verdict.
-    private func logDecision(verdict: String, reason: DecisionReason, observed: String?, request: ConnectRequest?, upstream: UpstreamConnection?) {
+    /// `pinVerdict`, when the pin policy decided, adds which pin carried a trusted verdict
+    /// (`pin=depth-1 spki …`) or what every position of the chain held on a mismatch.
+    private func logDecision(verdict: String, reason: DecisionReason, observed: String?, pinVerdict: Verdict?,
+                             request: ConnectRequest?, upstream: UpstreamConnection?) {
         var metadata: Logger.Metadata = [
             "client": "\(connection.client)",
             "host": "\(request?.host ?? "-")",
@@ -503,6 +510,12 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             "bytes_down": "\(tunnelBytes.down.load(ordering: .relaxed))",
             "duration_ms": "\((NIODeadline.now() - connection.started).nanoseconds / 1_000_000)",
         ]
+        if let pin = pinVerdict?.matchedPin {
+            metadata["pin"] = "\(pin)"
+        }
+        if let chain = pinVerdict?.observedChain, !chain.isEmpty {
+            metadata["observed_chain"] = .array(RefusalLog.ChainPosition.positions(chain).map { .string("\($0)") })
+        }
         if let upstream {
             metadata["upstream_handshake_ms"] = "\(upstream.handshakeDuration.nanoseconds / 1_000_000)"
             metadata["alpn"] = "\(connection.clientALPN ?? upstream.peer.alpn ?? "-")"

@@ -12,7 +12,10 @@ struct UpstreamConnection: Sendable {
     let peer: TLSPeerSummary
     /// The leaf's two hashes, computed once: the verdict, the tunnel registry and the
     /// logs all use them.
-    let leaf: LeafIdentity?
+    let leaf: CertificateHashes?
+    /// The hashes of the chain OpenSSL validated (leaf first), computed once; empty when
+    /// validation failed. Depth pins match here.
+    let verifiedChain: [CertificateHashes]
     /// How long TCP connect plus TLS handshake took.
     let handshakeDuration: TimeAmount
     /// Keeps the TLS sessions this upstream hands out for resumption; call it only when
@@ -49,7 +52,7 @@ struct UpstreamConnector: UpstreamDialer {
             [GlueHandler(countRelayed: countRelayed)]
         }.flatMapThrowing { client in
             let glue = try client.channel.pipeline.syncOperations.handler(type: GlueHandler.self)
-            let leaf = client.peer.leaf.map { LeafIdentity(certificateSHA256: $0.sha256Fingerprint, spkiSHA256: $0.spkiSHA256) }
+            let leaf = client.peer.leaf.map(CertificateHashes.init)
             // Read before the verdict is made, so a list change after this point (which
             // moves the cache's generation on) keeps this connection's sessions out.
             let keep = client.keepSessions.flatMap { keep in
@@ -59,8 +62,8 @@ struct UpstreamConnector: UpstreamDialer {
                 }
             }
             return UpstreamConnection(channel: client.channel, glue: NIOLoopBound(glue, eventLoop: eventLoop),
-                                      peer: client.peer, leaf: leaf, handshakeDuration: client.handshakeDuration,
-                                      keepSessions: keep)
+                                      peer: client.peer, leaf: leaf, verifiedChain: client.peer.verifiedChain.map(CertificateHashes.init),
+                                      handshakeDuration: client.handshakeDuration, keepSessions: keep)
         }
     }
 }

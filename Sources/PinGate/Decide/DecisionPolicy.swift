@@ -16,7 +16,7 @@ public protocol DecisionPolicy: Sendable {
 
     /// The verdict on an upstream whose handshake completed: its leaf's hashes (nil when
     /// it sent none) and whether OpenSSL validated its chain and host name.
-    func verdict(host: String, leaf: LeafIdentity?, chain: PinPolicy.ChainCheck, list: PinList?, now: Date) -> Verdict
+    func verdict(host: String, leaf: CertificateHashes?, chain: PinPolicy.ChainCheck, list: PinList?, now: Date) -> Verdict
 
     /// Handlers to put between the client's TLS and the relay of an admitted tunnel to
     /// `target` (`host:port`). Called on the connection's event loop.
@@ -49,7 +49,8 @@ public struct PinningDecisionPolicy: DecisionPolicy {
         pins = PinPolicy(pinsOnlyHosts: pinsOnlyHosts)
     }
 
-    /// `.empty` when the list has no unexpired pin for `host`.
+    /// `.empty` when the list has no unexpired pin for `host` (and its signed domain rules
+    /// do not let it through unpinned).
     public func refusalBeforeConnecting(host: String, port: Int, list: PinList?, now: Date) -> Verdict? {
         pins.isPinned(host: host, list: list, now: now) ? nil : .empty
     }
@@ -58,7 +59,7 @@ public struct PinningDecisionPolicy: DecisionPolicy {
     public func upstreamALPNOffer(configured: [String]) -> [String] { configured }
 
     /// The pin policy's verdict.
-    public func verdict(host: String, leaf: LeafIdentity?, chain: PinPolicy.ChainCheck, list: PinList?, now: Date) -> Verdict {
+    public func verdict(host: String, leaf: CertificateHashes?, chain: PinPolicy.ChainCheck, list: PinList?, now: Date) -> Verdict {
         pins.evaluate(host: host, leaf: leaf, chain: chain, list: list, now: now)
     }
 

@@ -1,3 +1,4 @@
+import PinList
 import Synchronization
 
 /// Counters the gate keeps about its tunnels: what tests assert on and what the admin
@@ -30,6 +31,11 @@ public final class GateStatistics: Sendable {
         /// Requests (or whole tunnels, for `not-http`) refused inside admitted tunnels, by
         /// reason token ("authority-mismatch", "malformed-request", "not-http").
         public var requestsRefusedByReason: [String: Int] = [:]
+        /// Trusted verdicts by the pin that carried them (`PinMatch.statisticsKey`), so
+        /// `/pins` can say which pin is doing the work (e.g. a depth-1 pin after a leaf rotation).
+        public var trustedByPin: [String: Int] = [:]
+        /// The last pin match per pin key, e.g. `depth-1 spki …`.
+        public var lastMatchByPin: [String: String] = [:]
 
         /// The count for one reason.
         public func count(_ reason: DecisionReason) -> Int { connectsByReason[reason.rawValue, default: 0] }
@@ -49,8 +55,14 @@ public final class GateStatistics: Sendable {
     /// A copy of every counter now.
     public var snapshot: Snapshot { state.withLock { $0 } }
 
-    func recordDecision(_ reason: DecisionReason) {
-        state.withLock { $0.connectsByReason[reason.rawValue, default: 0] += 1 }
+    func recordDecision(_ reason: DecisionReason, pin: PinMatch? = nil) {
+        state.withLock { state in
+            state.connectsByReason[reason.rawValue, default: 0] += 1
+            if let pin {
+                state.trustedByPin[pin.statisticsKey, default: 0] += 1
+                state.lastMatchByPin[pin.statisticsKey] = pin.description
+            }
+        }
         metrics.decision(allowed: reason.isAllowed, reason: reason.rawValue)
     }
 

@@ -8,6 +8,9 @@ public enum DecisionReason: String, Sendable, Hashable, CaseIterable, Codable {
     case trusted
     /// No pin matched, but the host's pins are report-only: allowed and reported.
     case reportOnlyViolation = "report-only-violation"
+    /// A challenge-signed Wultra `domainsConfig` lets the host through without a pin; its
+    /// chain and host name validated.
+    case unpinnedAllowed = "unpinned-allowed"
     /// The upstream's certificate matched none of the host's pins.
     case pinMismatch = "pin-mismatch"
     /// The upstream's certificate or key is on the list's revocation list.
@@ -66,11 +69,12 @@ public enum DecisionReason: String, Sendable, Hashable, CaseIterable, Codable {
         case .revoked: self = .revoked
         case .empty: self = .empty
         case .chainInvalid: self = .chainInvalid
+        case .unpinnedAllowed: self = .unpinnedAllowed
         }
     }
 
     /// True for the reasons a tunnel is admitted on.
     public var isAllowed: Bool {
-        self == .trusted || self == .reportOnlyViolation
+        self == .trusted || self == .reportOnlyViolation || self == .unpinnedAllowed
     }
 }

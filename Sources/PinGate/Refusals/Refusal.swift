@@ -74,13 +74,19 @@ public enum Refusal: Sendable, Equatable {
             return rejection.detail
         case .verdict(.empty):
             return "\(host) has no unexpired pin in the fingerprint list, so pingate refuses it (deny by default) and made no connection to it. Add a signed entry for \(host) to the list if this host should be reachable."
-        case .verdict(.untrusted(let observed, let expected)):
-            return "\(host):\(port) presented a certificate with SHA-256 \(observed), which matches none of its pins (\(expected.joined(separator: ", "))). Someone may be intercepting the connection, or the certificate rotated without a list update. Nothing was forwarded."
+        case .verdict(.untrusted(let observed, let expected, let chain)):
+            let pins = expected.joined(separator: ", ")
+            guard chain.count > 1 else {
+                return "\(host):\(port) presented a certificate with SHA-256 \(observed), which matches none of its pins (\(pins)). Someone may be intercepting the connection, or the certificate rotated without a list update. Nothing was forwarded."
+            }
+            // Depth pins name other positions of the validated chain: show what each held.
+            return "\(host):\(port) presented a certificate with SHA-256 \(observed); neither it nor the certificates of its validated chain at the positions its pins name match them (\(pins)). Someone may be intercepting the connection, or the certificate or its issuer changed without a list update. Nothing was forwarded.\nObserved validated chain:"
+                + chain.enumerated().map { "\n  depth-\($0) sha256 \($1.certificateSHA256) spki \($1.spkiSHA256 ?? "-")" }.joined()
         case .verdict(.chainInvalid(let reason, _)):
             return "\(host):\(port) presented a pinned certificate, but its chain or host name failed validation: \(reason). Nothing was forwarded."
         case .verdict(.revoked(let observed)):
             return "\(host):\(port) presented a certificate (SHA-256 \(observed)) whose certificate or key the fingerprint list has revoked. Nothing was forwarded."
-        case .verdict(.trusted), .verdict(.reportOnlyViolation):
+        case .verdict(.trusted), .verdict(.reportOnlyViolation), .verdict(.unpinnedAllowed):
             return "allowed"
         case .upstreamTimeout(let detail):
             return "\(host):\(port) did not answer in time (\(detail)). Nothing was forwarded."

@@ -1,9 +1,28 @@
 import Foundation
+import PinList
 import Synchronization
 
 /// The last refusals, newest last, in a fixed-size ring: what the admin endpoint shows
 /// an operator asking "what did it refuse and why".
 public final class RefusalLog: Sendable {
+    /// Both hashes of one position of the validated chain, as a refusal reports them.
+    public struct ChainPosition: Sendable, Equatable, Codable, CustomStringConvertible {
+        /// The position: 0 is the leaf.
+        public var depth: Int
+        /// base64 SHA-256 of the certificate DER.
+        public var sha256: String
+        /// base64 SHA-256 of its SubjectPublicKeyInfo, when known.
+        public var spki: String?
+
+        /// The positions of `chain`, leaf first.
+        public static func positions(_ chain: [CertificateHashes]) -> [ChainPosition] {
+            chain.enumerated().map { ChainPosition(depth: $0, sha256: $1.certificateSHA256, spki: $1.spkiSHA256) }
+        }
+
+        /// `depth-1 sha256 … spki …`.
+        public var description: String { "depth-\(depth) sha256 \(sha256) spki \(spki ?? "-")" }
+    }
+
     /// One refused CONNECT, or one refused request inside an admitted tunnel.
     public struct Entry: Sendable, Equatable, Codable {
         /// When it was refused.
@@ -23,10 +42,15 @@ public final class RefusalLog: Sendable {
         /// For a request refused inside a tunnel: the authority it asked for (the tunnel's
         /// CONNECT target is `host:port`). Nil for a refused CONNECT.
         public var authority: String?
+        /// For a pin mismatch: both hashes at every position of the validated chain (just
+        /// the leaf when validation failed), so a depth pin's failure shows each position.
+        public var observedChain: [ChainPosition]
 
         /// An entry; `authority` only for requests refused inside a tunnel.
         public init(time: Date, client: String, host: String, port: Int, reason: DecisionReason,
-                    observedFingerprint: String?, expectedFingerprints: [String], authority: String? = nil) {
+                    observedFingerprint: String?, expectedFingerprints: [String], authority: String? = nil,
+                    observedChain: [ChainPosition] = []) {
+            self.observedChain = observedChain
             self.time = time
             self.client = client
             self.host = host

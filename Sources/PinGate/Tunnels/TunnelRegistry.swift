@@ -11,7 +11,7 @@ final class TunnelRegistry: Sendable {
     struct Tunnel: Sendable {
         let host: String
         let port: Int
-        let leaf: LeafIdentity
+        let leaf: CertificateHashes
         let chain: PinPolicy.ChainCheck
         let channel: Channel
     }

@@ -10,8 +10,9 @@ import PinGateHarness
 
 /// The tests' origin is the harness's loopback origin, started from a test identity.
 extension LoopbackOrigin {
-    static func start(identity: TestPKI.Identity, behaviour: Behaviour, alpn: String? = "http/1.1") async throws -> LoopbackOrigin {
-        try await start(certificate: identity.certificate, key: identity.key, behaviour: behaviour, alpn: alpn)
+    static func start(identity: TestPKI.Identity, chain: [TestPKI.Identity] = [], behaviour: Behaviour,
+                      alpn: String? = "http/1.1") async throws -> LoopbackOrigin {
+        try await start(certificate: identity.certificate, chain: chain.map(\.certificate), key: identity.key, behaviour: behaviour, alpn: alpn)
     }
 
     /// Starts an origin as `start(identity:behaviour:alpn:)` does, runs `body` with it, and
@@ -20,20 +21,21 @@ extension LoopbackOrigin {
     /// down event-loop group without effect, so a second stop is harmless.)
     static func with<Value>(
         identity: TestPKI.Identity,
+        chain: [TestPKI.Identity] = [],
         behaviour: Behaviour,
         alpn: String? = "http/1.1",
         isolation: isolated (any Actor)? = #isolation,
         _ body: (LoopbackOrigin) async throws -> Value
     ) async throws -> Value {
         try await withResource(
-            start: { try await start(identity: identity, behaviour: behaviour, alpn: alpn) },
+            start: { try await start(identity: identity, chain: chain, behaviour: behaviour, alpn: alpn) },
             stop: { await $0.stop() },
             body: body)
     }
 
-    /// From now on, new connections are served with `identity` (a certificate rotation).
-    func present(_ identity: TestPKI.Identity) throws {
-        try present(certificate: identity.certificate, key: identity.key)
+    /// From now on, new connections are served with `identity` and `chain` (a certificate rotation).
+    func present(_ identity: TestPKI.Identity, chain: [TestPKI.Identity] = []) throws {
+        try present(certificate: identity.certificate, chain: chain.map(\.certificate), key: identity.key)
     }
 }
 

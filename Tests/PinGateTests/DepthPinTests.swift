@@ -1,0 +1,168 @@
+import Foundation
+import PinGateTestSupport
+import Testing
+import PinGateTLS
+import PinList
+@testable import PinGate
+@testable import PinGateAdmin
+import PinGateHarness
+
+/// Depth pins end to end: chains root → intermediate → leaf made with the openssl CLI,
+/// origins presenting them on loopback, curl through the gate.
+@Suite("Depth pins end to end")
+struct DepthPinTests {
+    static let host = "api.depth.test"
+
+    /// The admin endpoint's JSON answer for `path` from `snapshot`, parsed.
+    static func adminJSON(_ path: String, _ snapshot: AdminSnapshot) throws -> Any {
+        guard case .respond(let response) = AdminRoute.route(method: "GET", path: path, authorization: nil, token: nil,
+                                                             snapshot: { snapshot }, metrics: { "" }) else {
+            throw TestFailure("\(path) did not answer at once")
+        }
+        return try JSONSerialization.jsonObject(with: response.body)
+    }
+
+    /// The PKIs of one test: the gate's usual one (signer, attacker CA) and a real chain.
+    struct Chains {
+        let pki: TestPKI
+        let chain: TestChainPKI
+        let intermediate: TestPKI.Identity
+        let leaf: TestPKI.Identity
+        /// Where the gate finds its upstream roots: the chain's root and the attacker CA.
+        let trustPath: String
+
+        static func make(_ directory: TemporaryDirectory) async throws -> Chains {
+            let pki = try TestPKI(directory: directory)
+            let chain = try await TestChainPKI.make(in: directory)
+            let intermediate = try await chain.intermediate("intermediate-a")
+            let leaf = try await chain.leaf("leaf-a1", host: DepthPinTests.host, issuer: intermediate)
+            let trustPath = try directory.write("depth-trust.pem", try chain.root.certificate.pemString() + pki.attackerCA.certificate.pemString())
+            return Chains(pki: pki, chain: chain, intermediate: intermediate, leaf: leaf, trustPath: trustPath)
+        }
+
+        /// A v2 list file with one pin on `identity` for the host at `depth`.
+        func list(spkiOf identity: TestPKI.Identity, depth: PinEntry.Depth, file: String) throws -> String {
+            let pin = PinGateSignedList.Pin(host: DepthPinTests.host, spki: identity.certificate.spkiSHA256,
+                                            expires: Int64(Date().timeIntervalSince1970) + 86_400, depth: depth)
+            return try pki.directory.write(file, String(decoding: try pki.signedV2(sequence: 1, pins: [pin]), as: UTF8.self))
+        }
+    }
+
+    @Test("depth-1 SPKI pin: the leaf and a re-keyed leaf pass (no list change); a leaf under another intermediate is pin-mismatch with every position reported")
+    func rotationUnderPinnedIntermediate() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let chains = try await Chains.make(directory)
+        let rekeyed = try await chains.chain.leaf("leaf-a2", host: Self.host, issuer: chains.intermediate)
+        let otherIntermediate = try await chains.chain.intermediate("intermediate-b")
+        let underOther = try await chains.chain.leaf("leaf-b1", host: Self.host, issuer: otherIntermediate)
+        #expect(rekeyed.certificate.spkiSHA256 != chains.leaf.certificate.spkiSHA256)
+        let list = try chains.list(spkiOf: chains.intermediate, depth: .position(1), file: "depth1.json")
+        let url = "https://\(Self.host):%d/"
+
+        try await LoopbackOrigin.with(identity: chains.leaf, chain: [chains.intermediate], behaviour: .http(body: "depth ok")) { origin in
+            try await GateFixture.with(pki: chains.pki, listPath: list, resolve: ["\(Self.host):\(origin.port)"],
+                                       configure: { $0.upstreamTrust = .pemFiles([chains.trustPath]) }) { gate in
+                let target = String(format: url, origin.port)
+                let first = try await curlThroughGate(gate, target)
+                #expect(first.httpCode == "200", "\(first.stderr)")
+                #expect(String(decoding: first.body, as: UTF8.self).contains("depth ok"))
+
+                try origin.present(rekeyed, chain: [chains.intermediate])
+                let second = try await curlThroughGate(gate, target)
+                #expect(second.httpCode == "200", "\(second.stderr)")
+
+                try origin.present(underOther, chain: [otherIntermediate])
+                let refused = try await curlThroughGate(gate, target)
+                #expect(refused.exitStatus != 0)
+                #expect(refused.proxyHeaders["pingate-refusal"] == "pin-mismatch")
+                #expect(refused.proxyHeaders["pingate-observed-fingerprint"] == underOther.fingerprint)
+
+                let stats = gate.statistics
+                #expect(stats.count(.trusted) == 2)
+                #expect(stats.count(.pinMismatch) == 1)
+                let pinKey = "\(Self.host) depth-1 spki \(chains.intermediate.certificate.spkiSHA256)"
+                #expect(stats.trustedByPin[pinKey] == 2)
+                #expect(stats.lastMatchByPin[pinKey] == "depth-1 spki \(chains.intermediate.certificate.spkiSHA256)")
+                let refusal = try #require(gate.server.refusals.entries.last)
+                #expect(refusal.reason == .pinMismatch)
+                #expect(refusal.observedChain.map(\.depth) == [0, 1, 2])
+                #expect(refusal.observedChain.map(\.spki) == [underOther, otherIntermediate, chains.chain.root].map { $0.certificate.spkiSHA256 })
+
+                // What an operator reads: /pins names the pin doing the work, /refusals every position.
+                let snapshot = AdminSnapshot.gather(gate: gate.server, adminAddress: "127.0.0.1:0", nextUpdate: nil, now: Date())
+                let pins = try #require(try Self.adminJSON("/pins", snapshot) as? [[String: Any]])
+                #expect(pins.count == 1)
+                #expect(pins.first?["depth"] as? String == "1")
+                #expect(pins.first?["trusted_verdicts"] as? Int == 2)
+                #expect(pins.first?["last_match"] as? String == "trusted by depth-1 spki \(chains.intermediate.certificate.spkiSHA256)")
+                let refusals = try #require(try Self.adminJSON("/refusals", snapshot) as? [[String: Any]])
+                let observed = try #require(refusals.first?["observed_chain"] as? [[String: Any]])
+                #expect(observed.map { $0["depth"] as? Int } == [0, 1, 2])
+                #expect(observed[1]["spki"] as? String == otherIntermediate.certificate.spkiSHA256)
+            }
+        }
+    }
+
+    @Test("an attacker whose own CA the gate trusts, sending the pinned intermediate as an extra chain certificate, is refused")
+    func appendedIntermediateDoesNotCount() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let chains = try await Chains.make(directory)
+        let forged = try chains.pki.leaf([.dns(Self.host)], issuer: chains.pki.attackerCA, file: "forged")
+        let list = try chains.list(spkiOf: chains.intermediate, depth: .position(1), file: "depth1.json")
+        let anyList = try chains.list(spkiOf: chains.intermediate, depth: .any, file: "any.json")
+        // The attacker's leaf first, then the stolen (public) intermediate: what OpenSSL
+        // verifies is forged → attacker CA, which does not contain it.
+        try await LoopbackOrigin.with(identity: forged, chain: [chains.intermediate], behaviour: .http(body: "intercepted")) { attacker in
+            for path in [list, anyList] {
+                try await GateFixture.with(pki: chains.pki, listPath: path, resolve: ["\(Self.host):\(attacker.port)"],
+                                           configure: { $0.upstreamTrust = .pemFiles([chains.trustPath]) }) { gate in
+                    let result = try await curlThroughGate(gate, "https://\(Self.host):\(attacker.port)/")
+                    #expect(result.proxyHeaders["pingate-refusal"] == "pin-mismatch", "\(path): \(result.stderr)")
+                    let refusal = try #require(gate.server.refusals.entries.last)
+                    // The verified chain the refusal reports is the attacker's own.
+                    #expect(refusal.observedChain.map(\.sha256) == [forged, chains.pki.attackerCA].map(\.fingerprint))
+                }
+            }
+            #expect(attacker.observed.applicationBytes == 0)
+        }
+    }
+
+    @Test("depth any matches the trust anchor; a root the gate does not trust never counts, pins-only or not")
+    func anyMatchesTrustedRootOnly() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let chains = try await Chains.make(directory)
+        let rootList = try chains.list(spkiOf: chains.chain.root, depth: .any, file: "root-any.json")
+        try await LoopbackOrigin.with(identity: chains.leaf, chain: [chains.intermediate], behaviour: .http(body: "root ok")) { origin in
+            try await GateFixture.with(pki: chains.pki, listPath: rootList, resolve: ["\(Self.host):\(origin.port)"],
+                                       configure: { $0.upstreamTrust = .pemFiles([chains.trustPath]) }) { gate in
+                let result = try await curlThroughGate(gate, "https://\(Self.host):\(origin.port)/")
+                #expect(result.httpCode == "200", "\(result.stderr)")
+                #expect(gate.statistics.lastMatchByPin.values.first == "depth-2 spki \(chains.chain.root.certificate.spkiSHA256) (pin depth any)")
+            }
+        }
+
+        // Another root, not configured as a trust anchor, sent by the server itself.
+        let untrusted = try await TestChainPKI.make(in: directory, rootName: "untrusted-root")
+        let untrustedIntermediate = try await untrusted.intermediate("untrusted-intermediate")
+        let untrustedLeaf = try await untrusted.leaf("untrusted-leaf", host: Self.host, issuer: untrustedIntermediate)
+        let untrustedRootList = try chains.list(spkiOf: untrusted.root, depth: .any, file: "untrusted-any.json")
+        try await LoopbackOrigin.with(identity: untrustedLeaf, chain: [untrustedIntermediate, untrusted.root],
+                                      behaviour: .http(body: "must not pass")) { origin in
+            for pinsOnly in [false, true] {
+                try await GateFixture.with(pki: chains.pki, listPath: untrustedRootList, resolve: ["\(Self.host):\(origin.port)"],
+                                           configure: {
+                                               $0.upstreamTrust = .pemFiles([chains.trustPath])
+                                               if pinsOnly { $0.pinsOnlyHosts = [Self.host] }
+                                           }) { gate in
+                    let result = try await curlThroughGate(gate, "https://\(Self.host):\(origin.port)/")
+                    #expect(result.proxyHeaders["pingate-refusal"] == "chain-invalid", "pins-only \(pinsOnly): \(result.stderr)")
+                    #expect(gate.statistics.count(.trusted) == 0)
+                }
+            }
+            #expect(origin.observed.applicationBytes == 0)
+        }
+    }
+}
