@@ -24,7 +24,8 @@ and scripts/hold.
       sequential  --count N --gate-pid PID: N connections one after another (--parallel K at
                   a time), the gate's RSS at each --mark
       burst       --count N: N connections opened at once, each sends CONNECT and waits for
-                  an answer (refusals and resets counted, not failed); then a new tunnel
+                  an answer (refusals and resets counted, not failed); the gate's CPU while
+                  they are all held for 3 s; then they close and a new tunnel is opened
   Each phase prints one JSON line.
 
 The body pattern is byte i = (i * 7 + 3) % 251, so any slice can be checked without
@@ -154,6 +155,13 @@ def rss_kib(pid):
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     return None
+
+
+def cpu_ticks(pid):
+    """utime + stime of pid, in clock ticks (/proc/PID/stat fields 14 and 15)."""
+    with open("/proc/%d/stat" % pid) as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
 
 
 def smaps_rollup(pid):
@@ -392,7 +400,9 @@ async def load(args):
             try:
                 writer.write(b"CONNECT %s:%d HTTP/1.1\r\n\r\n" % (gate.host.encode(), gate.target_port))
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)
-                return head.split(b"\r\n", 1)[0].decode("latin-1"), writer
+                lines = head.decode("latin-1").split("\r\n")
+                refusal = [l.split(":", 1)[1].strip() for l in lines if l.lower().startswith("pingate-refusal:")]
+                return lines[0] + (" " + refusal[0] if refusal else ""), writer
             except asyncio.IncompleteReadError:
                 return "closed", writer
             except (OSError, asyncio.TimeoutError) as error:
@@ -401,6 +411,11 @@ async def load(args):
         for outcome, _ in results:
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
         held_fds = fd_count(args.gate_pid)
+        # While they are all held: how much CPU the gate uses (a process that ran out of
+        # descriptors can spin retrying what it cannot open).
+        ticks_before = cpu_ticks(args.gate_pid)
+        await asyncio.sleep(3)
+        held_ticks = cpu_ticks(args.gate_pid) - ticks_before
         for _, writer in results:
             if writer:
                 close(writer)
@@ -409,7 +424,8 @@ async def load(args):
         after_ok = await gate.checked_download(reader, writer, 100_000)
         close(writer)
         print(json.dumps({"phase": "burst", "connections": args.count, "outcomes": outcomes,
-                          "gate_fds_during": held_fds, "new_connect_after_ok": after_ok,
+                          "gate_fds_during": held_fds, "gate_cpu_ticks_held_3s": held_ticks,
+                          "clock_ticks_per_second": os.sysconf("SC_CLK_TCK"), "new_connect_after_ok": after_ok,
                           "seconds": round(time.monotonic() - started, 2)}), flush=True)
 
 
