@@ -59,6 +59,10 @@ public enum DecisionReason: String, Sendable, Hashable, CaseIterable, Codable {
     /// line nor the HTTP/2 preface (or not the protocol its ALPN named), and its host is not
     /// an opaque host: the tunnel was closed, nothing forwarded.
     case notHTTP = "not-http"
+    /// The gate already holds as many connections as its descriptor limit leaves room for
+    /// (two descriptors each, client and upstream, and a reserve kept free): the
+    /// connection was answered 503 at once and closed, before its head was read.
+    case overCapacity = "over-capacity"
 
     /// The reason a verdict stands for.
     public init(_ verdict: Verdict) {

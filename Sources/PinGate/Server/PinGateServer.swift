@@ -160,9 +160,25 @@ public final class PinGateServer: Service, Sendable {
             let listener = try await ServerBootstrap(group: group)
                 .serverChannelOption(.backlog, value: 256)
                 .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+                // Out of descriptors (EMFILE/ENFILE), accept fails while the listener stays
+                // readable: without a back-off the event loop retries at once, forever, and
+                // spins a core until a descriptor frees (issue 12 measured a full core with
+                // nofile 256). The back-off stops accepting for a moment instead; the
+                // connections wait in the listen backlog.
+                .serverChannelInitializer { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        try channel.pipeline.syncOperations.addHandler(AcceptBackoffHandler())
+                    }
+                }
                 .childChannelOption(.allowRemoteHalfClosure, value: true)
                 .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
                 .childChannelInitializer { channel in
+                    if connections.count >= DescriptorBudget.connectionCap() {
+                        environment.statistics.recordDecision(.overCapacity)
+                        return channel.eventLoop.makeCompletedFuture {
+                            try channel.pipeline.syncOperations.addHandler(OverCapacityHandler())
+                        }
+                    }
                     guard connections.add(channel) else {
                         // Accepted while the listener was closing for a shutdown.
                         return channel.close()
