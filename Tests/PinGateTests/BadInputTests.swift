@@ -9,9 +9,17 @@ import Testing
 struct BadInputTests {
     /// Sends `bytes` to the gate (optionally closing our side after) and returns everything it answered.
     static func exchange(_ port: Int, _ bytes: [UInt8], halfClose: Bool = false, wait: Double = 0) async throws -> String {
+        try await timedExchange(port, bytes, halfClose: halfClose, wait: wait).answer
+    }
+
+    /// `exchange`, with the seconds from the connection's opening to the gate's close as
+    /// the client itself measured them: a loaded machine's process start-up is not counted.
+    static func timedExchange(_ port: Int, _ bytes: [UInt8], halfClose: Bool = false, wait: Double = 0) async throws
+        -> (answer: String, seconds: Double) {
         let script = """
         import socket, sys, time
         s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=15)
+        started = time.monotonic()
         data = sys.stdin.buffer.read()
         if data: s.sendall(data)
         time.sleep(float(sys.argv[3]))
@@ -22,10 +30,13 @@ struct BadInputTests {
             if not chunk: break
             out += chunk
         sys.stdout.buffer.write(out)
+        sys.stderr.write("%.6f" % (time.monotonic() - started))
         """
         let result = try await TestProcess.run("python3", ["-c", script, "\(port)", halfClose ? "1" : "0", "\(wait)"], stdin: Data(bytes))
-        guard result.status == 0 else { throw TestFailure("client failed: \(result.stderr)") }
-        return result.stdout
+        guard result.status == 0, let seconds = Double(result.stderr.trimmingCharacters(in: .whitespacesAndNewlines)) else {
+            throw TestFailure("client failed: \(result.stderr)")
+        }
+        return (result.stdout, seconds)
     }
 
     @Test("plain HTTP through the proxy (curl http://) gets 405 and the explanation")
@@ -89,10 +100,8 @@ struct BadInputTests {
             $0.clientHandshakeTimeout = .milliseconds(500)
         }) { scenario in
             let (gate, origin) = (scenario.gate, scenario.origin)
-            let started = Date()
             // CONNECT, then nothing: the client never starts its TLS handshake.
-            let answer = try await Self.exchange(gate.port, Array("CONNECT \(scenario.target) HTTP/1.1\r\n\r\n".utf8))
-            let elapsed = Date().timeIntervalSince(started)
+            let (answer, elapsed) = try await Self.timedExchange(gate.port, Array("CONNECT \(scenario.target) HTTP/1.1\r\n\r\n".utf8))
             _ = await eventually { origin.observed.closedConnections == 1 } // the upstream's close reaches the origin
             return (answer, elapsed, gate.statistics, origin.observed)
         }

@@ -25,16 +25,22 @@ struct HardeningTests {
 
     /// `curl --proxy` to `url` through the gate on `port`; `caPath` for the gate's CA.
     static func connect(gatePort port: Int, _ url: String, caPath: String? = nil, extra: [String] = []) async throws -> ProxyAnswer {
-        let started = Date()
-        var arguments = ["-sS", "-v", "--max-time", "30", "--proxy", "http://127.0.0.1:\(port)", "-w", "%{http_connect}"]
+        // curl's own clock (time_total): a loaded machine's process start-up is not counted.
+        var arguments = ["-sS", "-v", "--max-time", "30", "--proxy", "http://127.0.0.1:\(port)", "-w", "\u{1}%{time_total} %{http_connect}"]
         if let caPath { arguments += ["--cacert", caPath] }
         let result = try await TestProcess.run("curl", arguments + extra + [url])
         let refusal = result.stderr.split(whereSeparator: \.isNewline)
             .first { $0.lowercased().hasPrefix("< pingate-refusal:") }
             .map { $0.split(separator: ":", maxSplits: 1)[1].trimmingCharacters(in: .whitespaces) }
-        let status = String(result.stdout.suffix(3))
+        // The write-out comes last, after a 0x01 no body here contains:
+        // "<body>\u{1}<time_total> <http_connect>".
+        let (body, writeOut) = result.stdout.lastIndex(of: "\u{1}").map {
+            (String(result.stdout[..<$0]), result.stdout[result.stdout.index(after: $0)...].split(separator: " "))
+        } ?? (result.stdout, [])
+        let status = writeOut.count == 2 ? String(writeOut[1]) : ""
+        let seconds = writeOut.first.flatMap { Double($0) } ?? .infinity
         return ProxyAnswer(status: status, refusal: refusal, exitStatus: result.status, stderr: result.stderr,
-                           seconds: Date().timeIntervalSince(started), body: String(result.stdout.dropLast(3)))
+                           seconds: seconds, body: body)
     }
 
     /// The whole answer (head and body) to a raw `CONNECT target` sent to the gate on `port`.
