@@ -4,7 +4,7 @@ many tunnels through the gate, hold them, and provoke faults. Loopback only; asy
 one process holds thousands of connections. Used by Tests/PinGateTests/HoldTests.swift
 and scripts/hold.
 
-  hold_peer.py origin --cert PEM --key PEM
+  hold_peer.py origin --cert PEM --key PEM [--tickets N]
       A TLS origin (ALPN http/1.1) on 127.0.0.1:0; prints {"event": "listening", "port": N}
       (as the other peers do). Keep-alive HTTP/1.1:
         GET /bytes/N   200 with N bytes of a fixed pattern (Content-Length)
@@ -99,6 +99,8 @@ async def origin(args):
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(args.cert, args.key)
     context.set_alpn_protocols(["http/1.1"])
+    if args.tickets is not None:
+        context.num_tickets = args.tickets  # TLS 1.3 session tickets sent per connection (OpenSSL: 2)
     server = await asyncio.start_server(serve_origin, "127.0.0.1", 0, ssl=context, backlog=4096)
     print(json.dumps({"event": "listening", "port": server.sockets[0].getsockname()[1]}), flush=True)
     async with server:
@@ -435,6 +437,7 @@ def main():
     o = sub.add_parser("origin")
     o.add_argument("--cert", required=True)
     o.add_argument("--key", required=True)
+    o.add_argument("--tickets", type=int, default=None)
     for name in ("fault", "load"):
         p = sub.add_parser(name)
         p.add_argument("--gate", type=int, required=True)

@@ -161,10 +161,10 @@ public final class PinGateServer: Service, Sendable {
                 .serverChannelOption(.backlog, value: 256)
                 .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
                 // Out of descriptors (EMFILE/ENFILE), accept fails while the listener stays
-                // readable: without a back-off the event loop retries at once, forever, and
-                // spins a core until a descriptor frees (issue 12 measured a full core with
-                // nofile 256). The back-off stops accepting for a moment instead; the
-                // connections wait in the listen backlog.
+                // readable, and without a back-off the event loop retries at once. The
+                // connection cap below keeps the gate off its limit; this covers a limit
+                // reached some other way (NIO's own remedy, which this bootstrap path does
+                // not add by itself): accepting pauses and connections wait in the backlog.
                 .serverChannelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
                         try channel.pipeline.syncOperations.addHandler(AcceptBackoffHandler())
