@@ -12,10 +12,11 @@ public struct TLSClientChannel: Sendable {
     /// How long TCP connect (and the parent proxy's CONNECT) plus the TLS handshake took.
     public let handshakeDuration: TimeAmount
     /// With a session cache: keeps the sessions this server hands out (those already
-    /// received and those still to come), stamped with `generation`, the cache's
-    /// generation read before the verdict. Call it only when the verdict trusted a
-    /// verified server; a connection never asked keeps nothing. Nil without a cache.
-    public let keepSessions: (@Sendable (_ generation: UInt64) -> Void)?
+    /// received and those still to come), stamped with the cache's generation as it was
+    /// when the handshake completed, before any verdict on it. Call it only when the
+    /// verdict trusted a verified server; a connection never asked keeps nothing. Nil
+    /// without a cache.
+    public let keepSessions: (@Sendable () -> Void)?
 }
 
 /// Why a TLS client connection did not come up.
@@ -229,8 +230,11 @@ public struct TLSClientConnector: Sendable {
                         channel.close(promise: nil)
                         throw error
                     }
+                    // Read now, before the caller's verdict: a list change after this point
+                    // moves the cache's generation on and keeps these sessions out.
+                    let generation = resumption.cache.generation
                     return TLSClientChannel(channel: channel, peer: settled, handshakeDuration: .now() - started,
-                                            keepSessions: { generation in
+                                            keepSessions: {
                         eventLoop.execute {
                             let (connection, resumption) = resumable.value
                             resumption?.keep(from: connection, generation: generation)
@@ -313,7 +317,7 @@ private final class SessionResumption {
             return live
         }
         guard let offered, let kept = offered.peer.leaf, let presented = live.leaf,
-              kept.derBytes == presented.derBytes else {
+              kept.isSameCertificate(as: presented) else {
             throw TLSClientError.handshakeFailed("the server resumed a TLS session whose certificate is not the one kept with it")
         }
         fullHandshake = offered.peer

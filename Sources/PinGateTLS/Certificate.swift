@@ -50,6 +50,12 @@ public final class Certificate: @unchecked Sendable {
         try self.init(der: first.derBytes)
     }
 
+    /// True when both are the same certificate. `X509_cmp` compares the digests OpenSSL
+    /// cached when it parsed them, so nothing is encoded again.
+    public func isSameCertificate(as other: Certificate) -> Bool {
+        pointer == other.pointer || X509_cmp(pointer, other.pointer) == 0
+    }
+
     /// Every certificate in a PEM text (a bundle), in order.
     public static func all(inPEM pem: String) throws -> [Certificate] {
         let bio = try MemoryBIO(bytes: Array(pem.utf8))

@@ -53,17 +53,9 @@ struct UpstreamConnector: UpstreamDialer {
         }.flatMapThrowing { client in
             let glue = try client.channel.pipeline.syncOperations.handler(type: GlueHandler.self)
             let leaf = client.peer.leaf.map(CertificateHashes.init)
-            // Read before the verdict is made, so a list change after this point (which
-            // moves the cache's generation on) keeps this connection's sessions out.
-            let keep = client.keepSessions.flatMap { keep in
-                self.client.sessionCache.map { cache in
-                    let generation = cache.generation
-                    return { @Sendable in keep(generation) }
-                }
-            }
             return UpstreamConnection(channel: client.channel, glue: NIOLoopBound(glue, eventLoop: eventLoop),
                                       peer: client.peer, leaf: leaf, verifiedChain: client.peer.verifiedChain.map(CertificateHashes.init),
-                                      handshakeDuration: client.handshakeDuration, keepSessions: keep)
+                                      handshakeDuration: client.handshakeDuration, keepSessions: client.keepSessions)
         }
     }
 }
