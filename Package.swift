@@ -48,6 +48,7 @@ let package = Package(
             pkgConfig: "libnghttp2",
             providers: [.apt(["libnghttp2-dev"])]
         ),
+        .systemLibrary(name: "CMallocTuning"),
         .target(name: "PinGateStateFiles"),
         .target(
             name: "PinGateHTTP2",
@@ -88,7 +89,7 @@ let package = Package(
         .target(
             name: "PinGate",
             dependencies: [
-                "PinGateTLS", "PinList", "PinGateCA", "PinGateNIO", "PinListService", "PinGateHTTP2",
+                "PinGateTLS", "PinList", "PinGateCA", "PinGateNIO", "PinListService", "PinGateHTTP2", "CMallocTuning",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

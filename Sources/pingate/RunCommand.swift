@@ -112,6 +112,7 @@ struct RunCommand: AsyncParsableCommand {
     var drainTimeout: Int?
 
     func run() async throws {
+        HeapTuning.applyForRelaying()
         let file = try config.map(ConfigFile.load)
         let configuration = try gateConfiguration(file: file)
 
