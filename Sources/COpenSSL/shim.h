@@ -55,6 +55,14 @@ static inline void pg_BIO_set_mem_eof_return(BIO *bio, int value) {
     (void)BIO_set_mem_eof_return(bio, value);
 }
 
+/// The retry flags of a custom BIO are macros over BIO_set_flags / BIO_clear_flags.
+static inline void pg_BIO_set_retry_read(BIO *bio) { BIO_set_retry_read(bio); }
+static inline void pg_BIO_clear_retry_flags(BIO *bio) { BIO_clear_retry_flags(bio); }
+static inline int pg_BIO_TYPE_SOURCE_SINK(void) { return BIO_TYPE_SOURCE_SINK; }
+static inline int pg_BIO_CTRL_PENDING(void) { return BIO_CTRL_PENDING; }
+static inline int pg_BIO_CTRL_FLUSH(void) { return BIO_CTRL_FLUSH; }
+static inline int pg_BIO_CTRL_EOF(void) { return BIO_CTRL_EOF; }
+
 static inline void pg_OPENSSL_free(void *ptr) { OPENSSL_free(ptr); }
 
 /// EVP_EC_gen is a variadic macro over EVP_PKEY_Q_keygen.

@@ -107,8 +107,11 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     public func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let ciphertext = unwrapInboundIn(data)
         guard state != .closed else { return }
-        ciphertext.withUnsafeReadableBytes { connection.feedCiphertext($0) }
-        advance(context: context)
+        // OpenSSL reads the received bytes in place while the handshake and the plaintext
+        // reads run; only a trailing partial record is copied for the next read.
+        ciphertext.withUnsafeReadableBytes { bytes in
+            connection.withIncomingCiphertext(bytes) { advance(context: context) }
+        }
     }
 
     public func channelReadComplete(context: ChannelHandlerContext) {

@@ -76,7 +76,7 @@ public struct TLSPeerSummary: Sendable {
     }
 }
 
-/// One TLS connection over memory BIOs: ciphertext in, ciphertext out, plaintext both
+/// One TLS connection over in-memory BIOs: ciphertext in, ciphertext out, plaintext both
 /// ways, and no sockets. The caller moves bytes between this and the network.
 ///
 /// Not `Sendable`: an `SSL*` must only ever be used from one thread at a time; the proxy
@@ -116,7 +116,8 @@ public final class TLSConnection {
     }
 
     private let ssl: OpaquePointer
-    private let readBIO: OpaquePointer
+    /// What the read BIO serves to OpenSSL (see `CiphertextInbox`).
+    private let inbox: CiphertextInbox
     private let writeBIO: OpaquePointer
     private let hooks: TLSConnectionHooks
 
@@ -126,15 +127,22 @@ public final class TLSConnection {
     private init(context: TLSContext, role: TLSRole, hooks: TLSConnectionHooks) throws {
         OpenSSLErrorQueue.clear()
         guard let ssl = SSL_new(context.pointer) else { throw OpenSSLError.drained("create TLS connection") }
-        guard let readBIO = BIO_new(BIO_s_mem()), let writeBIO = BIO_new(BIO_s_mem()) else {
+        let inbox = CiphertextInbox()
+        let readBIO: OpaquePointer
+        do {
+            readBIO = try CiphertextInbox.makeBIO(reading: inbox)
+        } catch {
             SSL_free(ssl)
-            throw OpenSSLError.drained("create memory BIOs")
+            throw error
         }
-        // An empty read BIO means "wait for more bytes", not end of stream.
-        pg_BIO_set_mem_eof_return(readBIO, -1)
+        guard let writeBIO = BIO_new(BIO_s_mem()) else {
+            BIO_free(readBIO)
+            SSL_free(ssl)
+            throw OpenSSLError.drained("create memory BIO")
+        }
         SSL_set_bio(ssl, readBIO, writeBIO) // the SSL now owns both BIOs
         self.ssl = ssl
-        self.readBIO = readBIO
+        self.inbox = inbox
         self.writeBIO = writeBIO
         self.hooks = hooks
         self.role = role
@@ -182,17 +190,17 @@ public final class TLSConnection {
 
     // MARK: ciphertext
 
-    /// Hands ciphertext that arrived from the peer to OpenSSL.
+    /// Hands ciphertext that arrived from the peer to OpenSSL (copied: it is read later).
     public func feedCiphertext(_ bytes: UnsafeRawBufferPointer) {
-        guard let base = bytes.baseAddress, bytes.count > 0 else { return }
-        var offset = 0
-        while offset < bytes.count {
-            let chunk = Int32(min(bytes.count - offset, Int(Int32.max)))
-            // A memory BIO grows as needed, so a write only fails on allocation failure.
-            let written = BIO_write(readBIO, base + offset, chunk)
-            if written <= 0 { break }
-            offset += Int(written)
-        }
+        inbox.append(bytes)
+    }
+
+    /// Lets OpenSSL read `bytes`, which arrived from the peer, in place while `body` runs
+    /// (the handshake and plaintext reads `body` makes see them); only what is still
+    /// unread when `body` returns is copied, to be read first next time. The bytes must
+    /// stay unchanged until then.
+    public func withIncomingCiphertext<Result>(_ bytes: UnsafeRawBufferPointer, _ body: () throws -> Result) rethrows -> Result {
+        try inbox.withIncoming(bytes, body)
     }
 
     /// How many ciphertext bytes are waiting to go to the peer.

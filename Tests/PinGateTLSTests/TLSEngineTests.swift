@@ -147,6 +147,77 @@ struct TLSEngineTests {
         #expect(buffer.withUnsafeMutableBytes { server.readPlaintext(into: $0) } == .closeNotify)
     }
 
+    @Test("ciphertext read in place: records split across deliveries at every size, the unread tail kept, bytes exact and in order")
+    func inPlaceCiphertext() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let peers = try Self.makePeers(names: [.dns("engine.test")], directory: directory)
+        let client = try TLSConnection(clientOf: peers.clientContext, options: .init(expectedHost: "engine.test", alpnOffer: nil))
+        let server = try TLSConnection(serverOf: peers.serverContext, options: .init(preferredALPN: nil, pauseWhenPreferredALPNMissing: false))
+        let (clientState, serverState) = Self.pump(client, server)
+        #expect(clientState == .complete && serverState == .complete)
+
+        // 200 KiB in records of up to 16 KiB, delivered in slices whose sizes cut records
+        // (and their 5-byte headers) everywhere; each slice is read in place, and only what
+        // a slice leaves of a record may be carried to the next.
+        let message = (0..<(200 * 1024)).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ $0 >> 9) }
+        try message.withUnsafeBytes { try client.writePlaintext($0) }
+        var ciphertext = [UInt8](repeating: 0, count: client.pendingCiphertextCount)
+        let taken = ciphertext.withUnsafeMutableBytes { client.takeCiphertext(into: $0) }
+        #expect(taken == ciphertext.count)
+        var received: [UInt8] = []
+        var plaintext = [UInt8](repeating: 0, count: 8 * 1024)
+        var offset = 0
+        var sizes = [1, 4, 5, 6, 17, 1000, 16 * 1024 + 22, 3, 40_000]
+        while offset < ciphertext.count {
+            let size = min(sizes.first ?? 7777, ciphertext.count - offset)
+            sizes = Array(sizes.dropFirst()) + [sizes.first ?? 7777]
+            let slice = Array(ciphertext[offset..<(offset + size)])
+            offset += size
+            slice.withUnsafeBytes { bytes in
+                server.withIncomingCiphertext(bytes) {
+                    while case .bytes(let count) = plaintext.withUnsafeMutableBytes({ server.readPlaintext(into: $0) }), count > 0 {
+                        received += plaintext.prefix(count)
+                    }
+                }
+            }
+        }
+        #expect(received.count == message.count)
+        #expect(received == message)
+
+        // Delivered in place while nothing reads (as while a handshake is paused at the
+        // ClientHello): kept, and read after what arrives later only once asked.
+        let held = Array("held while paused ".utf8), later = Array("then more".utf8)
+        for part in [held, later] { try part.withUnsafeBytes { try client.writePlaintext($0) } }
+        var pausedBytes = [UInt8](repeating: 0, count: client.pendingCiphertextCount)
+        _ = pausedBytes.withUnsafeMutableBytes { client.takeCiphertext(into: $0) }
+        let pausedCut = pausedBytes.count / 3
+        pausedBytes[..<pausedCut].withUnsafeBytes { bytes in server.withIncomingCiphertext(bytes) {} }
+        pausedBytes[pausedCut...].withUnsafeBytes { server.feedCiphertext($0) }
+        var afterPause: [UInt8] = []
+        while case .bytes(let count) = plaintext.withUnsafeMutableBytes({ server.readPlaintext(into: $0) }), count > 0 {
+            afterPause += plaintext.prefix(count)
+        }
+        #expect(afterPause == held + later)
+
+        // Fed by copy and then in place: the copied bytes are read first.
+        let first = Array("first ".utf8), second = Array("second".utf8)
+        for part in [first, second] { try part.withUnsafeBytes { try client.writePlaintext($0) } }
+        var both = [UInt8](repeating: 0, count: client.pendingCiphertextCount)
+        _ = both.withUnsafeMutableBytes { client.takeCiphertext(into: $0) }
+        let cut = both.count / 2
+        both[..<cut].withUnsafeBytes { server.feedCiphertext($0) }
+        var tail: [UInt8] = []
+        both[cut...].withUnsafeBytes { bytes in
+            server.withIncomingCiphertext(bytes) {
+                while case .bytes(let count) = plaintext.withUnsafeMutableBytes({ server.readPlaintext(into: $0) }), count > 0 {
+                    tail += plaintext.prefix(count)
+                }
+            }
+        }
+        #expect(tail == first + second)
+    }
+
     @Test("ALPN: the preferred protocol when offered, else the fallback when offered, else none")
     func alpnFallback() throws {
         let directory = try TemporaryDirectory()
