@@ -16,13 +16,15 @@ server --cert C --key K
     Runs until killed.
 
 client --proxy 127.0.0.1:P --connect host:port --cacert CA --path PATH
-       [--bytes N] [--paused FILE --resume FILE] [--progress FILE]
+       [--bytes N] [--paused FILE --resume FILE] [--progress FILE] [--garbage]
     CONNECT through the proxy, TLS inside (SNI = the CONNECT host, ALPN http/1.1, receive
     buffer 256 KiB), the opening handshake (accept checked). With a /flood path: reads
     1 MiB, creates --paused, reads nothing until --resume exists (or 60 s), then reads to
     the close frame. With a /sink path: sends N random bytes as masked 64 KiB frames,
     writing how many it has handed to the socket to --progress (atomically) every
-    256 KiB, then the close handshake. Prints one JSON object: status, bytes and sha256
+    256 KiB, then the close handshake. With --garbage: right after the 101, bytes that are
+    not TLS on the raw socket, then waits for the gate to end the connection (`eof`).
+    Prints one JSON object: status, bytes and sha256
     of what it received or sent, close code. Exit 0 when it ran, 1 on a setup failure.
 """
 
@@ -253,7 +255,17 @@ def run_client(args):
             result["refusal"] = fields.get("pingate-refusal")
             print(json.dumps(result))
             return 0
-        if args.path.startswith("/flood"):
+        if args.garbage:
+            # Bytes that are not TLS, on the socket under the TLS session: the gate's TLS
+            # handler fails on the relayed leg; the tunnel must just end.
+            under = socket.fromfd(tls.fileno(), socket.AF_INET, socket.SOCK_STREAM)  # a dup: wrap_socket took `raw`
+            under.sendall(b"\x00\x01 not a TLS record \r\n" * 4)
+            try:
+                result["eof"] = reader.sock.recv(65536) == b""
+            except (OSError, ssl.SSLError) as error:
+                result["eof"] = True
+                result["ended_with"] = type(error).__name__
+        elif args.path.startswith("/flood"):
             read_flood(tls, reader, args, result)
         else:
             send_sink(tls, reader, args, result)
@@ -324,6 +336,7 @@ def main(argv):
     client.add_argument("--paused")
     client.add_argument("--resume")
     client.add_argument("--progress")
+    client.add_argument("--garbage", action="store_true")
     args = parser.parse_args(argv)
     if args.mode == "server":
         run_server(args)

@@ -134,3 +134,21 @@ struct WebSocketBackpressureTests {
         }
     }
 }
+
+extension WebSocketBackpressureTests {
+    @Test("bytes that are not TLS on a client leg already relaying a WebSocket end the tunnel (no HTTP answer written where the codecs are gone)")
+    func garbageAfterUpgrade() async throws {
+        try await Self.withFlowOrigin { gate, origin, files in
+            let hold = files.file("hold")
+            _ = FileManager.default.createFile(atPath: hold, contents: nil)
+            let report = Self.report(try await Self.client(gatePort: gate.port, caPath: gate.caPath, port: origin.port,
+                                                           ["--path", "/sink?hold=\(hold)", "--garbage"]))
+            #expect(report["status"] as? Int == 101, "\(report)")
+            #expect(report["eof"] as? Bool == true, "\(report)")
+            #expect(await eventually(timeout: .seconds(10)) { gate.statistics.openTunnels == 0 }, "\(gate.statistics)")
+            // The origin's connection ended too, with no frame through.
+            _ = await eventually(timeout: .seconds(10)) { origin.events.contains { $0["event"] as? String == "error" } }
+            #expect(origin.events.contains { $0["event"] as? String == "error" }, "\(origin.events)")
+        }
+    }
+}
