@@ -251,10 +251,35 @@ struct ExtendedConnectTests {
             let report = try await Self.h2Client("extended-connect", gate: gate, port: origin.port)
             let stream = Self.stream(report, 1)
             #expect(stream["status"] as? Int == 502, "\(report) \(origin.errors)")
-            #expect(Self.headers(stream)["pingate-refusal"] == "upstream-unreachable")
+            // The upstream was reached and answered, wrongly: a protocol error, not unreachable.
+            #expect(Self.headers(stream)["pingate-refusal"] == "upstream-protocol-error")
             #expect((stream["body_text"] as? String)?.contains("Sec-WebSocket-Accept") == true, "\(stream)")
             #expect(report["echoes"] == nil)  // nothing was relayed: the client never got a 200
             #expect(Self.events(origin, "request").count == 1)
+            // Counted and listed like every refusal inside a tunnel.
+            #expect(gate.statistics.requestsRefusedByReason["upstream-protocol-error"] == 1, "\(gate.statistics.requestsRefusedByReason)")
+            #expect(gate.statistics.requestsRefusedByReason.count == 1, "\(gate.statistics.requestsRefusedByReason)")
+            #expect(gate.server.refusals.entries.last?.reason.rawValue == "upstream-protocol-error")
+            #expect(gate.statistics.bytesUp == 0 && gate.statistics.bytesDown == 0, "\(gate.statistics)")
+        }
+    }
+
+    @Test("HTTP/1.1 WebSocket client → HTTP/1.1 origin whose 101 carries a Sec-WebSocket-Accept that answers no key: 502 upstream-protocol-error, the 101 never reaches the client, nothing relayed")
+    func http1BothLegsWrongAccept() async throws {
+        try await Self.withWebSocketOrigin(badAccept: true) { gate, origin in
+            let report = try await Self.wsClient(gate: gate, port: origin.port)
+            #expect(report["status"] as? Int == 502, "\(report) \(origin.errors)")
+            #expect(report["refusal"] as? String == "upstream-protocol-error", "\(report)")
+            #expect((report["body"] as? String)?.contains("Sec-WebSocket-Accept") == true, "\(report)")
+            #expect(report["echo_equal"] == nil, "\(report)")  // no frame went either way
+            #expect(Self.events(origin, "request").count == 1)
+            _ = await eventually(timeout: .seconds(5)) { !Self.events(origin, "closed").isEmpty }
+            #expect(Self.events(origin, "closed").first?["messages"] as? Int == 0, "\(origin.events)")
+            let stats = gate.statistics
+            #expect(stats.requestsForwarded == 1)
+            #expect(stats.requestsRefusedByReason["upstream-protocol-error"] == 1, "\(stats.requestsRefusedByReason)")
+            #expect(stats.bytesUp == 0 && stats.bytesDown == 0, "\(stats)")
+            #expect(gate.server.refusals.entries.last?.reason.rawValue == "upstream-protocol-error")
         }
     }
 

@@ -446,6 +446,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             client: context.channel, clientGlue: clientGlue, clientProtocol: clientALPN,
             upstream: upstream.channel, upstreamGlue: upstream.glue.value, upstreamProtocol: upstream.peer.alpn,
             limits: environment.configuration.http2Limits,
+            settingsTimeout: environment.configuration.upstreamHandshakeTimeout,
             router: router,
             makeGlue: { clientSide in GlueHandler(countRelayed: bytes.counter(clientSide: clientSide)) })
     }

@@ -189,6 +189,14 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         // head). Nothing of that request went upstream; the connection cannot be trusted
         // to be in step any more, so the client gets a 400 and the connection closes.
         guard !closing else { return }
+        guard !upgraded else {
+            // After a switch the codecs are gone: an HTTP answer written now would reach the
+            // TLS handler as an HTTP part, which it cannot encode (a crash, not a refusal).
+            // The error is the relayed protocol's or the transport's (a TLS alert, bytes that
+            // are not TLS): the tunnel ends, as a byte relay's does.
+            close()
+            return
+        }
         closing = true
         router.protocolError(detail: "\(error)")
         if let answering, router.isAwaitingResponse(answering.id) {

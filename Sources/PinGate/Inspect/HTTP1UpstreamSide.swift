@@ -47,6 +47,11 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     /// The exchange whose stream is now relayed as raw bytes (after a checked `101` for a
     /// translated extended CONNECT): its stream DATA in, the connection's bytes out.
     private var relaying: Int?
+    /// An HTTP/1.1 client's WebSocket upgrades, by exchange: the `Sec-WebSocket-Key` it sent
+    /// (passed on as it came). The upstream's `101` must answer it before the legs become a
+    /// byte relay: the client would refuse a wrong accept itself, but by then the gate would
+    /// have switched to relaying bytes the request was never checked for, and counted nothing.
+    private var webSocketKeys: [Int: String] = [:]
 
     init(router: TunnelRouter) {
         self.router = router
@@ -91,6 +96,12 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         if let upgrade = head.upgrade {
             headers.add(name: "connection", value: "upgrade")
             headers.add(name: "upgrade", value: upgrade)
+            // One key, or none to check against (a second would make the accept ambiguous;
+            // a server that switches anyway is the client's to judge, as before).
+            let keys = head.headers[canonicalForm: "sec-websocket-key"]
+            if WebSocketHandshake.isWebSocket(upgrade), keys.count == 1, let key = keys.first {
+                webSocketKeys[id] = String(key)
+            }
         }
         if endStream, Self.expectsContent(head.method), !headers.contains(name: "content-length") {
             headers.add(name: "content-length", value: "0")
@@ -265,7 +276,9 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
                 // and this connection, now in an unknown protocol, closes.
                 translated = nil
                 if let problem = WebSocketHandshake.problem(with: head.headers, key: started.key) {
-                    router.responseFailed(id, detail: "the upstream did not complete the WebSocket handshake: \(problem)")
+                    // The upstream answered, wrongly: a protocol error, not an unreachable upstream.
+                    router.responseFailed(id, reason: .upstreamProtocolError,
+                                          detail: "the upstream did not complete the WebSocket handshake: \(problem)")
                     close()
                     return
                 }
@@ -278,6 +291,16 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
                 pendingRelay = (started.held, started.ended)
                 return
             }
+            if head.status.code == 101, let key = webSocketKeys.removeValue(forKey: id),
+               let problem = WebSocketHandshake.problem(with: head.headers, key: key) {
+                // An HTTP/1.1 client's WebSocket upgrade answered with a 101 that does not
+                // answer its key (RFC 6455 §4.1): the 101 does not reach the client, which
+                // gets a 502 instead, and this connection, in an unknown protocol, closes.
+                router.responseFailed(id, reason: .upstreamProtocolError,
+                                      detail: "the upstream did not complete the WebSocket handshake: \(problem)")
+                close()
+                return
+            }
             if head.status.code == 101 {
                 let upgrade = head.headers.first(name: "upgrade")
                 router.responseHead(id, ExchangeResponseHead(status: 101, headers: HTTP1HeadFields(head.headers).endToEnd,
@@ -287,6 +310,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
                 return
             }
             if head.status.code >= 200 {
+                webSocketKeys[id] = nil  // answered without a switch: nothing to check
                 if let started = translated, started.id == id {
                     // Answered without a switch: the answer passes as the stream's response,
                     // and what the client sent meanwhile is dropped (and credited back).

@@ -16,10 +16,13 @@ enum RequestAwareTunnel {
     /// the side for its own version, and the router bridges between them, so neither leg
     /// is reopened for the other's sake. `clientGlue` and `upstreamGlue` are the legs'
     /// unpaired glues; `makeGlue` makes fresh ones for a byte relay after an upgrade.
+    /// `settingsTimeout` bounds the wait for an `h2` upstream's SETTINGS (the upstream
+    /// handshake timeout: its connection preface is the end of its set-up).
     static func install(
         client: Channel, clientGlue: GlueHandler, clientProtocol: String?,
         upstream: Channel, upstreamGlue: GlueHandler, upstreamProtocol: String?,
         limits: HTTP2Session.Limits,
+        settingsTimeout: TimeAmount,
         router: TunnelRouter,
         makeGlue: @escaping (_ clientSide: Bool) -> GlueHandler
     ) throws {
@@ -99,9 +102,39 @@ enum RequestAwareTunnel {
             // held, the client's socket is not read (a read already under way is held too).
             // Should the upstream go first, the client goes with it: no client side exists
             // yet to hear of it through the router.
-            let hold = HoldInbound()
+            //
+            // The wait is bounded: an upstream that negotiated h2 and then never speaks
+            // (no preface, no SETTINGS) would otherwise hold the client's requests, unanswered,
+            // until the idle timeout. Past `settingsTimeout` the upstream fails closed: it is
+            // closed, the held bytes go to the client side, and each request in them is
+            // answered 504 `upstream-timeout` by the router (counted and logged), after which
+            // the client's connection ends (over h2 with GOAWAY, through the client side).
+            let hold = HoldInbound { router.clientClosed() }
             try clientPipeline.addHandler(hold, position: .before(sniffer))
+            let seconds = settingsTimeout.nanoseconds / 1_000_000_000
+            let deadline = upstream.eventLoop.assumeIsolated().scheduleTask(in: settingsTimeout) { [weak http2Upstream] in
+                guard let http2Upstream, http2Upstream.onPeerSettings != nil else { return }
+                http2Upstream.onPeerSettings = nil
+                // The answers go out before the client's connection ends: the close waits a
+                // turn of the loop, so every request of the same read burst is answered first.
+                let closeClient = {
+                    client.eventLoop.assumeIsolated().execute {
+                        if let side = router.client { side.close() } else { client.close(promise: nil) }
+                    }
+                }
+                router.upstreamFailed(
+                    status: 504, reason: .upstreamTimeout,
+                    detail: "the upstream negotiated h2 but sent no SETTINGS (its connection preface, RFC 9113 §3.4) within \(seconds) s",
+                    closeClient: closeClient)
+                // The hold also held the client's socket reads, so what the client sent is
+                // read only now: release, and let the answers come as requests arrive. A client
+                // that sends no whole request in as long again is closed unanswered (the router
+                // then counts the failure once, as the tunnel ends).
+                hold.release()
+                _ = client.eventLoop.assumeIsolated().scheduleTask(in: settingsTimeout) { closeClient() }
+            }
             http2Upstream.onPeerSettings = { arrived in
+                deadline.cancel()
                 if arrived { hold.release() } else { client.close(promise: nil) }
             }
         }
@@ -159,12 +192,25 @@ enum RequestAwareTunnel {
         private var held: [NIOAny] = []
         private var inputClosed = false
         private var readWanted = false
+        /// Called when the client's connection ends while held: no client side exists yet to
+        /// tell the router, which must still close the upstream (else it stays open, a
+        /// descriptor, until its own idle timeout).
+        private let clientGone: () -> Void
+
+        init(clientGone: @escaping () -> Void) {
+            self.clientGone = clientGone
+        }
 
         func handlerAdded(context: ChannelHandlerContext) { self.context = context }
         func handlerRemoved(context: ChannelHandlerContext) { self.context = nil }
 
         func channelRead(context: ChannelHandlerContext, data: NIOAny) { held.append(data) }
         func channelReadComplete(context: ChannelHandlerContext) {}
+
+        func channelInactive(context: ChannelHandlerContext) {
+            clientGone()
+            context.fireChannelInactive()
+        }
 
         func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
             if let event = event as? ChannelEvent, event == .inputClosed {

@@ -66,6 +66,12 @@ final class TunnelRouter {
     private var exchanges: [Int: Exchange] = [:]
     private var clientIDByUpstreamID: [Int: Int] = [:]
     private var ended = false
+    /// Set when the upstream connection failed before it could carry any request (an `h2`
+    /// upstream that never sent its SETTINGS): every request that arrives is answered with
+    /// it, and `closeClient` ends the client's connection once the answers are out.
+    /// `reported` turns true once a refusal counted it, so a tunnel whose client never
+    /// sent a request is still counted (once) when it ends.
+    private var upstreamFailure: (status: Int, reason: DecisionReason, detail: String, closeClient: () -> Void, reported: Bool)?
 
     /// A router for one tunnel: `binding` decides each request; `clientUsesStreamIDs` is
     /// true for an HTTP/2 client (its exchange ids are stream ids, logged as such).
@@ -81,9 +87,17 @@ final class TunnelRouter {
     /// A request head arrived. It is checked here, before anything of it goes upstream.
     func requestHead(_ id: Int, _ head: ExchangeRequestHead, endStream: Bool) {
         guard !ended else { return }
-        let decision = binding.decide(authority: head.authority)
         var exchange = Exchange(started: now(), startedTick: .now(), method: head.method, path: head.path,
                                 authority: head.authority ?? "-")
+        if let failure = upstreamFailure {
+            // No upstream can carry it: the gate answers with why, whatever was asked (the
+            // authority check would only choose between two refusals), then lets the client go.
+            upstreamFailure?.reported = true
+            refuse(id, exchange, status: failure.status, reason: failure.reason, detail: failure.detail)
+            failure.closeClient()
+            return
+        }
+        let decision = binding.decide(authority: head.authority)
         switch decision {
         case .refuse(let refusal):
             switch refusal {
@@ -235,15 +249,21 @@ final class TunnelRouter {
     }
 
     /// The upstream's answer to exchange `upstreamID` cannot be passed on (`detail` says
-    /// why, e.g. a WebSocket `101` whose `Sec-WebSocket-Accept` does not answer the gate's
-    /// key): as `responseCancelled`, with that text in the client's 502.
-    func responseFailed(_ upstreamID: Int, detail: String) {
+    /// why): as `responseCancelled`, with that text in the client's 502 under `reason`.
+    /// `reason` is what went wrong upstream: `upstream-protocol-error` when the upstream
+    /// answered but broke its protocol (a WebSocket `101` whose `Sec-WebSocket-Accept` does
+    /// not answer the key sent), `upstream-unreachable` when it went away or cannot take
+    /// the exchange. The answer is the gate's own, so it is counted, listed in `/refusals`
+    /// and logged like any refusal inside a tunnel.
+    func responseFailed(_ upstreamID: Int, reason: DecisionReason = .upstreamUnreachable, detail: String) {
         guard let id = clientIDByUpstreamID[upstreamID], let exchange = exchanges[id] else { return }
         if exchange.status == nil {
             // Nothing was answered yet: the client hears why, as it would from a proxy.
             exchanges[id]?.status = 502
+            exchanges[id]?.refusal = reason
             exchanges[id]?.responseEnded = true
-            client?.answer(id, status: 502, refusal: DecisionReason.upstreamUnreachable.rawValue, detail: detail)
+            observer.refused(reason, exchange.authority, detail)
+            client?.answer(id, status: 502, refusal: reason.rawValue, detail: detail)
             finishIfDone(id)
         } else {
             client?.cancel(id)
@@ -258,9 +278,21 @@ final class TunnelRouter {
     }
 
     /// The upstream's connection is gone: the client's goes too, once what was written is out.
+    /// After `upstreamFailed` the client stays until it was answered (`closeClient`).
     func upstreamClosed() {
+        guard upstreamFailure == nil else { return }
         end()
         client?.close()
+    }
+
+    /// The upstream connection failed before it could carry a request (an `h2` upstream
+    /// that sent no SETTINGS in time): it is closed now; each request the client sends
+    /// from here on is answered `status` with `reason` and `detail`, counted and logged,
+    /// and then `closeClient` runs (it ends the client's connection once the answer is out).
+    func upstreamFailed(status: Int, reason: DecisionReason, detail: String, closeClient: @escaping () -> Void) {
+        guard !ended, upstreamFailure == nil else { return }
+        upstreamFailure = (status, reason, detail, closeClient, false)
+        upstream?.close()
     }
 
     // MARK: bookkeeping
@@ -283,10 +315,16 @@ final class TunnelRouter {
             clientStreamID: clientUsesStreamIDs ? id : nil, refusal: exchange.refusal))
     }
 
-    /// Ends every exchange still open (each is logged as it stood).
+    /// Ends every exchange still open (each is logged as it stood). An upstream failure no
+    /// request was refused with (the client sent none, or not a whole one) is counted here,
+    /// once, for the tunnel as a whole.
     private func end() {
         guard !ended else { return }
         ended = true
         for id in exchanges.keys.sorted() { finish(id) }
+        if let failure = upstreamFailure, !failure.reported {
+            upstreamFailure?.reported = true
+            observer.refused(failure.reason, "-", failure.detail)
+        }
     }
 }

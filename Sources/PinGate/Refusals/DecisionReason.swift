@@ -33,6 +33,11 @@ public enum DecisionReason: String, Sendable, Hashable, CaseIterable, Codable {
     case upstreamUnreachable = "upstream-unreachable"
     /// The upstream's TLS handshake failed (502).
     case upstreamTLSFailed = "upstream-tls-failed"
+    /// Inside an admitted tunnel, the upstream was reached and answered, but broke the
+    /// protocol it had agreed to: a WebSocket `101` whose `Sec-WebSocket-Accept` does not
+    /// answer the key sent (RFC 6455 §4.1), so whatever follows it is not the WebSocket the
+    /// request was checked for (502). Not `upstream-unreachable`: nothing failed to connect.
+    case upstreamProtocolError = "upstream-protocol-error"
     /// The destination's address is never to be dialled (the gate itself; unspecified,
     /// multicast, broadcast) or is internal and came from DNS (403); nothing was dialled.
     case destinationNotAllowed = "destination-not-allowed"
