@@ -288,6 +288,17 @@ public final class TLSConnection {
         held.forEach(sink)
     }
 
+    /// Drops the sessions held so far and every one the server sends from now on: the
+    /// caller will never keep them (its verdict did not trust the server). Held, up to two
+    /// would stay for as long as the connection does, each pinning the server's chain.
+    public func discardSessions() {
+        hooks.sessionSink = { _ in }
+        hooks.heldSessions = []
+    }
+
+    /// How many sessions are held until `deliverSessions` (for tests).
+    var heldSessionCount: Int { hooks.heldSessions.count }
+
     /// What the peer proved; meaningful once the handshake is complete.
     public func peerSummary() -> TLSPeerSummary {
         let leaf = SSL_get1_peer_certificate(ssl).map { Certificate(owning: $0) }

@@ -115,6 +115,25 @@ struct TLSSessionTests {
         #expect(cache.take(.init(host: "four.test", port: 443, address: "127.0.0.1")) != nil)
     }
 
+    @Test("a connection told to discard its sessions holds none, neither those received before nor those after")
+    func discardedSessionsAreNotHeld() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let peers = try Self.collectingPeers(directory)
+        let client = try TLSConnection(clientOf: peers.clientContext, options: .init(expectedHost: "engine.test", alpnOffer: nil))
+        let server = try TLSConnection(serverOf: peers.serverContext, options: .init(preferredALPN: nil, pauseWhenPreferredALPNMissing: false))
+        let (clientState, serverState) = TLSEngineTests.pump(client, server)
+        #expect(clientState == .complete && serverState == .complete)
+        var buffer = [UInt8](repeating: 0, count: 64)
+        #expect(buffer.withUnsafeMutableBytes { client.readPlaintext(into: $0) } == .needsMoreInput)
+        #expect(client.heldSessionCount == 2)
+        client.discardSessions()
+        #expect(client.heldSessionCount == 0)
+        var delivered = 0
+        client.deliverSessions { _ in delivered += 1 }
+        #expect(delivered == 0)
+    }
+
     @Test("an idle client that has read its server's tickets keeps no record buffer (issue 12: 16.7 KiB per idle upstream)")
     func idleClientKeepsNoRecordBuffer() throws {
         let directory = try TemporaryDirectory()
