@@ -136,7 +136,9 @@ let package = Package(
         // Helpers shared by the test targets: running real programs, temporary
         // directories, the signed-list vectors. Never linked into the product.
         .target(name: "PinGateTestSupport", path: "Tests/PinGateTestSupport"),
-        .testTarget(name: "PinGateTLSTests", dependencies: ["PinGateTLS", "PinGateNIO", "PinGateTestSupport"]),
+        // glibc's heap statistics (mallinfo2), for tests that hold memory to account.
+        .systemLibrary(name: "CHeapStats", path: "Tests/CHeapStats"),
+        .testTarget(name: "PinGateTLSTests", dependencies: ["PinGateTLS", "PinGateNIO", "PinGateTestSupport", "CHeapStats"]),
         .testTarget(name: "PinGateHTTP2Tests", dependencies: ["PinGateHTTP2", "PinGateTestSupport"]),
         .testTarget(name: "PinListTests", dependencies: ["PinList", "PinListService", "PinGateTLS", "PinGateTestSupport"]),
         .testTarget(name: "PinGateCATests", dependencies: ["PinGateCA", "PinGateTLS", "PinGateTestSupport"]),

@@ -63,6 +63,18 @@ static inline int pg_BIO_CTRL_PENDING(void) { return BIO_CTRL_PENDING; }
 static inline int pg_BIO_CTRL_FLUSH(void) { return BIO_CTRL_FLUSH; }
 static inline int pg_BIO_CTRL_EOF(void) { return BIO_CTRL_EOF; }
 
+/// The BUF_MEM behind a read-write memory BIO (`max` is what it keeps allocated).
+static inline BUF_MEM *pg_BIO_get_mem_ptr(BIO *bio) {
+    BUF_MEM *mem = NULL;
+    (void)BIO_get_mem_ptr(bio, &mem);
+    return mem;
+}
+
+/// Gives a memory BIO `mem` as its buffer; the BIO frees the one it had and owns `mem`.
+static inline int pg_BIO_set_mem_buf_owned(BIO *bio, BUF_MEM *mem) {
+    return (int)BIO_set_mem_buf(bio, mem, BIO_CLOSE);
+}
+
 static inline void pg_OPENSSL_free(void *ptr) { OPENSSL_free(ptr); }
 
 /// EVP_EC_gen is a variadic macro over EVP_PKEY_Q_keygen.

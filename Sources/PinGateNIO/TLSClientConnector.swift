@@ -17,6 +17,11 @@ public struct TLSClientChannel: Sendable {
     /// verdict trusted a verified server; a connection never asked keeps nothing. Nil
     /// without a cache.
     public let keepSessions: (@Sendable () -> Void)?
+    /// With a session cache: drops the sessions this server hands out, those already
+    /// received and those still to come; call it when the verdict did not trust the server
+    /// and the connection stays open (a report-only violation), so it holds none meanwhile.
+    /// Nil without a cache.
+    public var discardSessions: (@Sendable () -> Void)? = nil
 }
 
 /// Why a TLS client connection did not come up.
@@ -239,6 +244,8 @@ public struct TLSClientConnector: Sendable {
                             let (connection, resumption) = resumable.value
                             resumption?.keep(from: connection, generation: generation)
                         }
+                    }, discardSessions: {
+                        eventLoop.execute { resumable.value.0.discardSessions() }
                     })
                 }
         }

@@ -210,7 +210,22 @@ public final class TLSConnection {
     public func takeCiphertext(into buffer: UnsafeMutableRawBufferPointer) -> Int {
         guard let base = buffer.baseAddress, buffer.count > 0 else { return 0 }
         let read = BIO_read(writeBIO, base, Int32(min(buffer.count, Int(Int32.max))))
+        Self.releaseBufferIfDrained(writeBIO)
         return max(0, Int(read))
+    }
+
+    /// Frees a memory BIO's buffer once everything in it has been read.
+    ///
+    /// A memory BIO keeps the largest buffer it ever needed (4/3 of it: it grows by a
+    /// third) for as long as it lives, and a connection has two: the handshake's flights,
+    /// or the biggest burst a busy tunnel moved, stayed allocated on every idle connection
+    /// (issue 12). An empty buffer is worth nothing, so it goes; the next write allocates
+    /// what it needs. Growing a buffer already cleared what it added, so a fresh one costs
+    /// one allocation more per burst, nothing else.
+    private static func releaseBufferIfDrained(_ bio: OpaquePointer) {
+        guard BIO_ctrl_pending(bio) == 0, let held = pg_BIO_get_mem_ptr(bio), held.pointee.max > 0,
+              let fresh = BUF_MEM_new() else { return }
+        if pg_BIO_set_mem_buf_owned(bio, fresh) != 1 { BUF_MEM_free(fresh) }
     }
 
     // MARK: handshake
@@ -281,6 +296,17 @@ public final class TLSConnection {
         held.forEach(sink)
     }
 
+    /// Drops the sessions held so far and every one the server sends from now on: the
+    /// caller will never keep them (its verdict did not trust the server). Held, up to two
+    /// would stay for as long as the connection does, each pinning the server's chain.
+    public func discardSessions() {
+        hooks.sessionSink = { _ in }
+        hooks.heldSessions = []
+    }
+
+    /// How many sessions are held until `deliverSessions` (for tests).
+    var heldSessionCount: Int { hooks.heldSessions.count }
+
     /// What the peer proved; meaningful once the handshake is complete.
     public func peerSummary() -> TLSPeerSummary {
         let leaf = SSL_get1_peer_certificate(ssl).map { Certificate(owning: $0) }
@@ -315,12 +341,33 @@ public final class TLSConnection {
         if SSL_read_ex(ssl, base, buffer.count, &read) == 1 { return .bytes(read) }
         switch SSL_get_error(ssl, 0) {
         case SSL_ERROR_WANT_READ, SSL_ERROR_WANT_WRITE:
+            // Everything fed has been read: nothing buffered is worth keeping while idle.
+            releaseIdleRecordBuffers()
             return .needsMoreInput
         case SSL_ERROR_ZERO_RETURN:
             return .closeNotify
         default:
             return .failed(OpenSSLError.drained("TLS read"))
         }
+    }
+
+    /// Frees OpenSSL's record buffers (16.7 KiB to read, one to write) once a read found
+    /// nothing more to do and no byte of a record is held in them.
+    ///
+    /// `SSL_MODE_RELEASE_BUFFERS` frees the read buffer only after application data has
+    /// been read from it: a read that processes only handshake records (the TLS 1.3
+    /// NewSessionTickets a server sends after the handshake) leaves it allocated, and an
+    /// idle connection then holds it for as long as it stays open (issue 12: the upstream
+    /// leg of every idle tunnel kept one). The next read allocates it again.
+    ///
+    /// Only at a record boundary: OpenSSL must be waiting for a record header (`RH`) with
+    /// nothing in its buffer (`SSL_has_pending`) or in the read BIO. `SSL_free_buffers`
+    /// refuses a buffer still holding data itself, but before 3.0.14 it missed a header
+    /// whose body had not arrived (CVE-2024-4741), so this does not rely on that alone.
+    private func releaseIdleRecordBuffers() {
+        guard inbox.count == 0, SSL_has_pending(ssl) == 0, SSL_pending(ssl) == 0,
+              let state = SSL_rstate_string(ssl), strcmp(state, "RH") == 0 else { return }
+        _ = SSL_free_buffers(ssl)
     }
 
     /// Encrypts all of `bytes`; the ciphertext waits in the write BIO.

@@ -1,6 +1,7 @@
 import Foundation
 import PinGateTestSupport
 import Testing
+import CHeapStats
 @testable import PinGateTLS
 
 /// The sans-IO engine on its own: digests, keys, certificates, and whole handshakes
@@ -117,6 +118,48 @@ struct TLSEngineTests {
         let taken = bytes.withUnsafeMutableBytes { from.takeCiphertext(into: $0) }
         bytes.withUnsafeBytes { to.feedCiphertext(UnsafeRawBufferPointer(rebasing: $0.prefix(taken))) }
         return taken
+    }
+
+    /// Bytes the heap has handed out right now, across all arenas (glibc's `mallinfo2`).
+    static var heapInUse: Int { Int(pg_heap_bytes_in_use()) }
+
+    @Test("after a 256 KiB burst neither end keeps it: the memory BIOs give their buffers back once drained")
+    func burstLeavesNothingBuffered() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let peers = try Self.makePeers(names: [.dns("engine.test")], directory: directory)
+        let payload = [UInt8](repeating: 7, count: 256 * 1024)
+        var sink = [UInt8](repeating: 0, count: 64 * 1024)
+        // What the two ends hold once idle again, the median of several (an allocation on
+        // another thread meanwhile must not decide it).
+        var footprints: [Int] = []
+        for _ in 0..<9 {
+            var client: TLSConnection? = try TLSConnection(clientOf: peers.clientContext, options: .init(expectedHost: "engine.test", alpnOffer: nil))
+            var server: TLSConnection? = try TLSConnection(serverOf: peers.serverContext, options: .init(preferredALPN: nil, pauseWhenPreferredALPNMissing: false))
+            let received = try Self.burst(payload, from: server!, to: client!, sink: &sink)
+            #expect(received == payload.count)
+            let holding = Self.heapInUse
+            client = nil
+            server = nil
+            footprints.append(holding - Self.heapInUse)
+        }
+        let median = footprints.sorted()[footprints.count / 2]
+        // Kept, the server's write BIO and the client's read BIO would hold 4/3 of the
+        // burst each (680 KiB together); two idle connections are a few dozen KiB.
+        #expect(median < 96 * 1024, "two idle connections hold \(median) bytes")
+    }
+
+    /// Handshakes, then sends `payload` in one write and reads it all; returns the bytes read.
+    static func burst(_ payload: [UInt8], from server: TLSConnection, to client: TLSConnection, sink: inout [UInt8]) throws -> Int {
+        let (clientState, serverState) = pump(client, server)
+        #expect(clientState == .complete && serverState == .complete)
+        try payload.withUnsafeBytes { try server.writePlaintext($0) }
+        move(server, client)
+        var received = 0
+        while case .bytes(let count) = sink.withUnsafeMutableBytes({ client.readPlaintext(into: $0) }), count > 0 {
+            received += count
+        }
+        return received
     }
 
     @Test("handshake in memory: chain and hostname valid, ALPN chosen by the server's preference, data both ways, close_notify")

@@ -208,7 +208,12 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         let verdict = environment.decisionPolicy.verdict(
             host: request.host, leaf: upstream.leaf, chain: Self.chainCheck(upstream), list: environment.store.list, now: environment.now())
         if upstream.peer.resumed { environment.statistics.upstreamSessionResumed() }
-        if case .trusted = verdict, upstream.peer.chainAndHostnameValid { upstream.keepSessions?() }
+        if case .trusted = verdict, upstream.peer.chainAndHostnameValid {
+            upstream.keepSessions?()
+        } else {
+            // A report-only violation is admitted and may stay open for hours: it holds none.
+            upstream.discardSessions?()
+        }
         return verdict
     }
 

@@ -5,7 +5,12 @@ import PinList
 
 /// An upstream connection whose TLS handshake has completed, not yet relaying: its
 /// glue holds anything the server sent first until the tunnel is joined.
-struct UpstreamConnection: Sendable {
+///
+/// A class, not a struct: the state machine, the tunnel's close handlers and the HTTP
+/// layer's authority check each keep it for the tunnel's whole life, and a struct this
+/// size (the peer summary, the hashes) was copied into each of them: issue 12 counts
+/// every byte an idle tunnel holds.
+final class UpstreamConnection: Sendable {
     let channel: Channel
     /// Bound to the channel's loop, the only place the glue may be touched.
     let glue: NIOLoopBound<GlueHandler>
@@ -20,7 +25,22 @@ struct UpstreamConnection: Sendable {
     let handshakeDuration: TimeAmount
     /// Keeps the TLS sessions this upstream hands out for resumption; call it only when
     /// the verdict trusted a verified server (nil: resumption is off).
-    var keepSessions: (@Sendable () -> Void)? = nil
+    let keepSessions: (@Sendable () -> Void)?
+    /// Drops them instead, when the verdict did not trust the server (nil: resumption is off).
+    let discardSessions: (@Sendable () -> Void)?
+
+    init(channel: Channel, glue: NIOLoopBound<GlueHandler>, peer: TLSPeerSummary, leaf: CertificateHashes?,
+         verifiedChain: [CertificateHashes], handshakeDuration: TimeAmount, keepSessions: (@Sendable () -> Void)? = nil,
+         discardSessions: (@Sendable () -> Void)? = nil) {
+        self.channel = channel
+        self.glue = glue
+        self.peer = peer
+        self.leaf = leaf
+        self.verifiedChain = verifiedChain
+        self.handshakeDuration = handshakeDuration
+        self.keepSessions = keepSessions
+        self.discardSessions = discardSessions
+    }
 }
 
 extension UpstreamConnection: Equatable {
@@ -55,7 +75,8 @@ struct UpstreamConnector: UpstreamDialer {
             let leaf = client.peer.leaf.map(CertificateHashes.init)
             return UpstreamConnection(channel: client.channel, glue: NIOLoopBound(glue, eventLoop: eventLoop),
                                       peer: client.peer, leaf: leaf, verifiedChain: client.peer.verifiedChain.map(CertificateHashes.init),
-                                      handshakeDuration: client.handshakeDuration, keepSessions: client.keepSessions)
+                                      handshakeDuration: client.handshakeDuration, keepSessions: client.keepSessions,
+                                      discardSessions: client.discardSessions)
         }
     }
 }
