@@ -41,6 +41,8 @@ import threading
 import time
 import urllib.parse
 
+from tunnel import open_tunnel
+
 GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 CHUNK = 64 * 1024
 LOCK = threading.Lock()
@@ -221,23 +223,7 @@ def run_server(args):
 def run_client(args):
     host, _, _ = args.connect.rpartition(":")
     try:
-        proxy_host, _, proxy_port = args.proxy.rpartition(":")
-        raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 * 1024)
-        raw.settimeout(60)
-        raw.connect((proxy_host, int(proxy_port)))
-        raw.sendall(f"CONNECT {args.connect} HTTP/1.1\r\nHost: {args.connect}\r\n\r\n".encode())
-        head = b""
-        while b"\r\n\r\n" not in head:
-            byte = raw.recv(1)
-            if not byte:
-                raise OSError("proxy closed during CONNECT")
-            head += byte
-        if not head.startswith(b"HTTP/1.1 200"):
-            raise OSError(f"CONNECT answered {head.splitlines()[0]!r}")
-        context = ssl.create_default_context(cafile=args.cacert)
-        context.set_alpn_protocols(["http/1.1"])
-        tls = context.wrap_socket(raw, server_hostname=host)
+        tls = open_tunnel(args.proxy, args.connect, args.cacert, timeout=60, receive_buffer=256 * 1024)
     except (OSError, ssl.SSLError) as error:
         print(json.dumps({"error": str(error)}))
         return 1

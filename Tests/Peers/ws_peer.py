@@ -33,6 +33,8 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 from websockets.sync.server import serve
 
+from tunnel import open_tunnel
+
 LOCK = threading.Lock()
 
 
@@ -81,20 +83,7 @@ def run_server(args):
 def run_client(args):
     host, _, _ = args.connect.rpartition(":")
     try:
-        proxy_host, _, proxy_port = args.proxy.rpartition(":")
-        raw = socket.create_connection((proxy_host, int(proxy_port)), timeout=20)
-        raw.sendall(f"CONNECT {args.connect} HTTP/1.1\r\nHost: {args.connect}\r\n\r\n".encode())
-        head = b""
-        while b"\r\n\r\n" not in head:
-            byte = raw.recv(1)
-            if not byte:
-                raise OSError("proxy closed during CONNECT")
-            head += byte
-        if not head.startswith(b"HTTP/1.1 200"):
-            raise OSError(f"CONNECT answered {head.splitlines()[0]!r}")
-        context = ssl.create_default_context(cafile=args.cacert)
-        context.set_alpn_protocols(["http/1.1"])
-        tls = context.wrap_socket(raw, server_hostname=host)
+        tls = open_tunnel(args.proxy, args.connect, args.cacert, timeout=20)
     except (OSError, ssl.SSLError) as error:
         print(json.dumps({"error": str(error)}))
         return 1
