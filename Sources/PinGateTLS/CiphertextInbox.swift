@@ -39,9 +39,14 @@ final class CiphertextInbox {
 
     /// Lets OpenSSL read `bytes` in place while `body` runs; what it left unread is copied
     /// into the backlog at the end. A nested call (not made by the gate) falls back to
-    /// copying, so the order of bytes is kept whatever the caller does.
+    /// copying: the outer window's unread rest goes to the backlog first, then `bytes`, so
+    /// the order of bytes is kept whatever the caller does.
     func withIncoming<Result>(_ bytes: UnsafeRawBufferPointer, _ body: () throws -> Result) rethrows -> Result {
-        guard window == nil else {
+        if let outer = window {
+            if windowStart < outer.count {
+                append(UnsafeRawBufferPointer(rebasing: outer[windowStart...]))
+                windowStart = outer.count // the outer call's end then finds nothing left
+            }
             append(bytes)
             return try body()
         }

@@ -261,6 +261,27 @@ struct TLSEngineTests {
         #expect(tail == first + second)
     }
 
+    @Test("the ciphertext inbox keeps arrival order when a delivery happens inside another")
+    func inboxNestedOrder() {
+        let inbox = CiphertextInbox()
+        let outer: [UInt8] = Array("outer-".utf8), inner: [UInt8] = Array("inner".utf8)
+        var read: [UInt8] = []
+        var two = [UInt8](repeating: 0, count: 2)
+        outer.withUnsafeBytes { outerBytes in
+            inbox.withIncoming(outerBytes) {
+                // OpenSSL has read part of the outer bytes when the nested delivery comes.
+                let count = two.withUnsafeMutableBytes { inbox.read(into: $0) }
+                read += two.prefix(count)
+                inner.withUnsafeBytes { innerBytes in inbox.withIncoming(innerBytes) {} }
+            }
+        }
+        var rest = [UInt8](repeating: 0, count: 64)
+        let count = rest.withUnsafeMutableBytes { inbox.read(into: $0) }
+        read += rest.prefix(count)
+        #expect(String(decoding: read, as: UTF8.self) == "outer-inner")
+        #expect(inbox.count == 0)
+    }
+
     @Test("ALPN: the preferred protocol when offered, else the fallback when offered, else none")
     func alpnFallback() throws {
         let directory = try TemporaryDirectory()
