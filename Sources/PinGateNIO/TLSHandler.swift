@@ -66,6 +66,9 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     /// Dropped when the burst ends: kept across bursts it would pin 16 KiB per idle
     /// connection, 32 KiB per idle tunnel (issue 12 measured 82 KiB per idle tunnel with it).
     private var spareBuffer: ByteBuffer?
+    /// Releases the engine's drained write buffer once writing has paused (see
+    /// `trimWriteBufferSoon`); nil when none is scheduled.
+    private var writeBufferTrim: Scheduled<Void>?
     /// Client, TLS 1.3, certificate requested: the handshake is complete but its promise
     /// waits for the server's verdict on the missing certificate (see `init`).
     private var confirming: (summary: TLSPeerSummary, timer: Scheduled<Void>)?
@@ -150,6 +153,8 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
         }
         handshakePromise = nil
         state = .closed
+        writeBufferTrim?.cancel()
+        writeBufferTrim = nil
         failBufferedWrites(ChannelError.ioOnClosedChannel)
         context.fireChannelInactive()
     }
@@ -373,7 +378,26 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
             context.write(wrapOutboundOut(buffer), promise: last ? promise : nil)
             wrote = true
         }
+        if wrote { trimWriteBufferSoon(context: context) }
         return wrote
+    }
+
+    /// How long writing must pause before a large drained write buffer is given back.
+    private static let writeBufferTrimDelay = TimeAmount.milliseconds(200)
+
+    /// Gives the engine's write buffer back once writing has paused.
+    ///
+    /// Why not at once: releasing a buffer that held a whole flight makes the next flight
+    /// regrow it through reallocations, 8 % more CPU per GB relayed; why at all: kept, it
+    /// stays at the size of the largest burst for as long as the tunnel stays open (issue
+    /// 12: an idle tunnel after a download). One timer per quiet period, not per flight.
+    private func trimWriteBufferSoon(context: ChannelHandlerContext) {
+        guard writeBufferTrim == nil, connection.holdsIdleWriteBuffer else { return }
+        writeBufferTrim = context.eventLoop.assumeIsolated().scheduleTask(in: Self.writeBufferTrimDelay) { [weak self] in
+            guard let self else { return }
+            self.writeBufferTrim = nil
+            self.connection.releaseIdleWriteBuffer()
+        }
     }
 
     private func fireInputClosedOnce(context: ChannelHandlerContext) {
