@@ -39,6 +39,10 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
         case closed
     }
 
+    /// How long a full close waits by default for the bytes written before it to leave
+    /// (a peer that stopped reading holds them; then the connection closes regardless).
+    public static let defaultCloseLinger = TimeAmount.seconds(30)
+
     private static let readChunk = 16 * 1024
     /// The most plaintext one TLS record carries (RFC 8446 §5.1). Small writes queued
     /// before a flush are gathered up to this size into one `SSL_write`: one record, one
@@ -73,6 +77,13 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     /// waits for the server's verdict on the missing certificate (see `init`).
     private var confirming: (summary: TLSPeerSummary, timer: Scheduled<Void>)?
     private let certificateRequestWait: TimeAmount?
+    /// Where the write that carries our close_notify (and so, in order, everything written
+    /// before it) is: a full close waits for it to reach the socket (see `close`).
+    private var closeNotifyWrite = CloseNotifyWrite.notSent
+    private enum CloseNotifyWrite { case notSent, queued, out }
+    /// A full close waiting for `closeNotifyWritten`, with its deadline and the caller's promise.
+    private var lingeringClose: (deadline: Scheduled<Void>, promise: EventLoopPromise<Void>?)?
+    private let closeLinger: TimeAmount
     /// Client: called once, on the loop, just before the first handshake step, with the
     /// address the channel is connected to; the connector offers a kept session there
     /// (it is chosen by that address, which is only known once TCP is up).
@@ -87,9 +98,14 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     /// `TLSHandlerError.refusedAfterHandshake` on an alert or a close, and succeeds on a
     /// NewSessionTicket or data (the server went on) or when the wait is over. Nil: the
     /// promise completes with the handshake.
+    ///
+    /// `closeLinger`: how long a full close waits for what was written before it to reach
+    /// the socket (see `close(context:mode:promise:)`).
     public init(connection: TLSConnection, handshakePromise: EventLoopPromise<TLSPeerSummary>?, clientHelloResponder: ClientHelloResponder? = nil,
-                certificateRequestWait: TimeAmount? = nil, willStartClientHandshake: ((SocketAddress?) -> Void)? = nil) {
+                certificateRequestWait: TimeAmount? = nil, willStartClientHandshake: ((SocketAddress?) -> Void)? = nil,
+                closeLinger: TimeAmount = TLSHandler.defaultCloseLinger) {
         self.willStartClientHandshake = willStartClientHandshake
+        self.closeLinger = closeLinger
         self.connection = connection
         self.handshakePromise = handshakePromise
         self.clientHelloResponder = clientHelloResponder
@@ -156,6 +172,12 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
         writeBufferTrim?.cancel()
         writeBufferTrim = nil
         failBufferedWrites(ChannelError.ioOnClosedChannel)
+        if let lingering = lingeringClose {
+            // Closed while the close waited (the peer reset, or someone closed below us).
+            lingeringClose = nil
+            lingering.deadline.cancel()
+            lingering.promise?.succeed(())
+        }
         context.fireChannelInactive()
     }
 
@@ -186,9 +208,32 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
         }
     }
 
+    /// Closes after what was written: the buffered plaintext is encrypted, close_notify
+    /// follows it, and then the socket closes.
+    ///
+    /// A full close (`.all`) waits for that last write to reach the socket before closing
+    /// it, for at most `closeLinger`. NIO's own close fails every write still queued in
+    /// the channel, and one is queued whenever the peer reads slower than we write: an
+    /// HTTP/1.1 response that ends with `Connection: close`, or the last DATA before a
+    /// GOAWAY, lost its tail when the client was slow (the gate logged the full body; the
+    /// client saw a truncated one). A second full close while waiting closes at once.
+    /// A half close (`.output`) needs no wait: NIO shuts the socket's output only once
+    /// the queued writes are out.
     public func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
         switch mode {
         case .output, .all:
+            if let lingering = lingeringClose {
+                guard mode == .all else {
+                    promise?.fail(ChannelError.outputClosed)
+                    return
+                }
+                // Closed again while waiting: whoever asked does not want to wait.
+                lingeringClose = nil
+                lingering.deadline.cancel()
+                context.close(mode: .all, promise: promise)
+                lingering.promise.map { context.channel.closeFuture.cascade(to: $0) }
+                return
+            }
             if state == .active && !sentCloseNotify {
                 // What was written before the close goes out before the close_notify,
                 // flushed or not (the close flushes it), as when writes were encrypted
@@ -196,17 +241,42 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
                 encryptBufferedWrites(context: context)
                 sentCloseNotify = true
                 connection.sendCloseNotify()
-                writeCiphertext(context: context, promise: nil)
+                let written = context.eventLoop.makePromise(of: Void.self)
+                closeNotifyWrite = .queued
+                // Succeeded or failed (the peer went away), a waiting close can go ahead.
+                written.futureResult.assumeIsolated().whenComplete { [weak self] _ in
+                    self?.closeNotifyWrite = .out
+                    self?.closeLingering(context: context)
+                }
+                if !writeCiphertext(context: context, promise: written) { written.succeed(()) }
                 context.flush()
             }
-            if mode == .all {
-                state = .closed
-                failBufferedWrites(ChannelError.ioOnClosedChannel)
+            guard mode == .all else {
+                context.close(mode: mode, promise: promise)
+                return
             }
-            context.close(mode: mode, promise: promise)
+            state = .closed
+            failBufferedWrites(ChannelError.ioOnClosedChannel)
+            guard closeNotifyWrite == .queued else {
+                context.close(mode: .all, promise: promise)
+                return
+            }
+            let deadline = context.eventLoop.assumeIsolated().scheduleTask(in: closeLinger) { [weak self] in
+                guard let self else { return }
+                self.closeLingering(context: context)
+            }
+            lingeringClose = (deadline, promise)
         case .input:
             context.close(mode: mode, promise: promise)
         }
+    }
+
+    /// Ends a full close's wait (its write is out, or its deadline passed): closes now.
+    private func closeLingering(context: ChannelHandlerContext) {
+        guard let lingering = lingeringClose else { return }
+        lingeringClose = nil
+        lingering.deadline.cancel()
+        context.close(mode: .all, promise: lingering.promise)
     }
 
     // MARK: engine

@@ -12,7 +12,9 @@ Modes (see Tests/Peers/README.md); each prints ONE JSON object on stdout:
   comes, its trailers parsed.
 - `download`: GET a large body (ALPN h2 or http/1.1) with a small receive buffer; after
   `--pause-after` body bytes it stops reading its socket, creates `--paused-file`, waits
-  for `--resume-file`, then reads the rest and reports length and SHA-256.
+  for `--resume-file`, then reads the rest and reports length and SHA-256. With
+  `--read-delay` it sleeps after every read (a slow reader); with `--connection-close`
+  (HTTP/1.1) the request asks the connection to close after the response.
 
 Exit 0 when the mode ran to its end (whatever the server answered); 1 when the tunnel or
 TLS could not be set up or the exchange broke off (the JSON then has "error").
@@ -368,6 +370,9 @@ class Body:
     def add(self, data):
         self.length += len(data)
         self.digest.update(data)
+        if self.args.read_delay:
+            # A slow reader: the gate's writes to it queue up behind the socket.
+            time.sleep(self.args.read_delay)
         if self.paused_at is None and self.length >= self.args.pause_after:
             # Stop reading the socket: whatever the gate sends now piles up in its buffers
             # and the kernel's, until their bounds hold it (and so the upstream) back.
@@ -407,7 +412,8 @@ def download(args):
             result.update({"status": client.status, "ended": client.ended, "reset": client.reset})
         else:
             reader = H1Reader(tls, args.timeout)
-            tls.sendall(f"GET {args.path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: {USER_AGENT}\r\n\r\n".encode())
+            close = "Connection: close\r\n" if args.connection_close else ""
+            tls.sendall(f"GET {args.path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: {USER_AGENT}\r\n{close}\r\n".encode())
             status, headers = reader.head()
             result.update({"status": status, "headers": headers})
             if headers.get("transfer-encoding") == "chunked":
@@ -440,6 +446,8 @@ def main(argv):
     parser.add_argument("--paused-file", help="download: created when the pause begins")
     parser.add_argument("--resume-file", help="download: the pause lasts until this exists")
     parser.add_argument("--rcvbuf", type=int, default=256 * 1024, help="download: SO_RCVBUF")
+    parser.add_argument("--read-delay", type=float, default=0.0, help="download: seconds slept after each read")
+    parser.add_argument("--connection-close", action="store_true", help="download, HTTP/1.1: send Connection: close")
     parser.add_argument("--timeout", type=float, default=20.0, help="seconds for each wait")
     args = parser.parse_args(argv)
     if args.mode == "download" and not (args.paused_file and args.resume_file):

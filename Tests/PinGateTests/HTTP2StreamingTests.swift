@@ -274,6 +274,40 @@ struct HTTP2StreamingTests {
         #expect((download.json["headers"] as? [String: String])?["content-length"] == "\(total)")
     }
 
+    /// A slow HTTP/1.1 client that asked for `Connection: close`: the gate has the whole
+    /// response from nginx long before the client has read it, so when the response ends
+    /// and the gate closes the connection, megabytes are still queued for the client's
+    /// socket. The close must wait for them: NIO's close fails whatever is still queued,
+    /// and the client got a body cut short (about 400 KiB short of 4 MiB over HTTP/1.1
+    /// upstreams) while the gate logged it as sent whole.
+    @Test("a slow HTTP/1.1 client with Connection: close gets every byte of a 4 MiB body before the gate closes", arguments: [false, true])
+    func slowClientConnectionClose(http2Upstream: Bool) async throws {
+        let total = 4 << 20
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
+        let body = Self.payload(total)
+        let run = try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath,
+                                             files: ["big.bin": body], http2: http2Upstream) { nginx in
+            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
+                                       resolve: ["\(Self.host):\(nginx.port)"]) { gate in
+                try await TestProcess.run("python3", [
+                    Self.client, "download", "--proxy", "127.0.0.1:\(gate.port)", "--connect", "\(Self.host):\(nginx.port)",
+                    "--cacert", gate.caPath, "--alpn", "http/1.1", "--path", "/big.bin", "--connection-close",
+                    "--rcvbuf", "\(32 * 1024)", "--read-delay", "0.002",
+                    // No pause: it would come after the last byte.
+                    "--pause-after", "\(total + 1)", "--paused-file", directory.file("paused"), "--resume-file", directory.file("resume"),
+                ], timeout: 120)
+            }
+        }
+        let json = Self.json(run)
+        #expect(run.status == 0, "\(run.stdout) \(run.stderr)")
+        #expect(json["status"] as? Int == 200)
+        #expect(json["body_len"] as? Int == total, "\(json)")
+        #expect(json["sha256_b64"] as? String == SHA256Digest.base64(body))
+    }
+
     // MARK: 3. an Upgrade the HTTP/2 upstream cannot carry
 
     @Test("a WebSocket upgrade over an HTTP/2 upstream: 501 upgrade-unsupported, nothing reaches nginx, and the same connection then serves a GET (twice over)")

@@ -353,7 +353,8 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     func close() {
         guard let context, !closing else { return }
         closing = true
-        // Whatever was written goes out first (close waits for nothing, flush does).
+        // Whatever was written goes out first: the TLS handler closes the socket only once
+        // the bytes written before the close (ending with its close_notify) have left.
         context.flush()
         context.close(promise: nil)
     }
