@@ -109,9 +109,9 @@ public final class HTTP2Session {
         /// an HPACK bomb: a small block that references the table to decode into a huge one.
         public var headerTableSize: UInt32 = 4096
         /// SETTINGS_INITIAL_WINDOW_SIZE: per-stream receive window.
-        public var initialWindowSize: UInt32 = 256 * 1024
+        public var initialWindowSize: UInt32 = 1024 * 1024
         /// The connection-level receive window.
-        public var connectionWindowSize: Int32 = 1 << 20
+        public var connectionWindowSize: Int32 = 2 << 20
         /// Server role only: advertise SETTINGS_ENABLE_CONNECT_PROTOCOL = 1 (RFC 8441 §3),
         /// which is what lets the peer open extended CONNECT streams (`:method CONNECT`
         /// with `:protocol`, e.g. WebSocket over HTTP/2); nghttp2 refuses `:protocol` on a

@@ -87,9 +87,9 @@ struct HTTP2StreamingTests {
 
     // MARK: 1. a gRPC-style bidirectional stream
 
-    @Test("gRPC-style bidirectional stream, HTTP/2 on both legs: 20 messages each echoed before the next is sent, then trailers grpc-status 0 / grpc-message ok")
+    @Test("gRPC-style bidirectional stream, HTTP/2 on both legs: 80 messages (2.5 MB, past both of the gate's windows) each echoed before the next is sent, then trailers grpc-status 0 / grpc-message ok")
     func grpcStreamOverHTTP2() async throws {
-        let chunks = 20
+        let chunks = 80
         let total = Self.streamBytes(chunks)
         try await Self.withEchoOrigin { gate, origin in
             let (run, json) = try await Self.streamClient("grpc-echo", gate: gate, port: origin.port, ["--chunks", "\(chunks)"])
@@ -131,7 +131,7 @@ struct HTTP2StreamingTests {
 
     @Test("the same stream from an HTTP/1.1 client (chunked, TE: trailers): bridged onto HTTP/2, echoed chunk by chunk, request trailer passed on, response trailers in the chunked encoding")
     func grpcStreamFromHTTP1Client() async throws {
-        let chunks = 20
+        let chunks = 80
         let total = Self.streamBytes(chunks)
         try await Self.withEchoOrigin { gate, origin in
             let (run, json) = try await Self.streamClient("h1-echo", gate: gate, port: origin.port, ["--chunks", "\(chunks)"])
