@@ -32,6 +32,7 @@ static inline long pg_SSL_MODE_RELEASE_BUFFERS(void) { return SSL_MODE_RELEASE_B
 static inline uint64_t pg_SSL_OP_NO_COMPRESSION(void) { return SSL_OP_NO_COMPRESSION; }
 static inline uint64_t pg_SSL_OP_NO_RENEGOTIATION(void) { return SSL_OP_NO_RENEGOTIATION; }
 static inline uint64_t pg_SSL_OP_CIPHER_SERVER_PREFERENCE(void) { return SSL_OP_CIPHER_SERVER_PREFERENCE; }
+static inline uint64_t pg_SSL_OP_PRIORITIZE_CHACHA(void) { return SSL_OP_PRIORITIZE_CHACHA; }
 
 static inline int pg_SSL_CTX_add1_chain_cert(SSL_CTX *ctx, X509 *cert) {
     return (int)SSL_CTX_add1_chain_cert(ctx, cert);
