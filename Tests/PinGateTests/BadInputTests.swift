@@ -144,4 +144,37 @@ struct BadInputTests {
         #expect(seconds >= 0.2 && seconds < 5)
         #expect(stats.openTunnels == 0)
     }
+
+    @Test("a tunnel that keeps talking is not idle: 1.5 s of echoes every 150 ms with a 400 ms idle timeout, then closed once quiet")
+    func activityKeepsTunnelOpen() async throws {
+        let script = """
+        import socket, ssl, sys, time
+        raw = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+        raw.sendall(f"CONNECT {sys.argv[2]} HTTP/1.1\\r\\n\\r\\n".encode())
+        head = b""
+        while b"\\r\\n\\r\\n" not in head: head += raw.recv(1)
+        tls = ssl.create_default_context(cafile=sys.argv[3]).wrap_socket(raw, server_hostname=sys.argv[2].split(":")[0])
+        echoed = 0
+        for _ in range(10):
+            tls.sendall(b"x")
+            if tls.recv(1) == b"x": echoed += 1
+            time.sleep(0.15)
+        started = time.monotonic()
+        try:
+            data = tls.recv(1)
+        except (ssl.SSLError, OSError):
+            data = b""
+        print(echoed, "closed" if data == b"" else "data", round(time.monotonic() - started, 1))
+        """
+        let result = try await PinnedOriginScenario.with(behaviour: .echo, alpn: nil, configure: {
+            $0.idleTimeout = .milliseconds(400)
+            $0.opaqueHosts = ["origin.pingate.test"]
+        }) { scenario in
+            try await TestProcess.run("python3", ["-c", script, "\(scenario.gate.port)", scenario.target, scenario.gate.caPath])
+        }
+        #expect(result.status == 0, "\(result.stderr)")
+        let words = result.stdout.split(separator: " ").map { $0.trimmingCharacters(in: .whitespacesAndNewlines) }
+        #expect(words.first == "10", "every echo came back: \(result.stdout)")
+        #expect(words.dropFirst().first == "closed", "\(result.stdout)")
+    }
 }

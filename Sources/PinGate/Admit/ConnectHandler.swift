@@ -292,7 +292,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                 return promise.futureResult
             }
             let clientGlue = GlueHandler(countRelayed: tunnelBytes.counter(clientSide: true))
-            var handlers: [ChannelHandler] = [IdleStateHandler(allTimeout: environment.configuration.idleTimeout), tls]
+            var handlers: [ChannelHandler] = [IdleTimeoutHandler(timeout: environment.configuration.idleTimeout), tls]
             handlers.append(contentsOf: environment.decisionPolicy.makeTunnelInspectors(target: request.authority))
             handlers.append(clientGlue)
             try context.pipeline.syncOperations.addHandlers(handlers, position: .last)
