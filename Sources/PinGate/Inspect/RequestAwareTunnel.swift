@@ -28,6 +28,7 @@ enum RequestAwareTunnel {
     ) throws {
         let clientPipeline = client.pipeline.syncOperations
         let upstreamPipeline = upstream.pipeline.syncOperations
+        router.clientChannel = client
         let clientEarly = clientGlue.takeUnpaired()
         let upstreamEarly = upstreamGlue.takeUnpaired()
         clientPipeline.removeHandler(clientGlue, promise: nil)
