@@ -134,6 +134,7 @@ public struct TLSClientConnector: Sendable {
             .connectTimeout(settings.connectTimeout)
             .channelOption(.allowRemoteHalfClosure, value: true)
             .channelOption(.tcpOption(.tcp_nodelay), value: 1)
+            .channelOption(.recvAllocator, value: ReceiveBuffers.allocator)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     if parent != nil {

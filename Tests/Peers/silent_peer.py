@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """A TLS origin that completes its handshake and then says nothing, for pingate's tests.
 
-silent_peer.py --cert C --key K [--alpn h2]
+silent_peer.py --cert C --key K [--alpn h2] [--say TEXT]
     Listens on 127.0.0.1, port 0, ALPN as given (default h2), and prints
     `{"event": "listening", "port": N}`. Per connection: `{"event": "accepted", "alpn": A}`
     once the TLS handshake is done; then it reads (and keeps) whatever comes, sending not
-    one byte (for an `h2` client: no server connection preface, no SETTINGS, ever), and
-    prints `{"event": "closed", "received": N, "preface": bool, "how": "eof"|"reset"}`
-    when the other end closes (`preface`: the client's bytes began with the HTTP/2
-    preface). Runs until killed.
+    one byte (for an `h2` client: no server connection preface, no SETTINGS, ever) but
+    TEXT, sent at once when given (a backslash-r-backslash-n in it stands for CR LF: e.g.
+    an HTTP/1.1 response nobody asked for), and prints `{"event": "closed", "received": N,
+    "preface": bool, "how": "eof"|"reset"}` when the other end closes (`preface`: the
+    client's bytes began with the HTTP/2 preface). Runs until killed.
 """
 
 import argparse
@@ -20,6 +21,7 @@ import threading
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 LOCK = threading.Lock()
+SAY = b""
 
 
 def emit(record):
@@ -36,6 +38,11 @@ def serve(raw, context):
         raw.close()
         return
     emit({"event": "accepted", "alpn": tls.selected_alpn_protocol()})
+    if SAY:
+        try:
+            tls.sendall(SAY)
+        except (OSError, ssl.SSLError):
+            pass
     received = b""
     how = "eof"
     try:
@@ -55,7 +62,10 @@ def main(argv):
     parser.add_argument("--cert", required=True)
     parser.add_argument("--key", required=True)
     parser.add_argument("--alpn", default="h2")
+    parser.add_argument("--say", default="")
     args = parser.parse_args(argv)
+    global SAY
+    SAY = args.say.replace("\\r\\n", "\r\n").encode()
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(args.cert, args.key)
     context.set_alpn_protocols([args.alpn])

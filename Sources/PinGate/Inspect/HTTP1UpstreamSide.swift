@@ -6,7 +6,11 @@ import NIOHTTP1
 /// Pipeline (upstream channel, behind the TLS handler): NIO's `HTTPRequestEncoder`, its
 /// `HTTPResponseDecoder` (which watches the requests going out, so a response to `HEAD`
 /// is read without a body; informational responses are passed on; bytes after a `101`
-/// are kept for the byte relay), then this handler.
+/// are kept for the byte relay), then this handler. The codecs go in with the first
+/// request (`addCodecsIfNeeded`): until then the upstream has nothing to answer, and a
+/// tunnel whose client sends nothing (an idle one) does not carry them (issue 12: the
+/// decoder and its parser were 1.7 KiB per idle tunnel). Bytes the upstream sends before
+/// that are a response nobody asked for, which ends the tunnel, as it would after them.
 ///
 /// One connection, one request at a time: the tunnel's single upstream connection is the
 /// one the verdict was made on, so an HTTP/2 client's concurrent streams are sent one
@@ -52,6 +56,8 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     /// byte relay: the client would refuse a wrong accept itself, but by then the gate would
     /// have switched to relaying bytes the request was never checked for, and counted nothing.
     private var webSocketKeys: [Int: String] = [:]
+    /// Whether the HTTP codecs are in front of this handler (from the first request on).
+    private var codecsAdded = false
 
     init(router: TunnelRouter) {
         self.router = router
@@ -232,7 +238,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     }
 
     private func write(_ part: Part, id: Int) {
-        guard let context else { return }
+        guard let context, addCodecsIfNeeded(context: context) else { return }
         switch part {
         case .head(let head):
             context.write(wrapOutboundOut(.head(head)), promise: nil)
@@ -246,6 +252,22 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             activeRequestEnded = true
             context.writeAndFlush(wrapOutboundOut(.end(trailers)), promise: nil)
         }
+    }
+
+    /// Puts the encoder and the response decoder between the TLS handler and this one,
+    /// before the first request goes out; false (and the connection closing) if that failed.
+    private func addCodecsIfNeeded(context: ChannelHandlerContext) -> Bool {
+        guard !codecsAdded else { return true }
+        do {
+            let decoder = ByteToMessageHandler(HTTPResponseDecoder(leftOverBytesStrategy: .forwardBytes,
+                                                                   informationalResponseStrategy: .forward))
+            try context.pipeline.syncOperations.addHandlers([HTTPRequestEncoder(), decoder], position: .before(self))
+        } catch {
+            close()
+            return false
+        }
+        codecsAdded = true
+        return true
     }
 
     // MARK: from the upstream

@@ -28,6 +28,7 @@ enum RequestAwareTunnel {
     ) throws {
         let clientPipeline = client.pipeline.syncOperations
         let upstreamPipeline = upstream.pipeline.syncOperations
+        router.clientChannel = client
         let clientEarly = clientGlue.takeUnpaired()
         let upstreamEarly = upstreamGlue.takeUnpaired()
         clientPipeline.removeHandler(clientGlue, promise: nil)
@@ -69,11 +70,9 @@ enum RequestAwareTunnel {
             try upstreamPipeline.addHandler(upstreamSide)
             http2Upstream = upstreamSide
         } else {
+            // The side adds its codecs with the first request it sends.
             let upstreamSide = HTTP1UpstreamSide(router: router)
-            let encoder = HTTPRequestEncoder()
-            let decoder = ByteToMessageHandler(HTTPResponseDecoder(leftOverBytesStrategy: .forwardBytes,
-                                                                   informationalResponseStrategy: .forward))
-            try upstreamPipeline.addHandlers([encoder, decoder, upstreamSide])
+            try upstreamPipeline.addHandler(upstreamSide)
             router.upstream = upstreamSide
             // Only an HTTP/1.1 client asks for an upgrade (HTTP/2 has no `Upgrade`), and
             // only an HTTP/1.1 upstream carries one (the router refuses it otherwise).

@@ -63,6 +63,12 @@ final class TunnelRouter {
     /// which is what breaks the sides' references back to the router.
     weak var client: (any TunnelClientSide)?
     weak var upstream: (any TunnelUpstreamSide)?
+    /// The client's connection, for when the upstream goes before the client's first bytes
+    /// chose a client side (an origin that closes a connection nobody used yet, or answers
+    /// before being asked): no side exists then to end it, and the client's leg stayed
+    /// open, holding its half of the tunnel and answering nothing, until the idle timeout.
+    /// Held strongly: the channel's pipeline holds the router only until the channel closes.
+    var clientChannel: Channel?
     private var exchanges: [Int: Exchange] = [:]
     private var clientIDByUpstreamID: [Int: Int] = [:]
     private var ended = false
@@ -282,7 +288,11 @@ final class TunnelRouter {
     func upstreamClosed() {
         guard upstreamFailure == nil else { return }
         end()
-        client?.close()
+        if let client {
+            client.close()
+        } else {
+            clientChannel?.close(promise: nil)
+        }
     }
 
     /// The upstream connection failed before it could carry a request (an `h2` upstream

@@ -172,6 +172,7 @@ public final class PinGateServer: Service, Sendable {
                 }
                 .childChannelOption(.allowRemoteHalfClosure, value: true)
                 .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
+                .childChannelOption(.recvAllocator, value: ReceiveBuffers.allocator)
                 .childChannelInitializer { channel in
                     if connections.count >= DescriptorBudget.connectionCap() {
                         environment.statistics.recordDecision(.overCapacity)
