@@ -63,7 +63,7 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private var bufferedWrites: [(ByteBuffer, EventLoopPromise<Void>?)] = []
     private var flushWhenActive = false
     private var receivedCloseNotify = false
-    private var sentCloseNotify = false
+    private var sentCloseNotify: Bool { closeNotifyWrite != .notSent }
     private var firedInputClosed = false
     private var producedPlaintext = false
     /// A read buffer that came back empty, reused by the next read of the same burst.
@@ -77,11 +77,12 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     /// waits for the server's verdict on the missing certificate (see `init`).
     private var confirming: (summary: TLSPeerSummary, timer: Scheduled<Void>)?
     private let certificateRequestWait: TimeAmount?
-    /// Where the write that carries our close_notify (and so, in order, everything written
-    /// before it) is: a full close waits for it to reach the socket (see `close`).
+    /// Where our close_notify is: not sent, queued behind what was written before it, or out
+    /// (its write completed, so everything before it did too). A full close waits for `out`
+    /// (see `close`).
     private var closeNotifyWrite = CloseNotifyWrite.notSent
     private enum CloseNotifyWrite { case notSent, queued, out }
-    /// A full close waiting for `closeNotifyWritten`, with its deadline and the caller's promise.
+    /// A full close waiting for the close_notify write, with its deadline and the caller's promise.
     private var lingeringClose: (deadline: Scheduled<Void>, promise: EventLoopPromise<Void>?)?
     private let closeLinger: TimeAmount
     /// Client: called once, on the loop, just before the first handshake step, with the
@@ -239,7 +240,6 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
                 // flushed or not (the close flushes it), as when writes were encrypted
                 // at once.
                 encryptBufferedWrites(context: context)
-                sentCloseNotify = true
                 connection.sendCloseNotify()
                 let written = context.eventLoop.makePromise(of: Void.self)
                 closeNotifyWrite = .queued

@@ -336,10 +336,13 @@ public final class TLSConnection {
         // OpenSSL keeps whatever chain it built even when verification failed (a partial
         // chain, or one ending at an untrusted self-signed root), so the verified chain is
         // taken only when the verdict is X509_V_OK.
-        let verified = code == Int(X509_V_OK) && leaf != nil ? Certificate.owningEach(of: SSL_get0_verified_chain(ssl)) : []
+        // One walk of the stack, shared by both fields: when it is the verified chain, the
+        // two are the same certificates.
+        let verifiedStack = SSL_get0_verified_chain(ssl)
+        let chain = Certificate.owningEach(of: verifiedStack ?? SSL_get_peer_cert_chain(ssl))
+        let verified = code == Int(X509_V_OK) && leaf != nil && verifiedStack != nil ? chain : []
         return TLSPeerSummary(leaf: leaf, verifyCode: code, verifyReason: reason, alpn: negotiatedALPN, protocolVersion: version,
-                              chain: Certificate.owningEach(of: SSL_get0_verified_chain(ssl) ?? SSL_get_peer_cert_chain(ssl)),
-                              verifiedChain: verified)
+                              chain: chain, verifiedChain: verified)
     }
 
     /// The ALPN protocol agreed in the handshake, if any.

@@ -256,6 +256,15 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
 
     /// Puts the encoder and the response decoder between the TLS handler and this one,
     /// before the first request goes out; false (and the connection closing) if that failed.
+    /// A `101` that does not answer the WebSocket key it was sent: it does not reach the
+    /// client, which gets a 502 `upstream-protocol-error` (the upstream answered, wrongly;
+    /// it is not unreachable), and this connection, now in an unknown protocol, closes.
+    private func refuseSwitch(_ id: Int, problem: String) {
+        router.responseFailed(id, reason: .upstreamProtocolError,
+                              detail: "the upstream did not complete the WebSocket handshake: \(problem)")
+        close()
+    }
+
     private func addCodecsIfNeeded(context: ChannelHandlerContext) -> Bool {
         guard !codecsAdded else { return true }
         do {
@@ -298,10 +307,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
                 // and this connection, now in an unknown protocol, closes.
                 translated = nil
                 if let problem = WebSocketHandshake.problem(with: head.headers, key: started.key) {
-                    // The upstream answered, wrongly: a protocol error, not an unreachable upstream.
-                    router.responseFailed(id, reason: .upstreamProtocolError,
-                                          detail: "the upstream did not complete the WebSocket handshake: \(problem)")
-                    close()
+                    refuseSwitch(id, problem: problem)
                     return
                 }
                 router.responseHead(id, ExchangeResponseHead(
@@ -316,11 +322,8 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             if head.status.code == 101, let key = webSocketKeys.removeValue(forKey: id),
                let problem = WebSocketHandshake.problem(with: head.headers, key: key) {
                 // An HTTP/1.1 client's WebSocket upgrade answered with a 101 that does not
-                // answer its key (RFC 6455 §4.1): the 101 does not reach the client, which
-                // gets a 502 instead, and this connection, in an unknown protocol, closes.
-                router.responseFailed(id, reason: .upstreamProtocolError,
-                                      detail: "the upstream did not complete the WebSocket handshake: \(problem)")
-                close()
+                // answer its key (RFC 6455 §4.1).
+                refuseSwitch(id, problem: problem)
                 return
             }
             if head.status.code == 101 {

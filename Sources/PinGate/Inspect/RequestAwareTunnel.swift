@@ -117,9 +117,7 @@ enum RequestAwareTunnel {
                 // The answers go out before the client's connection ends: the close waits a
                 // turn of the loop, so every request of the same read burst is answered first.
                 let closeClient = {
-                    client.eventLoop.assumeIsolated().execute {
-                        if let side = router.client { side.close() } else { client.close(promise: nil) }
-                    }
+                    client.eventLoop.assumeIsolated().execute { router.closeClient() }
                 }
                 router.upstreamFailed(
                     status: 504, reason: .upstreamTimeout,

@@ -288,6 +288,12 @@ final class TunnelRouter {
     func upstreamClosed() {
         guard upstreamFailure == nil else { return }
         end()
+        closeClient()
+    }
+
+    /// Ends the client's connection: through its side when the client's first bytes chose
+    /// one (an HTTP/2 side says GOAWAY first), else the channel itself.
+    func closeClient() {
         if let client {
             client.close()
         } else {
