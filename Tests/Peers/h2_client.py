@@ -33,7 +33,7 @@ USER_AGENT = "pingate-h2-peer"
 SCENARIOS = (
     "get", "get-two", "concurrent-mixed", "oversized-headers", "bad-pseudo",
     "invalid-frame", "window-overflow", "hpack-bomb", "rapid-reset",
-    "extended-connect", "plain-connect",
+    "extended-connect", "plain-connect", "get-paths",
 )
 
 
@@ -129,7 +129,7 @@ def frame_summary(data):
 
 
 def new_stream_report(authority=None):
-    return {"authority": authority, "sent": True, "status": None, "headers": {}, "body": b"",
+    return {"authority": authority, "sent": True, "status": None, "headers": {}, "body": bytearray(),
             "ended": False, "reset": None, "client_reset": None}
 
 
@@ -339,6 +339,16 @@ def scenario_concurrent_mixed(args, session):
     second = session.send_request(get_headers(args.authority, args.path), args.authority, send_now=False)
     session.flush()  # both HEADERS frames in one write
     session.wait_streams([first, second])
+    return {}
+
+
+def scenario_get_paths(args, session):
+    """Every path in --paths (comma separated) as a stream of its own, all HEADERS in one
+    write, so the streams are concurrent; waits for all of them."""
+    ids = [session.send_request(get_headers(args.authority, path), args.authority, send_now=False)
+           for path in args.paths.split(",")]
+    session.flush()
+    session.wait_streams(ids)
     return {}
 
 
@@ -600,6 +610,7 @@ RUNNERS = {
     "invalid-frame": scenario_invalid_frame, "window-overflow": scenario_window_overflow,
     "hpack-bomb": scenario_hpack_bomb, "rapid-reset": scenario_rapid_reset,
     "extended-connect": scenario_extended_connect, "plain-connect": scenario_plain_connect,
+    "get-paths": scenario_get_paths,
 }
 
 
@@ -621,6 +632,7 @@ def parse_args(argv):
     parser.add_argument("--authority", help="request :authority (default: the CONNECT host, "
                         "with :port unless 443); get-two and concurrent-mixed need another host here")
     parser.add_argument("--path", default="/")
+    parser.add_argument("--paths", default="/", help="get-paths: the paths, comma separated")
     parser.add_argument("--protocol", default="websocket", help="extended-connect: the :protocol value")
     parser.add_argument("--payload-size", type=int, default=100000, help="extended-connect: message bytes")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds per wait (default 5)")

@@ -207,10 +207,12 @@ struct DomainFrontingTests {
 
     @Test("curl -H 'Host: other' through the gate, asking for HTTP/1.1 and for HTTP/2: 421 with Pingate-Refusal; without it: 200")
     func curlFronting() async throws {
-        try await Self.withFrontEnd(pins: { pki, leaf in try pki.signedList([(Self.pinned, leaf.fingerprint)]) }) { gate, nginx in
+        try await Self.withFrontEnd(pins: { pki, leaf in try pki.signedList([(Self.pinned, leaf.fingerprint)]) },
+                                    http2: true) { gate, nginx in
             let url = "https://\(Self.pinned):\(nginx.port)/"
             // curl sends `-H Host:` as `:authority` over h2: the gate's HTTP/2 side reads it
-            // and answers the stream itself (the front end speaks HTTP/1.1 here, bridged).
+            // and answers the stream itself. The front end speaks h2, so the gate gives a
+            // client that offers h2 its h2 (and bridges curl --http1.1 onto it).
             for (version, expected) in [("--http1.1", "1.1"), ("--http2", "2")] {
                 let fronted = try await curlThroughGate(gate, url, [version, "-H", "Host: \(Self.other)", "-i"])
                 #expect(fronted.httpCode == "421", "\(version): \(fronted.stderr)")

@@ -56,28 +56,74 @@ struct EndToEndTests {
         }
     }
 
-    @Test("HTTP/1.1-only upstream: an HTTP/2 client gets 10 MiB intact and concurrent streams, bridged over exactly one upstream connection")
+    @Test("HTTP/1.1-only upstream: a client that offers only h2 gets 10 MiB intact and concurrent streams, bridged over exactly one upstream connection")
     func bridgedToHTTP1Upstream() async throws {
         let payload = try Self.randomPayload()
         try await PinnedNginx.with(host: Self.host, files: ["big.bin": payload.bytes, "small.txt": Data("small\n".utf8)], http2: false) { gate, nginx in
-            let base = "https://\(Self.host):\(nginx.port)"
-            // curl multiplexes the three transfers as streams of its one h2 connection
-            // (--parallel); the gate runs them one after another on the HTTP/1.1 upstream.
-            let h2 = try await curlThroughGate(gate, urls: ["\(base)/big.bin", "\(base)/small.txt", "\(base)/small.txt"],
-                                               ["--http2", "--parallel"])
-            #expect(h2.exitStatus == 0, "\(h2.stderr)")
-            #expect(h2.httpCode == "200")
-            #expect(h2.httpVersion == "2")
-            #expect(h2.body.count == payload.bytes.count + 12)
-            #expect(SHA256Digest.base64(h2.body.prefix(payload.bytes.count)) == payload.digest)
-            #expect(h2.body.suffix(12) == Data("small\nsmall\n".utf8))
-            #expect(h2.transfers == ["200 2", "200 2", "200 2"])
+            // Python `h2` offers ALPN `h2` alone (curl would offer `http/1.1` too, and the
+            // gate gives such a client the upstream's own HTTP/1.1). Its three streams go
+            // out in one write; the gate runs them one after another on the HTTP/1.1 upstream.
+            let run = try await TestProcess.run("python3", [
+                HTTP2InsideTunnelTests.peer, "--proxy", "127.0.0.1:\(gate.port)", "--connect", "\(Self.host):\(nginx.port)",
+                "--cacert", gate.caPath, "--scenario", "get-paths", "--paths", "/big.bin,/small.txt,/small.txt", "--timeout", "30",
+            ], timeout: 90)
+            #expect(run.status == 0, "\(run.stderr)")
+            let output = try #require(try JSONSerialization.jsonObject(with: run.stdoutData) as? [String: Any], "\(run.stdout)")
+            #expect(output["alpn"] as? String == "h2")
+            let big = HTTP2InsideTunnelTests.stream(output, "1")
+            #expect(big["status"] as? Int == 200, "\(output)")
+            #expect(big["body_len"] as? Int == payload.bytes.count)
+            let hex = SHA256Digest.hash(payload.bytes).map { String(format: "%02x", $0) }.joined()
+            #expect(big["body_sha256"] as? String == hex)
+            for id in ["3", "5"] {
+                #expect(HTTP2InsideTunnelTests.stream(output, id)["status"] as? Int == 200, "\(output)")
+                #expect(HTTP2InsideTunnelTests.stream(output, id)["body_text"] as? String == "small\n")
+            }
             #expect(nginx.accessLogProtocols() == Array(repeating: "HTTP/1.1", count: 3))
             #expect(Set(nginx.accessLogConnections()).count == 1)
             let stats = gate.statistics
             #expect(stats.count(.trusted) == 1)
             #expect(stats.upstreamConnections == 1)
             #expect(stats.requestsForwarded == 3)
+        }
+    }
+
+    @Test("HTTP/1.1-only upstream: a client that offers h2 and HTTP/1.1 gets HTTP/1.1, so an answer that waits does not hold back its next request")
+    func clientGetsTheUpstreamsProtocol() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "held")
+        try await H2EchoOrigin.with(script: "held_answer_origin.py", ["--cert", leaf.certificatePath, "--key", leaf.keyPath,
+                                                                      "--hold-seconds", "15"]) { origin in
+            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
+                                       resolve: ["\(Self.host):\(origin.port)"]) { gate in
+                let base = "https://\(Self.host):\(origin.port)"
+                // curl --http2 offers `h2,http/1.1`. /hold is answered only once /release
+                // has been: had the gate chosen h2 for curl, both would be streams of one
+                // tunnel, queued on its one HTTP/1.1 upstream connection, and /hold could
+                // only time out. Given HTTP/1.1, curl opens a second tunnel for /release,
+                // as it would straight to the origin.
+                let result = try await curlThroughGate(gate, urls: ["\(base)/hold", "\(base)/release"], ["--http2", "--parallel"])
+                #expect(result.exitStatus == 0, "\(result.stderr)")
+                #expect(result.transfers == ["200 1.1", "200 1.1"], "\(result.stderr)")
+                #expect(String(decoding: result.body, as: UTF8.self) == "released\n/release\n")
+                let requests = origin.events.filter { $0["event"] as? String == "request" }
+                #expect(Set(requests.compactMap { $0["connection"] as? Int }).count == 2, "\(requests)")
+                let stats = gate.statistics
+                #expect(stats.count(.trusted) == 2)
+                #expect(stats.upstreamConnections == 2)
+                #expect(stats.requestsForwarded == 2)
+            }
+        }
+    }
+
+    @Test("the client's ALPN choice follows the upstream's protocol, falling back to the other one")
+    func clientALPNChoice() {
+        for (upstream, preferred, fallback) in [("h2", "h2", "http/1.1"), ("http/1.1", "http/1.1", "h2"), (nil, "http/1.1", "h2")] {
+            let choice = RequestAwareTunnel.clientALPN(upstreamProtocol: upstream)
+            #expect(choice.preferred == preferred, "\(upstream ?? "none")")
+            #expect(choice.fallback == fallback, "\(upstream ?? "none")")
         }
     }
 

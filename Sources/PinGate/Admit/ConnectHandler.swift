@@ -273,16 +273,19 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         let handshake = context.eventLoop.makePromise(of: TLSPeerSummary.self)
         do {
             let leaf = try environment.minter.leaf(for: request.host, now: environment.now())
-            // A request-aware tunnel selects for the client what the client prefers, h2
-            // else HTTP/1.1, whatever the upstream chose: the HTTP layer bridges the two
-            // versions over the one upstream connection the verdict was made on. A byte
-            // relay must give the client the upstream's own protocol, or reopen the
-            // upstream with the client's offer.
+            // A request-aware tunnel selects for the client the upstream's own protocol
+            // when the client offers it, else the other one: the HTTP layer bridges the
+            // two versions over the one upstream connection the verdict was made on, and
+            // never reopens it (`RequestAwareTunnel.clientALPN` says why the upstream's
+            // choice comes first). A byte relay must give the client the upstream's own
+            // protocol, or reopen the upstream with the client's offer.
             let inspecting = inspectsRequests(request)
+            let clientALPN = RequestAwareTunnel.clientALPN(upstreamProtocol: upstream.peer.alpn)
             let serverConnection = try TLSConnection(
                 serverOf: leaf.context,
                 options: inspecting
-                    ? .init(preferredALPN: "h2", pauseWhenPreferredALPNMissing: false, fallbackALPN: "http/1.1")
+                    ? .init(preferredALPN: clientALPN.preferred, pauseWhenPreferredALPNMissing: false,
+                            fallbackALPN: clientALPN.fallback)
                     : .init(preferredALPN: upstream.peer.alpn, pauseWhenPreferredALPNMissing: true))
             let tls = TLSHandler(connection: serverConnection, handshakePromise: handshake) { offer in
                 // Paused at the ClientHello: the client did not offer the upstream's protocol.

@@ -11,6 +11,25 @@ import PinGateNIO
 /// behind the TLS handler, and the buffered bytes are replayed into them, so no byte read
 /// before the join is lost or skipped past the checks.
 enum RequestAwareTunnel {
+    /// The ALPN choice for the client's handshake of a request-aware tunnel, given what the
+    /// upstream negotiated: the upstream's own protocol when the client offers it, else the
+    /// other one (bridged by the router), else none.
+    ///
+    /// Why not "h2 whenever the client offers it": the tunnel has exactly one upstream
+    /// connection (the one its verdict was made on), and HTTP/1.1 carries one exchange at
+    /// a time. An h2 client bridged onto an HTTP/1.1 upstream multiplexes streams that the
+    /// gate must then send one after another, so one slow answer (a long poll, an event
+    /// stream, a large download) holds back every other request on the tunnel, which a
+    /// direct connection would not: the client would have opened more HTTP/1.1
+    /// connections itself. Given HTTP/1.1, a client does exactly that, each connection its
+    /// own tunnel and verdict. An HTTP/1.1 client bridged onto an h2 upstream loses
+    /// nothing (it sends one request at a time anyway), and a client that offers only one
+    /// protocol still gets it, bridged. mitmproxy gives the client the upstream's choice
+    /// for the same reason.
+    static func clientALPN(upstreamProtocol: String?) -> (preferred: String, fallback: String) {
+        upstreamProtocol == "h2" ? ("h2", "http/1.1") : ("http/1.1", "h2")
+    }
+
     /// Installs the layer. `clientProtocol` and `upstreamProtocol` are what each leg's TLS
     /// negotiated (`h2` means HTTP/2 on nghttp2, anything else HTTP/1.1): each leg gets
     /// the side for its own version, and the router bridges between them, so neither leg
