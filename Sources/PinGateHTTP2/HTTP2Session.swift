@@ -194,6 +194,11 @@ public final class HTTP2Session {
         defer { nghttp2_option_del(options) }
         // The owner acknowledges consumed bytes itself (backpressure across the legs).
         nghttp2_option_set_no_auto_window_update(options, 1)
+        // A server session would otherwise keep up to SETTINGS_MAX_CONCURRENT_STREAMS closed
+        // streams (about 350 bytes each, and their places in the stream table) for RFC 7540's
+        // priority tree, which the gate does not use: an idle tunnel from an HTTP/2 client
+        // that had made a hundred requests held a hundred of them.
+        nghttp2_option_set_no_closed_streams(options, 1)
 
         // The allocator must outlive the session (nghttp2 frees through it in
         // `nghttp2_session_del`); `deinit` frees it after the session.
