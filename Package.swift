@@ -146,7 +146,7 @@ let package = Package(
             name: "PinGateTests",
             dependencies: [
                 "PinGate", "PinGateAdmin", "PinGateHarness", "PinGateNIO", "PinListService", "PinGateStateFiles",
-                "PinGateTLS", "PinList", "PinGateCA", "pingate", "PinGateTestSupport",
+                "PinGateTLS", "PinList", "PinGateCA", "PinGateHTTP2", "pingate", "PinGateTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

@@ -260,6 +260,106 @@ struct HTTP2SessionTests {
         #expect(next.server.contains(.headers(streamID: 3, fields: Self.request, endStream: true)))
     }
 
+    /// Request with a 40 KB body, response with a 100 KB body, on a new stream; checks
+    /// both bodies arrived intact and the stream closed on both ends.
+    static func roundTrip(_ client: HTTP2Session, _ server: HTTP2Session, seed: Int) throws {
+        let upload = Array((0..<40_000).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ seed) })
+        let download = Array((0..<100_000).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ seed) })
+        let stream = try client.submitRequest(Self.request, endStream: false)
+        try client.sendBody(streamID: stream, upload, endStream: true)
+        let sent = try Self.exchange(client, server)
+        #expect(Self.body(sent.server, stream: stream) == (upload, true))
+        try server.submitResponse(streamID: stream, [HTTP2HeaderField(":status", "200")], endStream: false)
+        try server.sendBody(streamID: stream, download, endStream: true)
+        let answered = try Self.exchange(client, server)
+        #expect(Self.body(answered.client, stream: stream) == (download, true))
+        #expect(answered.client.contains(.streamClosed(streamID: stream, errorCode: 0)))
+        try server.consumed(streamID: stream, bytes: upload.count)
+        try client.consumed(streamID: stream, bytes: download.count)
+        _ = try Self.exchange(client, server)
+    }
+
+    @Test("nghttp2's frame buffer and stream table are recognised and get pages of their own")
+    func idleMemoryRecognised() throws {
+        for role in [HTTP2Session.Role.client, .server] {
+            let session = try HTTP2Session(role: role)
+            #expect(session.frameBufferResidentBytes != nil, "the frame buffer (nghttp2 1.52: 16,394 bytes at creation)")
+            #expect(session.streamTableResidentBytes != nil, "the stream table (nghttp2 1.52: 256 buckets of 16 bytes)")
+        }
+    }
+
+    @Test("large frames: once no stream is left, the frame buffer keeps at most its first page resident")
+    func largeFramesReleasedWhenStreamsEnd() throws {
+        let client = try HTTP2Session(role: .client)
+        let server = try HTTP2Session(role: .server)
+        try Self.roundTrip(client, server, seed: 1)
+        // The 16 KiB DATA frames went through every page of both buffers.
+        #expect((client.frameBufferResidentBytes ?? .max) <= 4096)
+        #expect((server.frameBufferResidentBytes ?? .max) <= 4096)
+    }
+
+    @Test("an idle session gives back its frame buffer and empty stream table; later exchanges are intact")
+    func idleMemoryReleased() throws {
+        let client = try HTTP2Session(role: .client)
+        let server = try HTTP2Session(role: .server)
+        try Self.roundTrip(client, server, seed: 1)
+        #expect(client.releaseIdleMemory() > 0)
+        #expect(server.releaseIdleMemory() > 0)
+        for session in [client, server] {
+            #expect(session.frameBufferResidentBytes == 0)
+            #expect(session.streamTableResidentBytes == 0)
+        }
+        // The pages come back zero-filled as they are written: nothing the sessions read
+        // was in them (HPACK state, windows and stream ids live elsewhere).
+        try Self.roundTrip(client, server, seed: 2)
+        #expect(client.releaseIdleMemory() > 0)
+        try Self.roundTrip(client, server, seed: 3)
+    }
+
+    @Test("a server session keeps no closed streams: after many requests its stream table is empty again")
+    func serverKeepsNoClosedStreams() throws {
+        let client = try HTTP2Session(role: .client)
+        let server = try HTTP2Session(role: .server)
+        for _ in 0..<50 {
+            let stream = try client.submitRequest(Self.request, endStream: true)
+            _ = try Self.exchange(client, server)
+            try server.submitResponse(streamID: stream, [HTTP2HeaderField(":status", "204")], endStream: true)
+            _ = try Self.exchange(client, server)
+        }
+        // nghttp2 keeps up to SETTINGS_MAX_CONCURRENT_STREAMS closed streams for RFC 7540
+        // priorities unless told not to: they would sit in the table, which would not be zero.
+        server.releaseIdleMemory()
+        #expect(server.streamTableResidentBytes == 0)
+    }
+
+    @Test("releasing with a stream open but nothing being sent keeps the stream's bytes intact")
+    func releaseWithOpenStream() throws {
+        let client = try HTTP2Session(role: .client)
+        let server = try HTTP2Session(role: .server)
+        let stream = try client.submitRequest(Self.request, endStream: false)
+        let first = Array((0..<30_000).map { UInt8(truncatingIfNeeded: $0 &* 3) })
+        try client.sendBody(streamID: stream, first, endStream: false)
+        var serverEvents = try Self.exchange(client, server).server
+        client.releaseIdleMemory()
+        server.releaseIdleMemory()
+        // The stream table holds the open stream: not all zeros, so it stays.
+        #expect((client.streamTableResidentBytes ?? 0) > 0)
+        let second = Array((0..<30_000).map { UInt8(truncatingIfNeeded: $0 &* 5) })
+        try client.sendBody(streamID: stream, second, endStream: true)
+        serverEvents += try Self.exchange(client, server).server
+        #expect(Self.body(serverEvents, stream: stream) == (first + second, true))
+    }
+
+    @Test("nothing is released before the first output is taken: the client preface is still in the buffer")
+    func noReleaseBeforeFirstOutput() throws {
+        let client = try HTTP2Session(role: .client)
+        #expect(client.releaseIdleMemory() == 0)
+        let output = try client.takeOutput()
+        #expect(output.starts(with: Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)))
+        let server = try HTTP2Session(role: .server)
+        #expect(throws: Never.self) { try output.withUnsafeBytes { _ = try server.receive($0) } }
+    }
+
     @Test("the linked library reports its version")
     func version() {
         #expect(HTTP2Session.libraryVersion.split(separator: ".").count == 3)

@@ -19,6 +19,20 @@ final class HTTP2Wire {
     let session: HTTP2Session
     private var flow = BodyFlowControl()
 
+    /// How long the session must have been quiet (no frame in or out) before the memory it
+    /// keeps for sending is given back (`HTTP2Session.releaseIdleMemory`): long enough that
+    /// a connection in use never pays for it (a system call, then page faults as it is
+    /// written again), short enough that an idle tunnel soon costs its 20 KiB less.
+    static let quietPeriod = TimeAmount.milliseconds(500)
+    /// When frames last went either way (stamped by `write`, which follows every read burst).
+    private var lastActivity: NIODeadline?
+    /// Frames came in since `lastActivity` was stamped.
+    private var receivedSinceStamp = true
+    /// Set by activity, cleared when the memory is given back: whether there is any to give.
+    private var releaseDue = true
+    /// The one timer, moved on only when it fires (activity just stamps a time).
+    private var quietCheck: Scheduled<Void>?
+
     init(session: HTTP2Session) {
         self.session = session
     }
@@ -26,6 +40,7 @@ final class HTTP2Wire {
     /// Feeds what the peer sent; returns the events, or the error that ends the connection
     /// (its GOAWAY, when nghttp2 queued one, goes out with the next `write`).
     func receive(_ buffer: ByteBuffer) -> Result<[HTTP2Event], HTTP2Error> {
+        receivedSinceStamp = true
         do {
             return .success(try buffer.withUnsafeReadableBytes { try session.receive($0) })
         } catch let error as HTTP2Error {
@@ -51,6 +66,14 @@ final class HTTP2Wire {
         }
         if let buffer { context.write(NIOAny(buffer), promise: nil) }
         if flush { context.flush() }
+        if buffer != nil || receivedSinceStamp || lastActivity == nil {
+            // The loop's clock, not the wall's: one read per write burst, and virtual under test.
+            let now = context.eventLoop.now
+            lastActivity = now
+            receivedSinceStamp = false
+            releaseDue = true
+            if quietCheck == nil { scheduleQuietCheck(on: context.eventLoop, at: now + Self.quietPeriod) }
+        }
         let writable = context.channel.isWritable
         var credits: [(streamID: Int32, bytes: Int)] = []
         for (streamID, count) in session.takeSentBodyBytes() {
@@ -69,7 +92,31 @@ final class HTTP2Wire {
         _ = write(context, flush: false)
         if session.isAlive { try? session.goAway(errorCode: 0) }
         _ = write(context, flush: true)
+        // After the writes, which stamp activity and would arm it again.
+        quietCheck?.cancel()
+        quietCheck = nil
         context.close(promise: nil)
+    }
+
+    private func scheduleQuietCheck(on eventLoop: any EventLoop, at deadline: NIODeadline) {
+        quietCheck = eventLoop.assumeIsolated().scheduleTask(deadline: deadline) { [weak self] in
+            guard let self else { return }
+            self.quietCheck = nil
+            let now = eventLoop.now
+            if self.receivedSinceStamp {
+                // Frames came in with no write after them to stamp the time (not expected:
+                // every read burst ends in one): they count as activity now.
+                self.lastActivity = now
+                self.receivedSinceStamp = false
+            }
+            let due = (self.lastActivity ?? now) + Self.quietPeriod
+            if due > now {
+                self.scheduleQuietCheck(on: eventLoop, at: due)
+            } else if self.releaseDue {
+                self.releaseDue = false
+                self.session.releaseIdleMemory()
+            }
+        }
     }
 
     /// Queues body bytes on `streamID`; false when the stream cannot take them (reset it).
