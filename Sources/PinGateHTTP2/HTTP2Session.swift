@@ -204,6 +204,10 @@ public final class HTTP2Session {
         // `nghttp2_session_del`); `deinit` frees it after the session.
         let allocator = UnsafeMutablePointer<pg_nghttp2_allocator>.allocate(capacity: 1)
         pg_nghttp2_allocator_init(allocator)
+        // Which allocations are the frame buffer and the stream table was read in
+        // nghttp2 1.52's source; another release may allocate differently at creation, so
+        // there every allocation stays ordinary heap memory and nothing is given back.
+        if !Self.allocationsVerified { allocator.pointee.capturing = 0 }
         var created: OpaquePointer?
         switch role {
         case .server: result = nghttp2_session_server_new3(&created, callbacks, nil, options, &allocator.pointee.mem)
@@ -246,6 +250,14 @@ public final class HTTP2Session {
         nghttp2_session_del(session)
         allocator.deallocate()
     }
+
+    /// True when the running libnghttp2 is a 1.52 release, the one whose session creation
+    /// (a one-frame outbound buffer, then a zeroed stream table of a page or more) the
+    /// allocator's recognition was checked against.
+    static let allocationsVerified: Bool = {
+        guard let info = nghttp2_version(0) else { return false }
+        return info.pointee.version_num >> 8 == 0x0134
+    }()
 
     // MARK: bytes in, bytes out
 
