@@ -36,6 +36,12 @@ public struct HTTP2Error: Error, Sendable, Equatable, CustomStringConvertible {
     /// True when the error ends the connection (nghttp2 calls these fatal).
     public var isFatal: Bool { nghttp2_is_fatal(code) != 0 }
 
+    /// True when a request could not open a stream at all, so nothing of it was sent: the
+    /// peer's GOAWAY came first, or the stream ids ran out.
+    public var isStreamNotStarted: Bool {
+        code == NGHTTP2_ERR_START_STREAM_NOT_ALLOWED.rawValue || code == NGHTTP2_ERR_STREAM_ID_NOT_AVAILABLE.rawValue
+    }
+
     /// The operation and nghttp2's reason.
     public var description: String { "\(operation): \(reason) (\(code))" }
 }
@@ -363,6 +369,11 @@ public final class HTTP2Session {
         let resident = pg_nghttp2_resident(allocator.pointee.zeroed_block, allocator.pointee.zeroed_block_size)
         return resident < 0 ? nil : resident
     }
+
+    /// Streams open now (requests a server session has begun to receive, or a client
+    /// session has submitted) that have not closed: while any is left, a frame of it may
+    /// still have to go out.
+    public var openStreamCount: Int { activeStreams.count }
 
     /// False once both sides are done with the connection (GOAWAY exchanged, no streams).
     public var isAlive: Bool {

@@ -18,6 +18,9 @@ frame, masked, is answered by the same opcode and payload unmasked; a close fram
 close frame, after which the stream ends, as a server closes its connection). A
 classic CONNECT (no `:protocol`) gets 405. The stream's log line then has `protocol`, `ws_messages`, `ws_payloads_sha256` and `ws_close_code`.
 
+With `--refuse-streams` every request stream is reset at once with REFUSED_STREAM (RFC
+9113 §8.7: not processed), and a line `{"event": "refused", "stream": N}` is printed.
+
 Only the `h2` library and the standard library are used. It runs until it is killed.
 """
 
@@ -34,6 +37,7 @@ import struct
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
@@ -119,8 +123,9 @@ def ws_frame(opcode, payload, mask=None):
 class EchoConnection:
     """One HTTP/2 connection, served on its own thread with blocking reads."""
 
-    def __init__(self, tls, connect_protocol=False, settings_after_preface=False):
+    def __init__(self, tls, connect_protocol=False, settings_after_preface=False, refuse_streams=False):
         self.sock = tls
+        self.refuse_streams = refuse_streams
         self.connect_protocol = connect_protocol
         self.settings_after_preface = settings_after_preface
         config = h2.config.H2Configuration(client_side=False, header_encoding="utf-8")
@@ -181,7 +186,10 @@ class EchoConnection:
             pass
 
     def handle(self, event):
-        if isinstance(event, h2.events.RequestReceived):
+        if isinstance(event, h2.events.RequestReceived) and self.refuse_streams:
+            self.conn.reset_stream(event.stream_id, error_code=h2.errors.ErrorCodes.REFUSED_STREAM)
+            emit({"event": "refused", "stream": event.stream_id})
+        elif isinstance(event, h2.events.RequestReceived):
             headers = {}
             for name, value in event.headers:
                 headers[name] = headers[name] + ", " + value if name in headers else value
@@ -316,7 +324,7 @@ class EchoConnection:
               "ws_close_code": stream.ws_close_code})
 
 
-def serve(context, sock, connect_protocol, settings_after_preface):
+def serve(context, sock, connect_protocol, settings_after_preface, refuse_streams):
     try:
         tls = context.wrap_socket(sock, server_side=True)
     except (ssl.SSLError, OSError) as error:
@@ -329,7 +337,7 @@ def serve(context, sock, connect_protocol, settings_after_preface):
         tls.close()
         return
     emit({"event": "connection"})
-    EchoConnection(tls, connect_protocol, settings_after_preface).run()
+    EchoConnection(tls, connect_protocol, settings_after_preface, refuse_streams).run()
 
 
 def main(argv):
@@ -340,6 +348,8 @@ def main(argv):
                         help="advertise SETTINGS_ENABLE_CONNECT_PROTOCOL and serve WebSocket extended CONNECT")
     parser.add_argument("--settings-after-preface", action="store_true",
                         help="send SETTINGS only after the client's preface arrived")
+    parser.add_argument("--refuse-streams", action="store_true",
+                        help="reset every request stream with REFUSED_STREAM")
     args = parser.parse_args(argv)
     # A parent that ignores or blocks SIGTERM (a service runner does) passes that on
     # through exec: restore the default, so the test's SIGTERM stops this origin at once.
@@ -356,7 +366,8 @@ def main(argv):
     emit({"event": "listening", "port": listener.getsockname()[1]})
     while True:
         sock, _ = listener.accept()
-        threading.Thread(target=serve, args=(context, sock, args.enable_connect_protocol, args.settings_after_preface), daemon=True).start()
+        threading.Thread(target=serve, args=(context, sock, args.enable_connect_protocol, args.settings_after_preface,
+                                                  args.refuse_streams), daemon=True).start()
 
 
 if __name__ == "__main__":

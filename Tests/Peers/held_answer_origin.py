@@ -5,7 +5,10 @@ held_answer_origin.py --cert C --key K [--hold-seconds S]
     Listens on 127.0.0.1, port 0, ALPN `http/1.1` only, one thread per connection, and
     prints `{"event": "listening", "port": N}`. `GET /hold` is not answered until a
     `GET /release` has been answered (or S seconds, default 15, have passed): its body is
-    then `released` or `timed out`. Any other path answers its own path at once. Each
+    then `released` or `timed out`. `GET /close-delimited/N` answers N bytes (the
+    repeated pattern `0123456789abcdef`) with neither Content-Length nor chunking, the
+    body ended by closing the connection (RFC 9112 §6.3, item 8). Any other path answers
+    its own path at once. Each
     request prints `{"event": "request", "path": P, "connection": N}` (N counts accepted
     connections from 1), so a test sees how many connections its requests came on.
 
@@ -43,6 +46,16 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         emit({"event": "request", "path": self.path, "connection": self.connection_number})
+        if self.path.startswith("/close-delimited/"):
+            count = int(self.path.rsplit("/", 1)[1])
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write((b"0123456789abcdef" * (count // 16 + 1))[:count])
+            self.wfile.flush()
+            self.close_connection = True
+            return
         if self.path == "/hold":
             body = b"released\n" if RELEASED.wait(HOLD_SECONDS) else b"timed out\n"
         else:

@@ -188,6 +188,10 @@ protocol TunnelClientSide: AnyObject {
     func answer(_ id: Int, status: Int, refusal: String, detail: String)
     /// Abandons exchange `id` (HTTP/2: RST_STREAM; HTTP/1.1: the connection must close).
     func cancel(_ id: Int)
+    /// Refuses exchange `id` as not processed by anyone, which the client may retry on a
+    /// new connection: HTTP/2 only (RST_STREAM REFUSED_STREAM, RFC 9113 §8.7); the router
+    /// answers an HTTP/1.1 client with a 502 instead.
+    func refuseUnprocessed(_ id: Int)
     /// Says `bytes` of exchange `id`'s request body have been passed on: the client may
     /// send that much more (HTTP/2 window, HTTP/1.1 reading resumes).
     func requestBodyPassedOn(_ id: Int, bytes: Int)
@@ -195,6 +199,10 @@ protocol TunnelClientSide: AnyObject {
     func flush()
     /// Closes the client's connection once what was written is out.
     func close()
+    /// The upstream connection is gone: closes the client's connection once every response
+    /// the router has already passed on has reached the client, however long the client's
+    /// own flow control makes that take (bounded by the idle timeout). Nothing new starts.
+    func closeWhenAnswered()
 }
 
 /// One side of a request-aware tunnel, toward the upstream the verdict was made on.

@@ -336,6 +336,13 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         endResponse(id, trailers: nil)
     }
 
+    /// Not used: HTTP/1.1 can say "not processed" only by closing the connection unanswered,
+    /// which a client retries only on a connection it had used before, so the router
+    /// answers HTTP/1.1 clients with a 502 that says why. Here for completeness: closes.
+    func refuseUnprocessed(_ id: Int) {
+        cancel(id)
+    }
+
     func cancel(_ id: Int) {
         guard answering?.id == id else { return }
         // HTTP/1.1 has no way to abandon one response but to close the connection.
@@ -348,6 +355,12 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
 
     func flush() {
         context?.flush()
+    }
+
+    /// HTTP/1.1 has no flow control of its own: every response part the router passed on
+    /// was written to the channel as it came, and `close` lets those bytes leave first.
+    func closeWhenAnswered() {
+        close()
     }
 
     func close() {

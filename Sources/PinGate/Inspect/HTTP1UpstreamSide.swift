@@ -387,7 +387,8 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         } else if let id = active {
             router.responseCancelled(id)
         }
-        for entry in waiting { router.responseCancelled(entry.id) }
+        // Queued behind the active one: not one byte of them was sent.
+        for entry in waiting { router.responseNotProcessed(entry.id) }
         waiting = []
         router.upstreamClosed()
         context.fireChannelInactive()

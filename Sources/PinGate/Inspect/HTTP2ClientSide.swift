@@ -30,6 +30,8 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
     /// RFC 9113 §7 error codes the gate sends.
     private enum ErrorCode {
         static let internalError: UInt32 = 0x2
+        /// The stream was not processed and may be retried on another connection (§8.7).
+        static let refusedStream: UInt32 = 0x7
     }
 
     private let router: TunnelRouter
@@ -47,6 +49,9 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
     /// Between `channelRead` and `channelReadComplete`: output waits for the burst's end.
     private var inReadBurst = false
     private var closing = false
+    /// The upstream is gone: the streams still open finish sending what they hold (reading
+    /// goes on, for the client's WINDOW_UPDATEs), new ones are refused, then GOAWAY and the close.
+    private var draining = false
 
     /// A side on a fresh nghttp2 server session with `limits`.
     init(router: TunnelRouter, limits: HTTP2Session.Limits) throws(HTTP2Error) {
@@ -106,6 +111,12 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
             if requestStreams.contains(streamID) {
                 // A second block on a stream is its trailers (nghttp2 checked that it ends it).
                 router.requestEnd(id, trailers: HTTP2Wire.headers(fields))
+                return
+            }
+            if draining {
+                // No upstream is left to carry it: not processed, so the client may retry it
+                // on a new connection (RFC 9113 §8.7), which gets a tunnel and verdict of its own.
+                try? wire.session.resetStream(streamID, errorCode: ErrorCode.refusedStream)
                 return
             }
             requestStreams.insert(streamID)
@@ -250,6 +261,10 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
         reset(Int32(id))
     }
 
+    func refuseUnprocessed(_ id: Int) {
+        reset(Int32(id), errorCode: ErrorCode.refusedStream)
+    }
+
     func requestBodyPassedOn(_ id: Int, bytes: Int) {
         // The window reopens by what the upstream side took: the client may send that much
         // more. Within a read burst the WINDOW_UPDATE waits for the burst's end.
@@ -267,9 +282,27 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
         wire.close(context)
     }
 
-    private func reset(_ streamID: Int32) {
+    /// Responses whose body ended upstream may still sit in the session, waiting for the
+    /// client's flow-control windows: a body larger than the client's window from an
+    /// upstream that closed right after it (an HTTP/1.1 response delimited by the close, a
+    /// `Connection: close`, an `h2` origin's GOAWAY) lost everything past the window when
+    /// the connection closed at once. So the connection stays up and keeps reading, the
+    /// client's WINDOW_UPDATEs let the rest out, and once no stream is left `writeOutput`
+    /// closes it (GOAWAY, then the close). The router has already answered or reset every
+    /// stream the upstream can no longer serve; a stream the client opens meanwhile is
+    /// refused (REFUSED_STREAM, safe to retry). GOAWAY waits for the end, not the start:
+    /// RFC 9113 lets streams below its last-stream-id finish after it, but some clients
+    /// (Python `h2`) stop reading DATA once it has come. A client that stops reading is
+    /// cut off by the idle timeout.
+    func closeWhenAnswered() {
+        guard context != nil, !closing, !draining else { return }
+        draining = true
+        writeOutput(flush: true)
+    }
+
+    private func reset(_ streamID: Int32, errorCode: UInt32 = ErrorCode.internalError) {
         respondingStreams.remove(streamID)
-        try? wire.session.resetStream(streamID, errorCode: ErrorCode.internalError)
+        try? wire.session.resetStream(streamID, errorCode: errorCode)
         if !inReadBurst { writeOutput(flush: true) }
     }
 
@@ -284,7 +317,8 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
             connectionErrorCounted = true
             router.protocolError(detail: "HTTP/2 connection error \(code): GOAWAY sent")
         }
-        // Once GOAWAY went out both ways and no stream is left, the connection is done.
-        if flush && !wire.session.isAlive { close() }
+        // Once GOAWAY went out both ways and no stream is left, the connection is done; so
+        // it is, with the upstream gone, once the last stream has sent its last frame.
+        if flush && (!wire.session.isAlive || (draining && wire.session.openStreamCount == 0)) { close() }
     }
 }

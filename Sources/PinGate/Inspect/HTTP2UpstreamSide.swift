@@ -22,6 +22,8 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
 
     private enum ErrorCode {
         static let cancel: UInt32 = 0x8
+        /// RFC 9113 §8.7: the stream was not processed.
+        static let refusedStream: UInt32 = 0x7
     }
 
     private let router: TunnelRouter
@@ -117,11 +119,15 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             if tunnel { tunnelStreams[streamID] = (protocol: head.upgrade ?? "", requestEnded: endStream) }
             return Int(streamID)
         } catch {
-            // No stream (the upstream sent GOAWAY, or ran out of stream ids): the router
-            // hears it as an abandoned exchange once it has recorded the id.
+            // No stream: the upstream sent GOAWAY or the stream ids ran out (nothing was
+            // sent, so the request was not processed), or nghttp2 refused the request. The
+            // router hears it once it has recorded the id.
             let id = nextRefusedID
             nextRefusedID -= 1
-            context?.eventLoop.assumeIsolated().execute { [router] in router.responseCancelled(id) }
+            let notStarted = error.isStreamNotStarted
+            context?.eventLoop.assumeIsolated().execute { [router] in
+                if notStarted { router.responseNotProcessed(id) } else { router.responseCancelled(id) }
+            }
             return id
         }
     }
@@ -214,8 +220,13 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             answeredStreams.remove(streamID)
             sendingStreams.remove(streamID)
             tunnelStreams.removeValue(forKey: streamID)
-            // Reset by the upstream (or refused past its GOAWAY): the exchange is abandoned.
-            if errorCode != 0 { router.responseCancelled(Int(streamID)) }
+            // Refused unprocessed (REFUSED_STREAM: by the upstream, or by nghttp2 for a stream
+            // above its GOAWAY's last stream id), or reset: the exchange is abandoned.
+            if errorCode == ErrorCode.refusedStream {
+                router.responseNotProcessed(Int(streamID))
+            } else if errorCode != 0 {
+                router.responseCancelled(Int(streamID))
+            }
         case .goAway:
             // Streams above its last id are closed by nghttp2 (REFUSED_STREAM); those below
             // finish, and the session is done once they have.

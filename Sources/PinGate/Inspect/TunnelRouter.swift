@@ -254,6 +254,28 @@ final class TunnelRouter {
         responseFailed(upstreamID, detail: "the upstream abandoned the request")
     }
 
+    /// The upstream never processed exchange `upstreamID`, and says so: an HTTP/2 stream it
+    /// refused (REFUSED_STREAM, or above the last stream id of its GOAWAY), a request it
+    /// could no longer be sent after GOAWAY, or one still queued when its HTTP/1.1
+    /// connection closed. Straight to the origin the client would have heard the same (a
+    /// GOAWAY, a refused stream) and retried on a new connection, as RFC 9113 §8.7 allows;
+    /// an HTTP/2 client hears it here as REFUSED_STREAM, so it does just that, and its new
+    /// connection gets a tunnel and a verdict of its own. An HTTP/1.1 client has no such
+    /// signal but an unanswered close, which it retries only on a reused connection, so it
+    /// gets the 502 of `responseFailed`. Counted and logged as `upstream-unreachable` either way.
+    func responseNotProcessed(_ upstreamID: Int) {
+        let detail = "the upstream did not process the request"
+        guard clientUsesStreamIDs, let id = clientIDByUpstreamID[upstreamID], let exchange = exchanges[id], exchange.status == nil else {
+            responseFailed(upstreamID, detail: detail)
+            return
+        }
+        exchanges[id]?.refusal = .upstreamUnreachable
+        exchanges[id]?.responseEnded = true
+        observer.refused(.upstreamUnreachable, exchange.authority, "\(detail) (refused as REFUSED_STREAM: the client may retry it)")
+        client?.refuseUnprocessed(id)
+        finishIfDone(id)
+    }
+
     /// The upstream's answer to exchange `upstreamID` cannot be passed on (`detail` says
     /// why): as `responseCancelled`, with that text in the client's 502 under `reason`.
     /// `reason` is what went wrong upstream: `upstream-protocol-error` when the upstream
@@ -283,12 +305,18 @@ final class TunnelRouter {
         client?.requestBodyPassedOn(id, bytes: bytes)
     }
 
-    /// The upstream's connection is gone: the client's goes too, once what was written is out.
-    /// After `upstreamFailed` the client stays until it was answered (`closeClient`).
+    /// The upstream's connection is gone: the client's goes too, once every response already
+    /// passed on has reached it (over HTTP/2 that waits for the client's windows: a body that
+    /// ended upstream may still be waiting for them). After `upstreamFailed` the client stays
+    /// until it was answered (`closeClient`).
     func upstreamClosed() {
         guard upstreamFailure == nil else { return }
         end()
-        closeClient()
+        if let client {
+            client.closeWhenAnswered()
+        } else {
+            clientChannel?.close(promise: nil)
+        }
     }
 
     /// Ends the client's connection: through its side when the client's first bytes chose
