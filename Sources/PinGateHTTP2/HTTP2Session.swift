@@ -370,10 +370,11 @@ public final class HTTP2Session {
         return resident < 0 ? nil : resident
     }
 
-    /// Streams open now (requests a server session has begun to receive, or a client
-    /// session has submitted) that have not closed: while any is left, a frame of it may
-    /// still have to go out.
-    public var openStreamCount: Int { activeStreams.count }
+    /// True when every stream still open has sent its last frame this way (END_STREAM or
+    /// RST_STREAM went out): whatever is left on them is the peer's to send.
+    public var allStreamsClosedLocally: Bool {
+        activeStreams.allSatisfy { nghttp2_session_get_stream_local_close(session, $0) != 0 }
+    }
 
     /// False once both sides are done with the connection (GOAWAY exchanged, no streams).
     public var isAlive: Bool {

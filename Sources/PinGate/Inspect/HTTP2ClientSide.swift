@@ -287,8 +287,8 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
     /// upstream that closed right after it (an HTTP/1.1 response delimited by the close, a
     /// `Connection: close`, an `h2` origin's GOAWAY) lost everything past the window when
     /// the connection closed at once. So the connection stays up and keeps reading, the
-    /// client's WINDOW_UPDATEs let the rest out, and once no stream is left `writeOutput`
-    /// closes it (GOAWAY, then the close). The router has already answered or reset every
+    /// client's WINDOW_UPDATEs let the rest out, and once every stream has sent its last
+    /// frame `writeOutput` closes it (GOAWAY, then the close). The router has already answered or reset every
     /// stream the upstream can no longer serve; a stream the client opens meanwhile is
     /// refused (REFUSED_STREAM, safe to retry). GOAWAY waits for the end, not the start:
     /// RFC 9113 lets streams below its last-stream-id finish after it, but some clients
@@ -319,6 +319,8 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
         }
         // Once GOAWAY went out both ways and no stream is left, the connection is done; so
         // it is, with the upstream gone, once the last stream has sent its last frame.
-        if flush && (!wire.session.isAlive || (draining && wire.session.openStreamCount == 0)) { close() }
+        // A stream whose answer is all out but whose request is still coming (an upload the
+        // upstream answered early) is not waited for: no upstream is left to take it.
+        if flush && (!wire.session.isAlive || (draining && wire.session.allStreamsClosedLocally)) { close() }
     }
 }
