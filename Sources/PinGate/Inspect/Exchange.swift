@@ -188,10 +188,10 @@ protocol TunnelClientSide: AnyObject {
     func answer(_ id: Int, status: Int, refusal: String, detail: String)
     /// Abandons exchange `id` (HTTP/2: RST_STREAM; HTTP/1.1: the connection must close).
     func cancel(_ id: Int)
-    /// Refuses exchange `id` as not processed by anyone, which the client may retry on a
-    /// new connection: HTTP/2 only (RST_STREAM REFUSED_STREAM, RFC 9113 §8.7); the router
-    /// answers an HTTP/1.1 client with a 502 instead.
-    func refuseUnprocessed(_ id: Int)
+    /// Refuses exchange `id` as not processed by anyone, in a form the client retries on a
+    /// new connection, and says true; or does nothing and says false where the protocol
+    /// has no such form (HTTP/1.1), and the router answers with a 502 instead.
+    func refuseUnprocessed(_ id: Int) -> Bool
     /// Says `bytes` of exchange `id`'s request body have been passed on: the client may
     /// send that much more (HTTP/2 window, HTTP/1.1 reading resumes).
     func requestBodyPassedOn(_ id: Int, bytes: Int)

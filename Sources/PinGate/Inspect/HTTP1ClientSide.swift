@@ -336,11 +336,11 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         endResponse(id, trailers: nil)
     }
 
-    /// Not used: HTTP/1.1 can say "not processed" only by closing the connection unanswered,
-    /// which a client retries only on a connection it had used before, so the router
-    /// answers HTTP/1.1 clients with a 502 that says why. Here for completeness: closes.
-    func refuseUnprocessed(_ id: Int) {
-        cancel(id)
+    /// False: HTTP/1.1 can say "not processed" only by closing the connection unanswered,
+    /// which a client retries only on a connection it had used before, so a 502 that says
+    /// why serves it better.
+    func refuseUnprocessed(_ id: Int) -> Bool {
+        false
     }
 
     func cancel(_ id: Int) {

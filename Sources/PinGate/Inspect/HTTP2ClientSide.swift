@@ -116,7 +116,7 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
             if draining {
                 // No upstream is left to carry it: not processed, so the client may retry it
                 // on a new connection (RFC 9113 §8.7), which gets a tunnel and verdict of its own.
-                try? wire.session.resetStream(streamID, errorCode: ErrorCode.refusedStream)
+                reset(streamID, errorCode: ErrorCode.refusedStream)
                 return
             }
             requestStreams.insert(streamID)
@@ -261,8 +261,10 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
         reset(Int32(id))
     }
 
-    func refuseUnprocessed(_ id: Int) {
+    /// RST_STREAM REFUSED_STREAM (RFC 9113 §8.7), which HTTP/2 clients retry.
+    func refuseUnprocessed(_ id: Int) -> Bool {
         reset(Int32(id), errorCode: ErrorCode.refusedStream)
+        return true
     }
 
     func requestBodyPassedOn(_ id: Int, bytes: Int) {

@@ -28,8 +28,6 @@ final class HTTP2Wire {
     private var lastActivity: NIODeadline?
     /// Frames came in since `lastActivity` was stamped.
     private var receivedSinceStamp = true
-    /// Set by activity, cleared when the memory is given back: whether there is any to give.
-    private var releaseDue = true
     /// The one timer, moved on only when it fires (activity just stamps a time).
     private var quietCheck: Scheduled<Void>?
 
@@ -71,7 +69,6 @@ final class HTTP2Wire {
             let now = context.eventLoop.now
             lastActivity = now
             receivedSinceStamp = false
-            releaseDue = true
             if quietCheck == nil { scheduleQuietCheck(on: context.eventLoop, at: now + Self.quietPeriod) }
         }
         let writable = context.channel.isWritable
@@ -112,8 +109,8 @@ final class HTTP2Wire {
             let due = (self.lastActivity ?? now) + Self.quietPeriod
             if due > now {
                 self.scheduleQuietCheck(on: eventLoop, at: due)
-            } else if self.releaseDue {
-                self.releaseDue = false
+            } else {
+                // Quiet since the last activity: the timer is armed again only by the next.
                 self.session.releaseIdleMemory()
             }
         }

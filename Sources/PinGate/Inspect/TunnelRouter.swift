@@ -265,14 +265,14 @@ final class TunnelRouter {
     /// gets the 502 of `responseFailed`. Counted and logged as `upstream-unreachable` either way.
     func responseNotProcessed(_ upstreamID: Int) {
         let detail = "the upstream did not process the request"
-        guard clientUsesStreamIDs, let id = clientIDByUpstreamID[upstreamID], let exchange = exchanges[id], exchange.status == nil else {
+        guard let id = clientIDByUpstreamID[upstreamID], let exchange = exchanges[id], exchange.status == nil,
+              client?.refuseUnprocessed(id) == true else {
             responseFailed(upstreamID, detail: detail)
             return
         }
         exchanges[id]?.refusal = .upstreamUnreachable
         exchanges[id]?.responseEnded = true
-        observer.refused(.upstreamUnreachable, exchange.authority, "\(detail) (refused as REFUSED_STREAM: the client may retry it)")
-        client?.refuseUnprocessed(id)
+        observer.refused(.upstreamUnreachable, exchange.authority, "\(detail) (refused as not processed: the client may retry it)")
         finishIfDone(id)
     }
 
@@ -312,18 +312,15 @@ final class TunnelRouter {
     func upstreamClosed() {
         guard upstreamFailure == nil else { return }
         end()
-        if let client {
-            client.closeWhenAnswered()
-        } else {
-            clientChannel?.close(promise: nil)
-        }
+        closeClient(whenAnswered: true)
     }
 
     /// Ends the client's connection: through its side when the client's first bytes chose
-    /// one (an HTTP/2 side says GOAWAY first), else the channel itself.
-    func closeClient() {
+    /// one (an HTTP/2 side says GOAWAY first; `whenAnswered`, once every response already
+    /// passed on is out), else the channel itself.
+    func closeClient(whenAnswered: Bool = false) {
         if let client {
-            client.close()
+            if whenAnswered { client.closeWhenAnswered() } else { client.close() }
         } else {
             clientChannel?.close(promise: nil)
         }
