@@ -88,7 +88,7 @@ struct DomainFrontingTests {
         """
         return try await NginxOrigin.with(
             certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: [:], http2: http2,
-            serverDirectives: "server_name \(pinned); access_log pay.log proto; location / { return 200 \"pay\\n\"; }",
+            serverDirectives: "server_name \(pinned); access_log pay.log proto; access_log pay-framing.log framing; location / { return 200 \"pay\\n\"; }",
             extraServers: extra
         ) { nginx in
             try await GateFixture.with(pki: pki, listPath: try pins(pki, leaf),

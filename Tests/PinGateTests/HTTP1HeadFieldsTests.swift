@@ -40,10 +40,38 @@ struct HTTP1HeadFieldsTests {
         #expect(HTTP1HeadFields(HTTPHeaders([("Host", "a.test, b.test")])).hosts == ["a.test", "b.test"])
         #expect(HTTP1HeadFields(HTTPHeaders([("Host", "a.test"), ("host", "b.test")])).hosts.count == 2)
         #expect(HTTP1HeadFields(HTTPHeaders([("Accept", "*/*")])).hosts.isEmpty)
-        #expect(HTTP1ClientSide.splitTarget(uri: "/x", hosts: ["a.test", "b.test"]) == nil)
-        let absolute = HTTP1ClientSide.splitTarget(uri: "HTTPS://b.test:8443?q=1", hosts: ["a.test"])
-        #expect(absolute?.authority == "b.test:8443")
-        #expect(absolute?.path == "/?q=1")
+        #expect(HTTP1ClientSide.target(method: .GET, uri: "/x", hosts: ["a.test", "b.test"]) == .noAuthority)
+        #expect(HTTP1ClientSide.target(method: .GET, uri: "HTTPS://b.test:8443?q=1", hosts: ["a.test"])
+            == .route(authority: "b.test:8443", path: "/?q=1"))
+    }
+
+    @Test("request targets: origin form, http(s) absolute form in any case, * for OPTIONS; every other scheme and form is refused")
+    func targets() {
+        let host = ["pay.test"]
+        #expect(HTTP1ClientSide.target(method: .GET, uri: "/a?b", hosts: host) == .route(authority: "pay.test", path: "/a?b"))
+        #expect(HTTP1ClientSide.target(method: .GET, uri: "hTTp://other.test/x", hosts: host) == .route(authority: "other.test", path: "/x"))
+        #expect(HTTP1ClientSide.target(method: .OPTIONS, uri: "*", hosts: host) == .route(authority: "pay.test", path: "*"))
+        for uri in ["ftp://other.test/", "ws://other.test/", "wss://other.test/chat", "WSS://other.test", "gopher://x/",
+                    "file:///etc/passwd", "://other.test/", "https:///x", "https://#frag"] {
+            guard case .refused = HTTP1ClientSide.target(method: .GET, uri: uri, hosts: host) else {
+                Issue.record("\(uri) was not refused")
+                continue
+            }
+        }
+        for (method, uri) in [(HTTPMethod.GET, "*"), (.GET, "other.test:443"), (.POST, "x"), (.GET, "")] {
+            guard case .refused = HTTP1ClientSide.target(method: method, uri: uri, hosts: host) else {
+                Issue.record("\(method) \(uri) was not refused")
+                continue
+            }
+        }
+    }
+
+    @Test("h2c and every upgrade token but WebSocket is connection-specific with its settings: HTTP2-Settings never crosses")
+    func http2SettingsDropped() {
+        let fields = HTTP1HeadFields(HTTPHeaders([("Connection", "Upgrade"), ("Upgrade", "h2c"),
+                                                  ("HTTP2-Settings", "AAMAAABkAARAAAAAAAIAAAAA"), ("Accept", "*/*")]))
+        #expect(fields.endToEnd == HTTPHeaders([("Accept", "*/*")]))
+        #expect(fields.upgrade == "h2c")
     }
 
     @Test("a head with nothing connection-specific is carried as it is")

@@ -22,6 +22,10 @@ struct ExchangeRequestHead: Equatable {
     /// protocol's bytes both ways. Each upstream side translates the form it cannot speak
     /// (for WebSocket, the only protocol with both forms) or says why it cannot.
     var upgrade: String?
+    /// How the body is delimited on the way upstream: the router's decision
+    /// (`RequestBodyFraming.decide`), set before the head reaches an upstream side, which
+    /// writes its own version's framing from it and from nothing else.
+    var framing: RequestBodyFraming = .none
 
     /// True for an RFC 8441 extended CONNECT (the HTTP/2 form of `upgrade`).
     var isExtendedConnect: Bool { method == "CONNECT" && upgrade != nil }
@@ -46,6 +50,9 @@ enum ConnectionSpecificHeaders {
     static let names: Set<String> = [
         "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "host", "te",
         "proxy-authorization", "proxy-authenticate",
+        // h2c's upgrade settings (RFC 7540 §3.2.1): meaningful only with an `Upgrade: h2c`,
+        // which the gate never passes on.
+        "http2-settings",
     ]
 }
 
@@ -136,7 +143,9 @@ struct HTTP1HeadFields {
         case 10:
             if matches(name, "connection") { return .connection }
             return matches(name, "keep-alive") ? .otherConnectionSpecific : nil
-        case 14: return matches(name, "content-length") ? .contentLength : nil
+        case 14:
+            if matches(name, "content-length") { return .contentLength }
+            return matches(name, "http2-settings") ? .otherConnectionSpecific : nil
         case 16: return matches(name, "proxy-connection") ? .otherConnectionSpecific : nil
         case 17: return matches(name, "transfer-encoding") ? .transferEncoding : nil
         case 18: return matches(name, "proxy-authenticate") ? .otherConnectionSpecific : nil

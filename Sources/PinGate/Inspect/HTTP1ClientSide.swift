@@ -44,6 +44,11 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     private var closing = false
     /// The client half-closed: no request will follow the one in flight.
     private var inputEnded = false
+    /// The decoder refused bytes after the requests already read (a bad pipelined request,
+    /// an HTTP/2 preface): they are answered first, then a 400 with this text, then the close.
+    private var pendingParseError: String?
+    /// A request broke its framing: whatever answer it gets is the connection's last.
+    private var failing = false
     /// Set once an upgrade (WebSocket) made this a byte relay: parts no longer come.
     private(set) var upgraded = false
     /// A request that asks for an upgrade is in progress: whether it was read to its end,
@@ -126,6 +131,16 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
             readHeldForQueue = false
             read(context: context)
         }
+        if queued.isEmpty, let detail = pendingParseError, !closing {
+            // Everything read before the bad bytes has been handed on: a request cut by them
+            // is abandoned, else once the last answer is out the client hears why.
+            if reading != nil {
+                failRequestBeingRead(detail: detail)
+            } else if answering == nil {
+                refuseMalformed(detail: detail)
+            }
+            return
+        }
         if queued.isEmpty, inputEnded, answering == nil { close() }
     }
 
@@ -140,43 +155,76 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         // router forwards it, and the codecs must be renewed if no 101 follows).
         // A CONNECT has no Upgrade semantics in HTTP/1.1: one that names an Upgrade anyway is
         // still a classic CONNECT (refused 405), never mistaken for an RFC 8441 one.
-        let upgrade = head.method != .CONNECT ? fields.upgrade : nil
-        // As llhttp decides it: once such a request ended, NIO's decoder stops parsing.
-        upgradeAsked = head.method == .CONNECT || upgrade != nil ? (requestEnded: false, answered: false) : nil
+        // Only WebSocket is carried: any other token (`h2c` above all, which would switch the
+        // upstream connection to a protocol the gate then relays unread, streams for any
+        // authority included) is dropped with the `Upgrade` field, as are `HTTP2-Settings`
+        // (connection-specific), and the request goes on as an ordinary one.
+        let asksUpgrade = head.method != .CONNECT && fields.upgrade != nil
+        let upgrade = asksUpgrade ? fields.upgrade.flatMap { WebSocketHandshake.isWebSocket($0) ? $0 : nil } : nil
+        // As llhttp decides it (any `Upgrade` token): once such a request ended, NIO's decoder
+        // stops parsing, and must be renewed if the answer was not a switch.
+        upgradeAsked = head.method == .CONNECT || asksUpgrade ? (requestEnded: false, answered: false) : nil
         webSocketKey = upgrade != nil ? head.headers.first(name: "sec-websocket-key") : nil
-        guard let target = Self.splitTarget(uri: head.uri, hosts: fields.hosts) else {
+        let route: (authority: String, path: String)
+        switch Self.target(method: head.method, uri: head.uri, hosts: fields.hosts) {
+        case .route(let authority, let path):
+            route = (authority, path)
+        case .noAuthority:
             router.requestHead(id, ExchangeRequestHead(method: head.method.rawValue, path: head.uri, authority: nil,
                                                        headers: [:], upgrade: nil), endStream: !hasBody)
+            return
+        case .refused(let detail):
+            router.requestRefused(id, method: head.method.rawValue, path: head.uri, detail: detail)
             return
         }
         var headers = fields.endToEnd
         if fields.wantsTrailers { headers.add(name: "te", value: "trailers") }
-        let exchange = ExchangeRequestHead(method: head.method.rawValue, path: target.path, authority: target.authority,
+        let exchange = ExchangeRequestHead(method: head.method.rawValue, path: route.path, authority: route.authority,
                                            headers: headers, upgrade: upgrade)
         router.requestHead(id, exchange, endStream: !hasBody)
     }
 
-    /// The authority and origin-form path of a request: from an absolute-form target
-    /// (RFC 9112 §3.2.2: it wins over `Host`), else from the one `Host` header. Nil when
-    /// the request names no single authority (no `Host`, or two of them: RFC 9112 §3.2
-    /// says answer 400).
-    static func splitTarget(uri: String, hosts: [String]) -> (authority: String, path: String)? {
-        // Origin form (`/path`), the common case, is told by its first byte alone.
-        if uri.utf8.first != UInt8(ascii: "/") {
-            for scheme in ["https://", "http://"] where uri.utf8.count > scheme.utf8.count
-                && uri.utf8.prefix(scheme.utf8.count).elementsEqual(scheme.utf8, by: { asciiLowercase($0) == $1 }) {
-                let rest = uri.dropFirst(scheme.count)
-                let end = rest.firstIndex { $0 == "/" || $0 == "?" } ?? rest.endIndex
-                let path = rest[end...]
-                return (String(rest[..<end]), path.isEmpty ? "/" : (path.hasPrefix("?") ? "/" + path : String(path)))
-            }
-        }
-        guard hosts.count == 1, let host = hosts.first else { return nil }
-        return (host, uri)
+    /// Where a request is going, read from its target and `Host` fields (RFC 9112 §3.2).
+    enum Target: Equatable {
+        /// The authority the request names and the origin-form path to send upstream.
+        case route(authority: String, path: String)
+        /// The request names no single authority (no `Host`, or two): the router answers 400.
+        case noAuthority
+        /// The target is in a form the gate does not relay; the text of the 400 says which.
+        case refused(String)
     }
 
-    private static func asciiLowercase(_ byte: UInt8) -> UInt8 {
-        (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains(byte) ? byte + 32 : byte
+    /// The target of a request with `method`, `uri` and `hosts` (its `Host` values):
+    /// - origin form (`/path`) takes its authority from the one `Host`;
+    /// - absolute form wins over `Host` (RFC 9112 §3.2.2), for `http` and `https` only (any
+    ///   case): another scheme (`ftp://`, `ws://`, `wss://`) is refused, since an origin may
+    ///   route it by the name in it, which the authority binding never saw;
+    /// - `*` only with `OPTIONS` (asterisk form), its authority from `Host`;
+    /// - authority form only with `CONNECT` (the router refuses a classic CONNECT with 405).
+    static func target(method: HTTPMethod, uri: String, hosts: [String]) -> Target {
+        // Origin form (`/path`), the common case, is told by its first byte alone.
+        let first = uri.utf8.first
+        if first != UInt8(ascii: "/") {
+            if let schemeEnd = uri.range(of: "://") {
+                let scheme = uri[..<schemeEnd.lowerBound]
+                guard HTTP1HeadFields.equalsLowercased(scheme, "https") || HTTP1HeadFields.equalsLowercased(scheme, "http") else {
+                    return .refused("the request target's scheme \"\(scheme)\" is not http or https; only those are relayed inside a tunnel")
+                }
+                let rest = uri[schemeEnd.upperBound...]
+                let end = rest.firstIndex { $0 == "/" || $0 == "?" || $0 == "#" } ?? rest.endIndex
+                let path = rest[end...]
+                guard !rest[..<end].isEmpty, !path.hasPrefix("#") else {
+                    return .refused("the absolute-form request target \"\(uri)\" names no authority or path")
+                }
+                return .route(authority: String(rest[..<end]), path: path.isEmpty ? "/" : (path.hasPrefix("?") ? "/" + path : String(path)))
+            }
+            let asteriskForm = uri == "*" && method == .OPTIONS
+            guard asteriskForm || method == .CONNECT else {
+                return .refused("the request target \"\(uri)\" is not origin-form (/path), absolute-form (http or https) or * for OPTIONS")
+            }
+        }
+        guard hosts.count == 1, let host = hosts.first else { return .noAuthority }
+        return .route(authority: host, path: uri)
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
@@ -185,10 +233,11 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: Error) {
-        // The decoder refused the bytes (a smuggling shape, a bad header, an oversized
-        // head). Nothing of that request went upstream; the connection cannot be trusted
-        // to be in step any more, so the client gets a 400 and the connection closes.
-        guard !closing else { return }
+        // The decoder refused the bytes (a smuggling shape, a bad header or chunk, an
+        // oversized head, an HTTP/2 preface). The connection cannot be trusted to be in step
+        // any more: nothing after the error is read, and the connection closes once the
+        // client has been told.
+        guard !closing, pendingParseError == nil else { return }
         guard !upgraded else {
             // After a switch the codecs are gone: an HTTP answer written now would reach the
             // TLS handler as an HTTP part, which it cannot encode (a crash, not a refusal).
@@ -197,13 +246,41 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
             close()
             return
         }
-        closing = true
-        router.protocolError(detail: "\(error)")
-        if let answering, router.isAwaitingResponse(answering.id) {
-            context.close(promise: nil)
+        let detail = "\(error)"
+        if reading != nil, queued.isEmpty {
+            // The request being read broke its framing after its head was decided on.
+            failRequestBeingRead(detail: detail)
             return
         }
-        let body = "pingate: refused malformed HTTP/1.1 (\(error))\n"
+        // The error is in a request after the ones already read: those are answered first,
+        // in order (a client that pipelined a good request before bad bytes gets its
+        // answer), then the 400 and the close (`handOnQueued`).
+        pendingParseError = detail
+        if answering == nil && queued.isEmpty { refuseMalformed(detail: detail) }
+    }
+
+    /// The request whose body was being read broke its framing (a bad chunk size, a bare LF,
+    /// a bad extension). If its head went upstream, the router abandons the upstream's half
+    /// of it and answers 400, or cuts the exchange once a response has begun; either way
+    /// this connection closes after that.
+    private func failRequestBeingRead(detail: String) {
+        guard let current = reading else { return }
+        reading = nil
+        failing = true
+        // Forwarded: the router abandons the upstream's half and answers 400 (or cuts the
+        // exchange once its response began). Not forwarded (refused, or answered already):
+        // only counted. Either way whatever answer was written goes out, then the close.
+        if !router.abandonRequest(current.id, detail: detail) { router.protocolError(detail: detail) }
+        close()
+    }
+
+    /// Answers a request the decoder refused: 400 `malformed-request`, counted and logged,
+    /// then the close. Nothing of that request went upstream.
+    private func refuseMalformed(detail: String) {
+        guard let context, !closing else { return }
+        closing = true
+        router.protocolError(detail: detail)
+        let body = "pingate: refused malformed HTTP/1.1 (\(detail))\n"
         var headers = HTTPHeaders()
         headers.add(name: "content-type", value: "text/plain; charset=utf-8")
         headers.add(name: "content-length", value: "\(body.utf8.count)")
@@ -307,7 +384,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         }
         answering = nil
         context.writeAndFlush(wrapOutboundOut(.end(trailers)), promise: nil)
-        if !finished.keepAlive || (inputEnded && queued.isEmpty) {
+        if !finished.keepAlive || failing || (inputEnded && queued.isEmpty && pendingParseError == nil) {
             close()
             return
         } else if upgradeAsked != nil {
@@ -327,7 +404,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         headers.add(name: "content-type", value: "text/plain; charset=utf-8")
         headers.add(name: "content-length", value: "\(body.utf8.count)")
         headers.add(name: "pingate-refusal", value: refusal)
-        if !answered.keepAlive { headers.add(name: "connection", value: "close") }
+        if !answered.keepAlive || failing { headers.add(name: "connection", value: "close") }
         let head = HTTPResponseHead(version: answered.version, status: HTTPResponseStatus(statusCode: status), headers: headers)
         context.write(wrapOutboundOut(.head(head)), promise: nil)
         context.write(wrapOutboundOut(.body(.byteBuffer(context.channel.allocator.buffer(string: body)))), promise: nil)
@@ -387,7 +464,8 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     /// before it reads the socket again, so a client that waited for the answer (it must:
     /// RFC 9110 §7.8, it cannot know before which protocol follows) reaches the new decoder.
     /// Bytes a client pipelined behind the upgrade request, read before the swap, are held by
-    /// the stopped decoder and dropped with it.
+    /// the stopped decoder and handed to the fresh one as it leaves (`addCodecs`), so such a
+    /// request is answered in its turn.
     private func renewCodecsWhenDue() {
         guard let asked = upgradeAsked, asked.requestEnded, asked.answered, let context else { return }
         upgradeAsked = nil
@@ -461,11 +539,18 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     /// encoder, its request decoder (llhttp), paired by NIO so that answers to `HEAD` carry no
     /// body, and its response header validator (no CR, LF or NUL reaches the client in a
     /// field, whatever an upstream sent). Bytes the decoder holds when it stops, after an
-    /// upgrade request, are dropped: a client waits for the `101` before it sends the new
-    /// protocol. No pipelining handler: this side orders pipelined requests itself.
+    /// upgrade request, are handed on as it leaves: to fresh codecs when no switch came, to
+    /// the relay after a `101`. No pipelining handler: this side orders pipelined requests
+    /// itself.
     static func addCodecs(to pipeline: ChannelPipeline.SynchronousOperations, position: ChannelPipeline.SynchronousOperations.Position) throws {
+        // An upgrade configuration with no upgraders is how NIO's request decoder is made to
+        // hand on, when it leaves, the bytes it held past a request that asked for an upgrade
+        // (`.forwardBytes`; without one it drops them): a request pipelined behind an upgrade
+        // that was answered without a switch reaches the fresh decoder instead of vanishing.
+        // Its handler finds no upgrader for any request and leaves after the first one.
         try pipeline.configureHTTPServerPipeline(
-            position: position, withPipeliningAssistance: false, withServerUpgrade: nil, withErrorHandling: false)
+            position: position, withPipeliningAssistance: false,
+            withServerUpgrade: (upgraders: [], completionHandler: { _ in }), withErrorHandling: false)
     }
 
     /// The handlers `addCodecs` added, to take out.

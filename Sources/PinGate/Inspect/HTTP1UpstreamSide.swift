@@ -56,6 +56,9 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     /// byte relay: the client would refuse a wrong accept itself, but by then the gate would
     /// have switched to relaying bytes the request was never checked for, and counted nothing.
     private var webSocketKeys: [Int: String] = [:]
+    /// Exchanges whose request asked for an upgrade (the router lets only WebSocket ask):
+    /// the only ones a `101` may answer.
+    private var upgradesAsked: Set<Int> = []
     /// Whether the HTTP codecs are in front of this handler (from the first request on).
     private var codecsAdded = false
 
@@ -100,6 +103,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         headers.add(name: "host", value: authority.headerValue)
         headers.add(contentsOf: head.headers)
         if let upgrade = head.upgrade {
+            upgradesAsked.insert(id)
             headers.add(name: "connection", value: "upgrade")
             headers.add(name: "upgrade", value: upgrade)
             // One key, or none to check against (a second would make the accept ambiguous;
@@ -109,9 +113,9 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
                 webSocketKeys[id] = String(key)
             }
         }
-        if endStream, Self.expectsContent(head.method), !headers.contains(name: "content-length") {
-            headers.add(name: "content-length", value: "0")
-        }
+        // The gate's framing, never the client's (`RequestBodyFraming`): NIO's encoder
+        // frames what these fields say, and writes a body raw when they say nothing.
+        head.framing.applyHTTP1(to: &headers, method: head.method)
         let requestHead = HTTPRequestHead(version: .http1_1, method: HTTPMethod(rawValue: head.method), uri: head.path, headers: headers)
         let parts: [Part] = endStream ? [.head(requestHead), .end(nil)] : [.head(requestHead)]
         if active == nil {
@@ -221,15 +225,6 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         context.close(promise: nil)
     }
 
-    /// Methods whose requests are expected to carry content (RFC 9110 §8.6: a user agent
-    /// sends `Content-Length: 0` for them when there is none, so the server does not wait).
-    private static func expectsContent(_ method: String) -> Bool {
-        switch method {
-        case "POST", "PUT", "PATCH": return true
-        default: return false
-        }
-    }
-
     private func activate(_ id: Int) {
         active = id
         activeResponseHeadSeen = false
@@ -319,6 +314,11 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
                 pendingRelay = (started.held, started.ended)
                 return
             }
+            if head.status.code == 101, !upgradesAsked.contains(id) {
+                // A switch nobody asked for: the bytes after it would be relayed unread.
+                refuseSwitch(id, problem: "it answered 101 Switching Protocols to a request that asked for no upgrade")
+                return
+            }
             if head.status.code == 101, let key = webSocketKeys.removeValue(forKey: id),
                let problem = WebSocketHandshake.problem(with: head.headers, key: key) {
                 // An HTTP/1.1 client's WebSocket upgrade answered with a 101 that does not
@@ -336,6 +336,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             }
             if head.status.code >= 200 {
                 webSocketKeys[id] = nil  // answered without a switch: nothing to check
+                upgradesAsked.remove(id)
                 if let started = translated, started.id == id {
                     // Answered without a switch: the answer passes as the stream's response,
                     // and what the client sent meanwhile is dropped (and credited back).

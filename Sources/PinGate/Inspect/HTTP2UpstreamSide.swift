@@ -109,6 +109,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
                 HTTP2HeaderField(":authority", authority.headerValue), HTTP2HeaderField(":path", head.path),
             ]
         }
+        head.framing.applyHTTP2(to: &headers)
         fields.append(contentsOf: HTTP2Wire.fields(headers))
         // A tunnel stream stays open for the protocol's bytes even when the client's request
         // had no body (an HTTP/1.1 upgrade GET ends with its head).

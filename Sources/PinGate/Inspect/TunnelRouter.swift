@@ -53,6 +53,8 @@ final class TunnelRouter {
         var bytesUp = 0
         var bytesDown = 0
         var responseEnded = false
+        /// Holds the request body to the framing the gate chose (set once it went upstream).
+        var meter: RequestBodyMeter?
     }
 
     private var binding: AuthorityBinding
@@ -124,8 +126,34 @@ final class TunnelRouter {
                        detail: "CONNECT inside a tunnel is not relayed (only an RFC 8441 extended CONNECT with :protocol is)")
                 return
             }
+            if let upgrade = head.upgrade, !WebSocketHandshake.isWebSocket(upgrade) {
+                // Only WebSocket is relayed as a switched protocol: its frames carry no
+                // requests. Another protocol's bytes would pass unread (an HTTP/1.1 client's
+                // other upgrade tokens are dropped before they get here).
+                refuse(id, exchange, status: 501, reason: .upgradeUnsupported,
+                       detail: "only the WebSocket protocol is relayed through a tunnel, not \(upgrade)")
+                return
+            }
             if head.upgrade != nil, let detail = upstream.upgradeRefusal(for: head) {
                 refuse(id, exchange, status: 501, reason: .upgradeUnsupported, detail: detail)
+                return
+            }
+            var head = head
+            if head.upgrade == nil {
+                switch RequestBodyFraming.decide(method: head.method, headers: head.headers, endStream: endStream) {
+                case .success(let framing):
+                    head.framing = framing
+                    exchange.meter = RequestBodyMeter(framing)
+                case .failure(let refusal):
+                    refuse(id, exchange, status: 400, reason: .malformedRequest, detail: refusal.detail)
+                    return
+                }
+            } else if !head.isExtendedConnect && !endStream {
+                // RFC 6455's opening GET has no body; what follows a granted switch is the new
+                // protocol's, carried as the exchange's bytes (an extended CONNECT's stream
+                // DATA is that from the start), never as framed content.
+                refuse(id, exchange, status: 400, reason: .malformedRequest,
+                       detail: "a request asking for an upgrade carries no body through the gate")
                 return
             }
             exchanges[id] = exchange
@@ -134,6 +162,15 @@ final class TunnelRouter {
             exchanges[id]?.upstreamID = upstreamID
             clientIDByUpstreamID[upstreamID] = id
         }
+    }
+
+    /// The client side refused request `id` itself before asking for a decision (a request
+    /// target the gate does not relay): answered 400 `malformed-request` with `detail`,
+    /// counted and logged like any refusal; nothing of it goes upstream.
+    func requestRefused(_ id: Int, method: String, path: String, detail: String) {
+        guard !ended else { return }
+        let exchange = Exchange(started: now(), startedTick: .now(), method: method, path: path, authority: "-")
+        refuse(id, exchange, status: 400, reason: .malformedRequest, detail: detail)
     }
 
     /// Answers exchange `id` itself: nothing of it goes upstream.
@@ -156,6 +193,11 @@ final class TunnelRouter {
             client?.requestBodyPassedOn(id, bytes: bytes.readableBytes)
             return
         }
+        if let problem = exchanges[id]?.meter?.add(bytes.readableBytes) {
+            client?.requestBodyPassedOn(id, bytes: bytes.readableBytes)
+            abandonRequest(id, detail: problem)
+            return
+        }
         exchanges[id]?.bytesUp += bytes.readableBytes
         observer.relayed(bytes.readableBytes, 0)
         upstream?.sendRequestBody(upstreamID, bytes)
@@ -164,7 +206,39 @@ final class TunnelRouter {
     /// The request of exchange `id` ended.
     func requestEnd(_ id: Int, trailers: HTTPHeaders?) {
         guard let upstreamID = exchanges[id]?.upstreamID else { return }
+        if let problem = exchanges[id]?.meter?.end() {
+            abandonRequest(id, detail: problem)
+            return
+        }
         upstream?.endRequest(upstreamID, trailers: trailers)
+    }
+
+    /// The request of exchange `id` broke its framing after its head went upstream (`detail`
+    /// says how): the upstream's half of it cannot be completed, so the upstream exchange is
+    /// abandoned (an HTTP/1.1 upstream's connection closes, an HTTP/2 stream is reset) and
+    /// the client gets a 400 `malformed-request` if nothing of the response was sent, else
+    /// its exchange is cut (RST_STREAM, or the HTTP/1.1 connection closes). Returns false
+    /// when no such exchange is open (a refused request's body, or one already answered).
+    @discardableResult
+    func abandonRequest(_ id: Int, detail: String) -> Bool {
+        guard var exchange = exchanges[id] else { return false }
+        // Detached first: cancelling an HTTP/1.1 upstream closes its connection, whose
+        // going (reported at once) must not answer this exchange with a 502 of its own.
+        let upstreamID = exchange.responseEnded ? nil : exchange.upstreamID
+        if let upstreamID { clientIDByUpstreamID[upstreamID] = nil }
+        exchange.upstreamID = nil
+        exchanges[id] = exchange
+        if exchange.status == nil {
+            refuse(id, exchange, status: 400, reason: .malformedRequest, detail: detail)
+        } else {
+            observer.refused(.malformedRequest, exchange.authority, detail)
+            exchanges[id]?.refusal = .malformedRequest
+            client?.cancel(id)
+            finish(id)
+        }
+        // Then the upstream's half goes; the client's answer is written by now.
+        if let upstreamID { upstream?.cancel(upstreamID) }
+        return true
     }
 
     /// The client abandoned exchange `id` (HTTP/2 RST_STREAM).

@@ -38,6 +38,8 @@ final class NginxOrigin {
             events { worker_connections 512; }
             http {
                 log_format proto '$server_protocol $status $body_bytes_sent $request_uri $connection';
+                # What framing and upgrade fields a request arrived with (the gate's, not the client's).
+                log_format framing '$request_method $request_uri $status te=[$http_transfer_encoding] cl=[$http_content_length] upgrade=[$http_upgrade] settings=[$http_http2_settings] body=$request_length';
                 access_log \(directory.file("access.log")) proto;
                 client_body_temp_path \(directory.file("tmp-body"));
                 proxy_temp_path \(directory.file("tmp-proxy"));
