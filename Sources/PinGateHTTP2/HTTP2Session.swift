@@ -173,6 +173,9 @@ public final class HTTP2Session {
     /// Body bytes handed to nghttp2 for sending since the last `takeSentBodyBytes()`, by
     /// stream: what left the session (into `takeOutput()`), not what was queued.
     private var sentBodyBytes: [Int32: Int] = [:]
+    /// Body bytes queued with `sendBody` that will never be sent: their stream closed first
+    /// (reset by either peer). The owner gives their credit back to the other leg.
+    private var discardedBodyBytes: [Int32: Int] = [:]
 
     private struct OutgoingBody {
         var bytes: [UInt8] = []
@@ -352,6 +355,7 @@ public final class HTTP2Session {
         if outgoing.isEmpty { outgoing = [:] }
         if activeStreams.isEmpty { activeStreams = [] }
         if sentBodyBytes.isEmpty { sentBodyBytes = [:] }
+        if discardedBodyBytes.isEmpty { discardedBodyBytes = [:] }
         if events.isEmpty { events = [] }
         return released
     }
@@ -452,6 +456,16 @@ public final class HTTP2Session {
         let sent = sentBodyBytes
         sentBodyBytes = [:]
         return sent
+    }
+
+    /// The body bytes queued with `sendBody` that were dropped unsent since the last call,
+    /// by stream: their stream closed (a reset by either peer) while they waited for the
+    /// peer's window. With `takeSentBodyBytes` it accounts for every byte queued.
+    public func takeDiscardedBodyBytes() -> [Int32: Int] {
+        guard !discardedBodyBytes.isEmpty else { return [:] }
+        let discarded = discardedBodyBytes
+        discardedBodyBytes = [:]
+        return discarded
     }
 
     /// Ends `streamID` with RST_STREAM and `errorCode` (RFC 9113 §7).
@@ -639,7 +653,9 @@ public final class HTTP2Session {
         nghttp2_session_callbacks_set_on_stream_close_callback(callbacks) { _, streamID, errorCode, userData in
             guard let owner = HTTP2Session.owner(userData) else { return 0 }
             owner.pendingHeaders[streamID] = nil
-            owner.outgoing[streamID] = nil
+            if let body = owner.outgoing.removeValue(forKey: streamID), body.bytes.count > body.offset {
+                owner.discardedBodyBytes[streamID, default: 0] += body.bytes.count - body.offset
+            }
             owner.activeStreams.remove(streamID)
             // `sentBodyBytes` stays: bytes that went out just before the close are still
             // owed to the other leg (its connection window needs them back).

@@ -416,7 +416,8 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             refused: { facts.refused(reason: $0, authority: $1, detail: $2) },
             forwarded: { facts.forwarded() },
             relayed: { facts.relayed(up: $0, down: $1) },
-            finished: { facts.finished($0) })
+            finished: { facts.finished($0) },
+            creditUnplaced: { facts.creditUnplaced($0) })
         let router = TunnelRouter(binding: binding, clientUsesStreamIDs: clientALPN == "h2", observer: observer, now: environment.now)
         try RequestAwareTunnel.install(
             client: context.channel, clientGlue: clientGlue, clientProtocol: clientALPN,
@@ -573,6 +574,15 @@ private final class HTTPTunnelFacts {
     }
 
     func forwarded() { environment.statistics.requestForwarded() }
+
+    /// Flow-control credit the HTTP layer could not place: a miscount that would stall a
+    /// connection. Counted (and logged, since it is never expected), not swallowed.
+    func creditUnplaced(_ bytes: Int) {
+        environment.statistics.creditUnplaced(bytes)
+        environment.logger.warning("flow-control credit could not be placed", metadata: [
+            "client": "\(client)", "host": "\(request.host)", "bytes": "\(bytes)",
+        ])
+    }
 
     func relayed(up: Int, down: Int) { bytes.count(up: up, down: down) }
 

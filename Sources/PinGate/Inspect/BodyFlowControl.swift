@@ -1,18 +1,18 @@
-/// The backpressure bookkeeping of one HTTP/1.1 side of a request-aware tunnel, apart from
-/// any channel so both sides share it.
-///
-/// Reading: body bytes this side handed to the router but the other side has not passed
-/// on yet are "in flight"; past `bytesInFlightLimit` the side stops reading its socket
-/// until credits come back. Writing: body bytes written while the channel is not writable
-/// are "owed" to the other side, which is credited only once the channel drains, so a
-/// slow reader on this side holds the other one back instead of the gate buffering.
+/// The read gate of one HTTP/1.1 side of a request-aware tunnel: how many body bytes this
+/// side read and handed to the router that the other leg has not yet written out (their
+/// credit is `CreditLedger`'s to give back). Past `bytesInFlightLimit` the side stops
+/// reading its socket until credit comes back, so a slow reader on the other leg holds this
+/// one back instead of the gate buffering. HTTP/2 sides need no gate: their peer's windows
+/// are the same bound.
 struct BodyFlowControl {
     /// How many body bytes may be handed over and not yet passed on before reading stops.
     static let bytesInFlightLimit = 256 * 1024
 
-    private var bytesInFlight = 0
+    private(set) var bytesInFlight = 0
     private var readHeld = false
-    private var owed: [Int: Int] = [:]
+    /// Credit given back beyond what was handed over: never expected (the ledger gives each
+    /// byte back once); counted, and the count is asserted 0 in tests.
+    private(set) var overCredited = 0
 
     /// Whether a read may go ahead now; if not, it is remembered for `passedOn`.
     mutating func mayRead() -> Bool {
@@ -26,27 +26,13 @@ struct BodyFlowControl {
         bytesInFlight += count
     }
 
-    /// `count` of them were passed on by the other side (`nil`: the exchange ended, all
-    /// are settled). True when a held read should now go ahead.
-    mutating func passedOn(_ count: Int?) -> Bool {
-        bytesInFlight = count.map { max(0, bytesInFlight - $0) } ?? 0
+    /// `count` of them were passed on by the other side. True when a held read should now
+    /// go ahead.
+    mutating func passedOn(_ count: Int) -> Bool {
+        if count > bytesInFlight { overCredited += count - bytesInFlight }
+        bytesInFlight = max(0, bytesInFlight - count)
         guard readHeld, bytesInFlight <= Self.bytesInFlightLimit else { return false }
         readHeld = false
         return true
-    }
-
-    /// `count` body bytes of exchange `id` were written: the credit to give now (the
-    /// channel is writable), or nil (owed until it is).
-    mutating func wrote(_ id: Int, bytes count: Int, writable: Bool) -> Int? {
-        if writable { return count }
-        owed[id, default: 0] += count
-        return nil
-    }
-
-    /// The credits owed, once the channel became writable again.
-    mutating func takeOwed() -> [Int: Int] {
-        let credits = owed
-        owed = [:]
-        return credits
     }
 }

@@ -338,9 +338,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
-        if context.channel.isWritable {
-            for (id, bytes) in flow.takeOwed() { router.responseBodyTransmitted(id, bytes: bytes) }
-        }
+        if context.channel.isWritable { router.clientDrained() }
         context.fireChannelWritabilityChanged()
     }
 
@@ -365,13 +363,16 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     }
 
     func sendResponseBody(_ id: Int, _ bytes: ByteBuffer) {
-        guard let context, answering?.id == id else { return }
         let count = bytes.readableBytes
+        guard let context, answering?.id == id, !closing else {
+            // Not this connection's current answer (it closed, or the exchange was cut):
+            // the bytes go nowhere, and their credit back.
+            router.responseBodyDiscarded(id, bytes: count)
+            return
+        }
         // Relayed: the codecs are gone, the bytes are the WebSocket's own.
         context.write(relaying == id ? NIOAny(bytes) : wrapOutboundOut(.body(.byteBuffer(bytes))), promise: nil)
-        if let credit = flow.wrote(id, bytes: count, writable: context.channel.isWritable) {
-            router.responseBodyTransmitted(id, bytes: credit)
-        }
+        router.responseBodyWritten(id, bytes: count, writable: context.channel.isWritable)
     }
 
     func endResponse(_ id: Int, trailers: HTTPHeaders?) {
@@ -393,7 +394,6 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
             upgradeAsked?.answered = true
             renewCodecsWhenDue()
         }
-        resumeReading(afterPassingOn: nil)
         handOnQueued()
     }
 
@@ -531,8 +531,12 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         answering = nil
     }
 
-    private func resumeReading(afterPassingOn count: Int?) {
+    private func resumeReading(afterPassingOn count: Int) {
+        let overCredited = flow.overCredited
         if flow.passedOn(count) { read(context: context) }
+        if flow.overCredited > overCredited {
+            router.creditNotApplied(bytes: flow.overCredited - overCredited, detail: "request credit beyond what the client sent")
+        }
     }
 
     /// The HTTP/1.1 server codecs this side works behind, added at `position`: NIO's response

@@ -178,6 +178,10 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             write(.body(bytes), id: id)
         } else if let index = waiting.firstIndex(where: { $0.id == id }) {
             waiting[index].parts.append(.body(bytes))
+        } else {
+            // An exchange this connection will not carry (refused at its start, cancelled):
+            // the bytes go nowhere, and their credit back.
+            router.requestBodyDiscarded(id, bytes: bytes.readableBytes)
         }
     }
 
@@ -205,8 +209,9 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         if active == id {
             // HTTP/1.1 cannot abandon a request in flight but by closing the connection.
             close()
-        } else {
-            waiting.removeAll { $0.id == id }
+        } else if let index = waiting.firstIndex(where: { $0.id == id }) {
+            // Never sent: the body it had queued goes back to the client's credit.
+            router.requestBodyDiscarded(id, bytes: Self.bodyBytes(in: waiting.remove(at: index).parts))
         }
     }
 
@@ -225,6 +230,14 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         context.close(promise: nil)
     }
 
+    /// The body bytes among queued `parts`.
+    private static func bodyBytes(in parts: [Part]) -> Int {
+        parts.reduce(0) { total, part in
+            if case .body(let bytes) = part { return total + bytes.readableBytes }
+            return total
+        }
+    }
+
     private func activate(_ id: Int) {
         active = id
         activeResponseHeadSeen = false
@@ -233,16 +246,17 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     }
 
     private func write(_ part: Part, id: Int) {
-        guard let context, addCodecsIfNeeded(context: context) else { return }
+        guard let context, addCodecsIfNeeded(context: context) else {
+            if case .body(let bytes) = part { router.requestBodyDiscarded(id, bytes: bytes.readableBytes) }
+            return
+        }
         switch part {
         case .head(let head):
             context.write(wrapOutboundOut(.head(head)), promise: nil)
         case .body(let bytes):
             let count = bytes.readableBytes
             context.write(wrapOutboundOut(.body(.byteBuffer(bytes))), promise: nil)
-            if let credit = flow.wrote(id, bytes: count, writable: context.channel.isWritable) {
-                router.requestBodyTransmitted(id, bytes: credit)
-            }
+            router.requestBodyWritten(id, bytes: count, writable: context.channel.isWritable)
         case .end(let trailers):
             activeRequestEnded = true
             context.writeAndFlush(wrapOutboundOut(.end(trailers)), promise: nil)
@@ -342,7 +356,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
                     // and what the client sent meanwhile is dropped (and credited back).
                     translated = nil
                     let count = started.held.reduce(0) { $0 + $1.readableBytes }
-                    if count > 0 { router.requestBodyTransmitted(id, bytes: count) }
+                    router.requestBodyDiscarded(id, bytes: count)
                 }
                 activeResponseHeadSeen = true
                 activeKeepAlive = head.isKeepAlive
@@ -363,7 +377,6 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
                 return
             }
             startNextWaiting()
-            resumeReading(afterPassingOn: nil)
         }
     }
 
@@ -424,9 +437,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
-        if context.channel.isWritable {
-            for (id, bytes) in flow.takeOwed() { router.requestBodyTransmitted(id, bytes: bytes) }
-        }
+        if context.channel.isWritable { router.upstreamDrained() }
         context.fireChannelWritabilityChanged()
     }
 
@@ -452,8 +463,12 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             return
         }
         // Exchanges queued behind the upgrade can never be sent on this connection.
-        for entry in waiting { router.responseFailed(entry.id, detail: "the upstream's one HTTP/1.1 connection now carries a WebSocket") }
+        let stranded = waiting
         waiting = []
+        for entry in stranded {
+            router.requestBodyDiscarded(entry.id, bytes: Self.bodyBytes(in: entry.parts))
+            router.responseFailed(entry.id, detail: "the upstream's one HTTP/1.1 connection now carries a WebSocket")
+        }
         let pending = pendingRelay
         pendingRelay = nil
         for bytes in pending?.held ?? [] { writeRelayed(bytes, id: id) }
@@ -473,15 +488,20 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
 
     /// Stream DATA from the client, as raw bytes on this connection (no codec is left).
     private func writeRelayed(_ bytes: ByteBuffer, id: Int) {
-        guard let context else { return }
         let count = bytes.readableBytes
-        context.write(NIOAny(bytes), promise: nil)
-        if let credit = flow.wrote(id, bytes: count, writable: context.channel.isWritable) {
-            router.requestBodyTransmitted(id, bytes: credit)
+        guard let context else {
+            router.requestBodyDiscarded(id, bytes: count)
+            return
         }
+        context.write(NIOAny(bytes), promise: nil)
+        router.requestBodyWritten(id, bytes: count, writable: context.channel.isWritable)
     }
 
-    private func resumeReading(afterPassingOn count: Int?) {
+    private func resumeReading(afterPassingOn count: Int) {
+        let overCredited = flow.overCredited
         if flow.passedOn(count) { context?.read() }
+        if flow.overCredited > overCredited {
+            router.creditNotApplied(bytes: flow.overCredited - overCredited, detail: "response credit beyond what the upstream sent")
+        }
     }
 }

@@ -46,6 +46,9 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
     private var connectionErrorCounted = false
     /// Streams whose response head went out with a body still to follow.
     private var respondingStreams: Set<Int32> = []
+    /// Streams the gate answered itself (a refusal's text body): their body bytes were never
+    /// the upstream's, so they are not reported to the router's ledger.
+    private var ownAnswers: Set<Int32> = []
     /// Between `channelRead` and `channelReadComplete`: output waits for the burst's end.
     private var inReadBurst = false
     private var closing = false
@@ -83,6 +86,7 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
         let buffer = unwrapInboundIn(data)
         switch wire.receive(buffer) {
         case .success(let events):
+            reportDiscardedBodies()
             // A stream opened and reset in the same read (the "rapid reset" pattern, CVE-
             // 2023-44487) never reaches the router: the upstream is not asked for work the
             // client has already abandoned.
@@ -135,6 +139,7 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
             if endStream { router.requestEnd(id, trailers: nil) }
         case .streamClosed(let streamID, let errorCode):
             respondingStreams.remove(streamID)
+            ownAnswers.remove(streamID)
             let surfaced = requestStreams.remove(streamID) != nil
             if skippedStreams.remove(streamID) != nil { return }
             if errorCode != 0 && surfaced {
@@ -185,9 +190,7 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
-        if context.channel.isWritable {
-            for (id, bytes) in wire.takeOwed() { router.responseBodyTransmitted(id, bytes: bytes) }
-        }
+        if context.channel.isWritable { router.clientDrained() }
         context.fireChannelWritabilityChanged()
     }
 
@@ -230,8 +233,13 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
 
     func sendResponseBody(_ id: Int, _ bytes: ByteBuffer) {
         let streamID = Int32(id)
-        guard respondingStreams.contains(streamID) else { return }
-        if !wire.sendBody(streamID, bytes) { reset(streamID) }
+        guard respondingStreams.contains(streamID), wire.sendBody(streamID, bytes) else {
+            // The stream takes no more (reset, or its response already ended): the bytes go
+            // nowhere, and their credit back to the upstream.
+            router.responseBodyDiscarded(id, bytes: bytes.readableBytes)
+            if respondingStreams.contains(streamID) { reset(streamID) }
+            return
+        }
     }
 
     func endResponse(_ id: Int, trailers: HTTPHeaders?) {
@@ -249,6 +257,7 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
         ]
         do {
             try wire.session.submitResponse(streamID: streamID, fields, endStream: false)
+            ownAnswers.insert(streamID)
             try wire.session.sendBody(streamID: streamID, body, endStream: true)
         } catch {
             reset(streamID)
@@ -270,7 +279,11 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
     func requestBodyPassedOn(_ id: Int, bytes: Int) {
         // The window reopens by what the upstream side took: the client may send that much
         // more. Within a read burst the WINDOW_UPDATE waits for the burst's end.
-        try? wire.session.consumed(streamID: Int32(id), bytes: bytes)
+        do {
+            try wire.session.consumed(streamID: Int32(id), bytes: bytes)
+        } catch {
+            router.creditNotApplied(bytes: bytes, detail: "\(error)")
+        }
         if !inReadBurst { writeOutput(flush: true) }
     }
 
@@ -302,6 +315,15 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
         writeOutput(flush: true)
     }
 
+    /// Response bytes the session dropped unsent (their stream was reset while they waited for
+    /// the client's window): their credit goes back to the upstream. Called before the
+    /// closes are handled, while a gate answer's stream is still known as one.
+    private func reportDiscardedBodies() {
+        for (streamID, bytes) in wire.session.takeDiscardedBodyBytes() where !ownAnswers.contains(streamID) {
+            router.responseBodyDiscarded(Int(streamID), bytes: bytes)
+        }
+    }
+
     private func reset(_ streamID: Int32, errorCode: UInt32 = ErrorCode.internalError) {
         respondingStreams.remove(streamID)
         try? wire.session.resetStream(streamID, errorCode: errorCode)
@@ -310,7 +332,14 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
 
     private func writeOutput(flush: Bool) {
         guard let context else { return }
-        for credit in wire.write(context, flush: flush) { router.responseBodyTransmitted(Int(credit.streamID), bytes: credit.bytes) }
+        let written = wire.write(context, flush: flush)
+        // Sampled once the bytes are in the channel: credit for them goes back now only if it
+        // can take more, else when it drains (`clientDrained`).
+        let writable = context.channel.isWritable
+        for (streamID, bytes) in written where !ownAnswers.contains(streamID) {
+            router.responseBodyWritten(Int(streamID), bytes: bytes, writable: writable)
+        }
+        reportDiscardedBodies()
         // Streams that closed as their last frame went out (only closes arise here).
         for event in wire.session.takeEvents() { handle(event) }
         if let code = wire.session.connectionErrorSent, !connectionErrorCounted {

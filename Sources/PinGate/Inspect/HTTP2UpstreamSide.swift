@@ -135,8 +135,13 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
 
     func sendRequestBody(_ id: Int, _ bytes: ByteBuffer) {
         let streamID = Int32(id)
-        guard sendingStreams.contains(streamID) else { return }
-        if !wire.sendBody(streamID, bytes) { cancel(id) }
+        guard sendingStreams.contains(streamID), wire.sendBody(streamID, bytes) else {
+            // The stream takes no more (reset, ended, or never opened): the bytes go nowhere,
+            // and their credit back to the client.
+            router.requestBodyDiscarded(id, bytes: bytes.readableBytes)
+            if sendingStreams.contains(streamID) { cancel(id) }
+            return
+        }
     }
 
     func endRequest(_ id: Int, trailers: HTTPHeaders?) {
@@ -153,8 +158,18 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     }
 
     func responseBodyPassedOn(_ id: Int, bytes: Int) {
-        guard id > 0 else { return }
-        try? wire.session.consumed(streamID: Int32(id), bytes: bytes)
+        guard id > 0 else {
+            // A refused exchange's id: no stream ever carried bytes for it.
+            router.creditNotApplied(bytes: bytes, detail: "response credit for exchange \(id), which never had a stream")
+            return
+        }
+        // For a stream that closed meanwhile nghttp2 reopens the connection window alone,
+        // which is what the upstream is waiting for.
+        do {
+            try wire.session.consumed(streamID: Int32(id), bytes: bytes)
+        } catch {
+            router.creditNotApplied(bytes: bytes, detail: "\(error)")
+        }
         if !inReadBurst { writeOutput(flush: true) }
     }
 
@@ -176,6 +191,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         let buffer = unwrapInboundIn(data)
         switch wire.receive(buffer) {
         case .success(let events):
+            reportDiscardedBodies()
             for event in events { handle(event, input: buffer) }
             if wire.session.peerSettingsReceived, let waiting = onPeerSettings {
                 onPeerSettings = nil
@@ -264,15 +280,24 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
-        if context.channel.isWritable {
-            for (id, bytes) in wire.takeOwed() { router.requestBodyTransmitted(id, bytes: bytes) }
-        }
+        if context.channel.isWritable { router.upstreamDrained() }
         context.fireChannelWritabilityChanged()
+    }
+
+    /// Request bytes the session dropped unsent (their stream was reset while they waited
+    /// for the upstream's window): their credit goes back to the client.
+    private func reportDiscardedBodies() {
+        for (streamID, bytes) in wire.session.takeDiscardedBodyBytes() {
+            router.requestBodyDiscarded(Int(streamID), bytes: bytes)
+        }
     }
 
     private func writeOutput(flush: Bool) {
         guard let context else { return }
-        for credit in wire.write(context, flush: flush) { router.requestBodyTransmitted(Int(credit.streamID), bytes: credit.bytes) }
+        let written = wire.write(context, flush: flush)
+        let writable = context.channel.isWritable
+        for (streamID, bytes) in written { router.requestBodyWritten(Int(streamID), bytes: bytes, writable: writable) }
+        reportDiscardedBodies()
         // Streams that closed as their last frame went out (only closes arise here).
         for event in wire.session.takeEvents() { handle(event) }
         // Once GOAWAY went out both ways and no stream is left, the connection is done.

@@ -7,17 +7,16 @@ import PinGateHTTP2
 ///
 /// nghttp2 is sans-IO: frames come in through `receive`, and whatever the session wants
 /// to send is taken after each step and written to the channel. Body bytes leave the
-/// session only as far as the peer's flow-control windows allow; the bytes that did are
-/// credited to the other leg only once they were written while this channel was writable
-/// (else when it drains), so a slow peer on this side holds the other leg back through
-/// its windows, and the gate never buffers a body whole.
+/// session only as far as the peer's flow-control windows allow; the owner reports the
+/// bytes that did (and those a reset dropped) to the router, whose `CreditLedger` gives
+/// their credit to the other leg once this channel is writable, so a slow peer on this side
+/// holds the other leg back through its windows, and the gate never buffers a body whole.
 ///
 /// A class, not a struct: crediting the other leg can call back into this side (its
 /// answer reopens our windows) while a write is still being accounted for.
 final class HTTP2Wire {
     /// The session (server toward the client, client toward the upstream).
     let session: HTTP2Session
-    private var flow = BodyFlowControl()
 
     /// How long the session must have been quiet (no frame in or out) before the memory it
     /// keeps for sending is given back (`HTTP2Session.releaseIdleMemory`): long enough that
@@ -49,9 +48,10 @@ final class HTTP2Wire {
     }
 
     /// Writes whatever the session has to send (flushed when `flush`); returns the body
-    /// bytes that left, per stream, that may be credited to the other leg now. When the
-    /// session cannot produce its output the connection cannot go on: it is closed.
-    func write(_ context: ChannelHandlerContext, flush: Bool) -> [(streamID: Int32, bytes: Int)] {
+    /// bytes that left, per stream, for the owner to report to the router (whose ledger
+    /// credits the other leg with them). When the session cannot produce its output the
+    /// connection cannot go on: it is closed.
+    func write(_ context: ChannelHandlerContext, flush: Bool) -> [Int32: Int] {
         var buffer: ByteBuffer?
         do {
             try session.takeOutput { chunk in
@@ -60,7 +60,7 @@ final class HTTP2Wire {
             }
         } catch {
             context.close(promise: nil)
-            return []
+            return session.takeSentBodyBytes()
         }
         if let buffer { context.write(NIOAny(buffer), promise: nil) }
         if flush { context.flush() }
@@ -71,12 +71,7 @@ final class HTTP2Wire {
             receivedSinceStamp = false
             if quietCheck == nil { scheduleQuietCheck(on: context.eventLoop, at: now + Self.quietPeriod) }
         }
-        let writable = context.channel.isWritable
-        var credits: [(streamID: Int32, bytes: Int)] = []
-        for (streamID, count) in session.takeSentBodyBytes() {
-            if let now = flow.wrote(Int(streamID), bytes: count, writable: writable) { credits.append((streamID, now)) }
-        }
-        return credits
+        return session.takeSentBodyBytes()
     }
 
     /// Ends the connection: a graceful GOAWAY when the session can still send one (streams
@@ -149,11 +144,6 @@ final class HTTP2Wire {
         case .copied(let copied):
             return ByteBuffer(bytes: copied)
         }
-    }
-
-    /// The credits held back while the channel was not writable, once it is again.
-    func takeOwed() -> [Int: Int] {
-        flow.takeOwed()
     }
 
     // MARK: header mapping

@@ -24,6 +24,9 @@ final class TunnelRouter {
         var relayed: (_ up: Int, _ down: Int) -> Void
         /// An exchange ended (answered, refused or cancelled), with what it amounted to.
         var finished: (ExchangeSummary) -> Void
+        /// Flow-control credit (bytes) that a side reported and no account had outstanding:
+        /// never expected (`CreditLedger.unplaced`); counted so a miscount is seen.
+        var creditUnplaced: (_ bytes: Int) -> Void = { _ in }
     }
 
     /// What one finished exchange amounted to: the audit log's line, before formatting.
@@ -58,6 +61,9 @@ final class TunnelRouter {
     }
 
     private var binding: AuthorityBinding
+    /// Every body byte's credit, from the leg that read it back to that leg once the other
+    /// leg has written it (or never will).
+    private(set) var ledger = CreditLedger()
     private let observer: Observer
     private let clientUsesStreamIDs: Bool
     private let now: () -> Date
@@ -74,6 +80,8 @@ final class TunnelRouter {
     private var exchanges: [Int: Exchange] = [:]
     private var clientIDByUpstreamID: [Int: Int] = [:]
     private var ended = false
+    /// `ledger.unplaced` as last reported to the observer.
+    private var reportedUnplaced = 0
     /// Set when the upstream connection failed before it could carry any request (an `h2`
     /// upstream that never sent its SETTINGS): every request that arrives is answered with
     /// it, and `closeClient` ends the client's connection once the answers are out.
@@ -187,19 +195,21 @@ final class TunnelRouter {
 
     /// Request body bytes arrived for exchange `id`.
     func requestBody(_ id: Int, _ bytes: ByteBuffer) {
+        let count = bytes.readableBytes
         guard let upstreamID = exchanges[id]?.upstreamID else {
             // A refused request's body, or one whose exchange already ended: dropped, and
             // credited at once so the client's window does not shrink.
-            client?.requestBodyPassedOn(id, bytes: bytes.readableBytes)
+            deliver(ledger.returnedUnforwarded(.request, sourceID: id, bytes: count))
             return
         }
-        if let problem = exchanges[id]?.meter?.add(bytes.readableBytes) {
-            client?.requestBodyPassedOn(id, bytes: bytes.readableBytes)
+        if let problem = exchanges[id]?.meter?.add(count) {
+            deliver(ledger.returnedUnforwarded(.request, sourceID: id, bytes: count))
             abandonRequest(id, detail: problem)
             return
         }
-        exchanges[id]?.bytesUp += bytes.readableBytes
-        observer.relayed(bytes.readableBytes, 0)
+        exchanges[id]?.bytesUp += count
+        observer.relayed(count, 0)
+        ledger.forwarded(.request, sourceID: id, sinkID: upstreamID, bytes: count)
         upstream?.sendRequestBody(upstreamID, bytes)
     }
 
@@ -225,7 +235,10 @@ final class TunnelRouter {
         // Detached first: cancelling an HTTP/1.1 upstream closes its connection, whose
         // going (reported at once) must not answer this exchange with a 502 of its own.
         let upstreamID = exchange.responseEnded ? nil : exchange.upstreamID
-        if let upstreamID { clientIDByUpstreamID[upstreamID] = nil }
+        if let upstreamID {
+            clientIDByUpstreamID[upstreamID] = nil
+            ledger.sinkFinishing(.request, sinkID: upstreamID)
+        }
         exchange.upstreamID = nil
         exchanges[id] = exchange
         if exchange.status == nil {
@@ -278,15 +291,31 @@ final class TunnelRouter {
     /// The upstream side finished a read burst: what went to the client side goes out.
     func upstreamReadComplete() { client?.flush() }
 
-    /// The client side has passed `bytes` of response body on to the client.
-    func responseBodyTransmitted(_ id: Int, bytes: Int) {
-        guard let upstreamID = exchanges[id]?.upstreamID else { return }
-        upstream?.responseBodyPassedOn(upstreamID, bytes: bytes)
+    /// The client side wrote `bytes` of exchange `id`'s response body to its channel, which
+    /// was `writable` right after: the upstream may send that much more now, or once the
+    /// channel drains.
+    func responseBodyWritten(_ id: Int, bytes: Int, writable: Bool) {
+        deliver(ledger.wrote(.response, sinkID: id, bytes: bytes, writable: writable))
+    }
+
+    /// The client side dropped `bytes` of exchange `id`'s response body it had been handed
+    /// (its stream was reset with them queued, or it could no longer take them).
+    func responseBodyDiscarded(_ id: Int, bytes: Int) {
+        deliver(ledger.discarded(.response, sinkID: id, bytes: bytes))
+    }
+
+    /// The client's channel is writable again: response bytes written while it was not are
+    /// credited to the upstream now.
+    func clientDrained() {
+        for credit in ledger.drained(.response) { deliver(credit) }
     }
 
     /// The client's connection is gone: the upstream goes too, and every exchange ends.
     func clientClosed() {
         end()
+        // Nothing handed to the client side will be written: its credit goes back (the
+        // upstream connection may outlive this tunnel).
+        for credit in ledger.sinkGone(.response) { deliver(credit) }
         upstream?.close()
     }
 
@@ -305,12 +334,14 @@ final class TunnelRouter {
 
     /// Response body bytes arrived for upstream exchange `upstreamID`.
     func responseBody(_ upstreamID: Int, _ bytes: ByteBuffer) {
+        let count = bytes.readableBytes
         guard let id = clientIDByUpstreamID[upstreamID], exchanges[id] != nil else {
-            upstream?.responseBodyPassedOn(upstreamID, bytes: bytes.readableBytes)
+            deliver(ledger.returnedUnforwarded(.response, sourceID: upstreamID, bytes: count))
             return
         }
-        exchanges[id]?.bytesDown += bytes.readableBytes
-        observer.relayed(0, bytes.readableBytes)
+        exchanges[id]?.bytesDown += count
+        observer.relayed(0, count)
+        ledger.forwarded(.response, sourceID: upstreamID, sinkID: id, bytes: count)
         client?.sendResponseBody(id, bytes)
     }
 
@@ -373,10 +404,40 @@ final class TunnelRouter {
         }
     }
 
-    /// The upstream side has passed `bytes` of exchange `upstreamID`'s request body on.
-    func requestBodyTransmitted(_ upstreamID: Int, bytes: Int) {
-        guard let id = clientIDByUpstreamID[upstreamID] else { return }
-        client?.requestBodyPassedOn(id, bytes: bytes)
+    /// The upstream side wrote `bytes` of exchange `upstreamID`'s request body to its
+    /// channel, which was `writable` right after.
+    func requestBodyWritten(_ upstreamID: Int, bytes: Int, writable: Bool) {
+        deliver(ledger.wrote(.request, sinkID: upstreamID, bytes: bytes, writable: writable))
+    }
+
+    /// The upstream side dropped `bytes` of exchange `upstreamID`'s request body it had
+    /// been handed (the stream was reset, the exchange cancelled before it was sent).
+    func requestBodyDiscarded(_ upstreamID: Int, bytes: Int) {
+        deliver(ledger.discarded(.request, sinkID: upstreamID, bytes: bytes))
+    }
+
+    /// The upstream's channel is writable again.
+    func upstreamDrained() {
+        for credit in ledger.drained(.request) { deliver(credit) }
+    }
+
+    /// A side could not apply credit the ledger gave it (`detail` says why): counted with
+    /// what the ledger could not place, so it is seen, never swallowed.
+    func creditNotApplied(bytes: Int, detail: String) {
+        observer.creditUnplaced(bytes)
+    }
+
+    /// Gives `credit` back to the leg that spent it; counts what the ledger could not place.
+    private func deliver(_ credit: CreditLedger.Credit?) {
+        if ledger.unplaced != reportedUnplaced {
+            observer.creditUnplaced(ledger.unplaced - reportedUnplaced)
+            reportedUnplaced = ledger.unplaced
+        }
+        guard let credit else { return }
+        switch credit.direction {
+        case .request: client?.requestBodyPassedOn(credit.sourceID, bytes: credit.bytes)
+        case .response: upstream?.responseBodyPassedOn(credit.sourceID, bytes: credit.bytes)
+        }
     }
 
     /// The upstream's connection is gone: the client's goes too, once every response already
@@ -384,6 +445,11 @@ final class TunnelRouter {
     /// ended upstream may still be waiting for them). After `upstreamFailed` the client stays
     /// until it was answered (`closeClient`).
     func upstreamClosed() {
+        // Request bytes handed to the upstream side will never be written: the client gets
+        // their credit (its connection may be draining responses still). Response bytes
+        // still on their way to the client keep their accounts until written: the credit
+        // then goes to a side that is gone, which is harmless, and nothing is unplaced.
+        for credit in ledger.sinkGone(.request) { deliver(credit) }
         guard upstreamFailure == nil else { return }
         end()
         closeClient(whenAnswered: true)
@@ -422,7 +488,13 @@ final class TunnelRouter {
 
     private func finish(_ id: Int) {
         guard let exchange = exchanges.removeValue(forKey: id) else { return }
-        if let upstreamID = exchange.upstreamID { clientIDByUpstreamID[upstreamID] = nil }
+        // No more is forwarded either way; each account closes once its sink has written
+        // or dropped what it took.
+        ledger.sinkFinishing(.response, sinkID: id)
+        if let upstreamID = exchange.upstreamID {
+            clientIDByUpstreamID[upstreamID] = nil
+            ledger.sinkFinishing(.request, sinkID: upstreamID)
+        }
         observer.finished(ExchangeSummary(
             started: exchange.started, durationNanoseconds: (NIODeadline.now() - exchange.startedTick).nanoseconds,
             method: exchange.method, path: exchange.path, authority: exchange.authority, status: exchange.status,

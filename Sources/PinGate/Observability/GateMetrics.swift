@@ -21,6 +21,7 @@ public final class GateMetrics: Sendable {
     /// every request a tunnel passes on, so it is not looked up by name per request.
     private let requestsForwarded: Counter
     private let upstreamResumptions: Counter
+    private let creditUnplacedBytes: Counter
 
     /// Metrics created in `factory` (e.g. a `PrometheusMetricsFactory` over a registry).
     public init(factory: any MetricsFactory) {
@@ -34,6 +35,9 @@ public final class GateMetrics: Sendable {
         clientHandshakeFailures = Counter(label: "pingate_client_handshakes_failed_total", dimensions: [("cause", "error")], factory: factory)
         clientHandshakeTimeouts = Counter(label: "pingate_client_handshakes_failed_total", dimensions: [("cause", "timeout")], factory: factory)
         upstreamResumptions = Counter(label: "pingate_upstream_tls_resumed_total", factory: factory)
+        // Made at start so it is exported (as 0) from the first scrape: the soak and any
+        // alert read it as "never moved".
+        creditUnplacedBytes = Counter(label: "pingate_http_credit_unplaced_total", factory: factory)
         requestsForwarded = Counter(label: "pingate_requests_total", dimensions: [("outcome", "forwarded"), ("reason", "trusted")],
                                     factory: factory)
     }
@@ -76,6 +80,8 @@ public final class GateMetrics: Sendable {
     }
     func upstreamHandshake(nanoseconds: Int64) { upstreamHandshakeTimer.recordNanoseconds(nanoseconds) }
     func upstreamSessionResumed() { upstreamResumptions.increment() }
+    /// Flow-control credit (bytes) the HTTP layer could not place.
+    func creditUnplaced(_ bytes: Int) { creditUnplacedBytes.increment(by: bytes) }
     func clientHandshakeFailed() { clientHandshakeFailures.increment() }
     func clientHandshakeTimedOut() { clientHandshakeTimeouts.increment() }
 

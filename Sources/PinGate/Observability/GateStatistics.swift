@@ -31,6 +31,10 @@ public final class GateStatistics: Sendable {
         /// Requests (or whole tunnels, for `not-http`) refused inside admitted tunnels, by
         /// reason token ("authority-mismatch", "malformed-request", "not-http").
         public var requestsRefusedByReason: [String: Int] = [:]
+        /// Body bytes of flow-control credit that the HTTP layer could not place (reported
+        /// written or dropped with none outstanding, or refused by a session): 0 unless a
+        /// side miscounts, which would stall a connection. Tests assert it stays 0.
+        public var creditUnplacedBytes: Int = 0
         /// Trusted verdicts by the pin that carried them (`PinMatch.statisticsKey`), so
         /// `/pins` can say which pin is doing the work (e.g. a depth-1 pin after a leaf rotation).
         public var trustedByPin: [String: Int] = [:]
@@ -96,6 +100,10 @@ public final class GateStatistics: Sendable {
     func requestRefused(_ reason: DecisionReason) {
         state.withLock { $0.requestsRefusedByReason[reason.rawValue, default: 0] += 1 }
         metrics.request(outcome: "refused", reason: reason.rawValue)
+    }
+    func creditUnplaced(_ bytes: Int) {
+        state.withLock { $0.creditUnplacedBytes += bytes }
+        metrics.creditUnplaced(bytes)
     }
     func reportOnlyViolation() { state.withLock { $0.reportOnlyViolations += 1 } }
     func relayed(up: Int, down: Int) {

@@ -1,4 +1,5 @@
 import Foundation
+import Testing
 import PinGateTestSupport
 import Logging
 import NIOCore
@@ -71,7 +72,12 @@ struct GateFixture {
                 try await start(pki: pki, listPath: listPath, resolve: resolve, listSource: listSource,
                                 stateDirectory: stateDirectory, configure: configure)
             },
-            stop: { await $0.stop() },
+            stop: { gate in
+                await gate.stop()
+                // Every tunnel's flow-control credit must have been placed: a miscount is
+                // what stalls a connection (issue 22), so every test with a gate checks it.
+                #expect(gate.statistics.creditUnplacedBytes == 0, "flow-control credit could not be placed")
+            },
             body: body)
     }
 
