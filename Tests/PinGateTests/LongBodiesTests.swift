@@ -1,0 +1,111 @@
+import Foundation
+import PinGateTestSupport
+import PinGateTLS
+import Testing
+@testable import PinGate
+
+/// Many large bodies, one after another on one kept-alive tunnel, in both directions, for
+/// every pair of client and origin protocol, with readers that keep the gate's windows
+/// full: every body arrives whole (SHA-256), none stalls, and no flow-control credit is
+/// lost (issue 22: sequential downloads from an h2 origin stalled after 3 to 15 bodies).
+@Suite("Long bodies in sequence on one tunnel arrive whole")
+struct LongBodiesTests {
+    static let host = "pay.example.test"
+    static let bodySize = 8 << 20
+    static let count = 20
+
+    struct Report: Decodable {
+        struct Transfer: Decodable {
+            var status: Int?
+            var length: Int
+            var sha256: String?
+            var error: String?
+            var sent_sha256: String?
+            var text: String?
+        }
+        var transfers: [Transfer]?
+        var error: String?
+        var elapsed_s: Double?
+    }
+
+    /// Runs `Tests/Peers/body_client.py` through `gate` to `port` with `arguments`.
+    static func transfers(_ gate: GateFixture, port: Int, _ arguments: [String]) async throws -> Report {
+        let client = (H2EchoOrigin.peers as NSString).appendingPathComponent("body_client.py")
+        let run = try await TestProcess.run("python3", [client, "--proxy", "\(gate.port)", "--connect", "\(host):\(port)",
+                                                        "--cacert", gate.caPath] + arguments, timeout: 240)
+        #expect(run.status == 0, "\(run.stderr)")
+        return try JSONDecoder().decode(Report.self, from: run.stdoutData)
+    }
+
+    /// `count` random bytes and their SHA-256 in hex, as the client prints it.
+    static func randomBody(_ count: Int) throws -> (bytes: Data, hex: String) {
+        let source = try #require(FileHandle(forReadingAtPath: "/dev/urandom"))
+        defer { try? source.close() }
+        let bytes = try #require(try source.read(upToCount: count))
+        return (bytes, SHA256Digest.hash(bytes).map { String(format: "%02x", $0) }.joined())
+    }
+
+    @Test("downloads: 20 × 8 MiB on one tunnel, paced reader and one that stops for longer than the windows, for {HTTP/1.1, h2 client} × {HTTP/1.1, h2 origin}",
+          arguments: [("http/1.1", false), ("http/1.1", true), ("h2", false), ("h2", true)])
+    func sequentialDownloads(client: String, originH2: Bool) async throws {
+        let body = try Self.randomBody(Self.bodySize)
+        let expected = body.hex
+        try await PinnedNginx.with(host: Self.host, files: ["big.bin": body.bytes], http2: originH2) { gate, nginx in
+                for reader in ["pause", "slow"] {
+                    let report = try await Self.transfers(gate, port: nginx.port, [
+                        "--protocol", client, "--count", "\(Self.count / 2)", "--path", "/big.bin", "--reader", reader,
+                        "--pause", "1.5"])
+                    let transfers = report.transfers ?? []
+                    #expect(transfers.count == Self.count / 2, "\(reader): \(report.error ?? "") \(transfers.map { $0.error ?? "ok" })")
+                    for (index, transfer) in transfers.enumerated() {
+                        #expect(transfer.error == nil && transfer.status == 200 && transfer.length == Self.bodySize
+                                && transfer.sha256 == expected,
+                                "\(reader) body \(index): \(transfer.status ?? 0) \(transfer.length) bytes, \(transfer.error ?? "no error")")
+                    }
+                }
+                #expect(gate.statistics.upstreamConnections == 2)
+        }
+    }
+
+    @Test("h2 client, 8 concurrent streams at a time, 16 × 8 MiB from an h2 and an HTTP/1.1 origin, with a paced reader: every body whole",
+          arguments: [false, true])
+    func concurrentDownloads(originH2: Bool) async throws {
+        let body = try Self.randomBody(Self.bodySize)
+        try await PinnedNginx.with(host: Self.host, files: ["big.bin": body.bytes], http2: originH2) { gate, nginx in
+            let report = try await Self.transfers(gate, port: nginx.port, [
+                "--protocol", "h2", "--count", "16", "--concurrency", "8", "--path", "/big.bin", "--reader", "slow"])
+            let transfers = report.transfers ?? []
+            #expect(transfers.count == 16, "\(report.error ?? "") \(transfers.map { $0.error ?? "ok" })")
+            for (index, transfer) in transfers.enumerated() {
+                #expect(transfer.error == nil && transfer.status == 200 && transfer.sha256 == body.hex,
+                        "body \(index): \(transfer.status ?? 0) \(transfer.length) bytes, \(transfer.error ?? "no error")")
+            }
+        }
+    }
+
+    @Test("uploads: 20 × 8 MiB on one tunnel, each answered with the SHA-256 the origin received, for {HTTP/1.1, h2 client} × {HTTP/1.1, h2 origin}",
+          arguments: [("http/1.1", false), ("http/1.1", true), ("h2", false), ("h2", true)])
+    func sequentialUploads(client: String, originH2: Bool) async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
+        try await H2EchoOrigin.with(script: "upload_origin.py", [
+            "--cert", leaf.certificatePath, "--key", leaf.keyPath, "--alpn", originH2 ? "h2" : "http/1.1",
+        ]) { origin in
+            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
+                                       resolve: ["\(Self.host):\(origin.port)"]) { gate in
+                let report = try await Self.transfers(gate, port: origin.port, [
+                    "--protocol", client, "--count", "\(Self.count)", "--path", "/upload", "--upload", "\(Self.bodySize)"])
+                let transfers = report.transfers ?? []
+                #expect(transfers.count == Self.count, "\(report.error ?? "") \(transfers.map { $0.error ?? "ok" })")
+                for (index, transfer) in transfers.enumerated() {
+                    let answer = "\(transfer.sent_sha256 ?? "-") \(Self.bodySize)\n"
+                    #expect(transfer.error == nil && transfer.status == 200 && transfer.text == answer,
+                            "upload \(index): \(transfer.status ?? 0) \(transfer.text ?? "") \(transfer.error ?? "no error")")
+                }
+                #expect(gate.statistics.upstreamConnections == 1)
+            }
+        }
+    }
+}
