@@ -5,7 +5,9 @@ TLS on 127.0.0.1, port 0, with the certificate and key it is given; ALPN `h2` an
 `http/1.1` (pass --alpn to offer only one). Every request, on either protocol, is read to
 its end (HTTP/1.1 `Content-Length` or chunked; HTTP/2 DATA until END_STREAM) and answered
 `200` with `text/plain` body `<hex sha256> <length>\n`. HTTP/1.1 connections are kept
-alive. It prints `{"event": "listening", "port": N}` once it accepts connections, then one
+alive. Two paths misbehave on purpose, as an origin whose connection dies would:
+`/cut/N` answers `200` with `content-length: 2N`, sends N bytes and closes the TCP
+connection (no GOAWAY, no more bytes); `/die` closes it without answering. It prints `{"event": "listening", "port": N}` once it accepts connections, then one
 JSON line per request (`protocol`, `method`, `path`, `authority`, `length`, `sha256`).
 
 Only the `h2` library and the standard library are used. It runs until it is killed.
@@ -35,6 +37,19 @@ def emit(record):
 
 def answer_text(digest, length):
     return f"{digest.hexdigest()} {length}\n".encode()
+
+
+def misbehave(path, send_half):
+    """For `/cut/N` and `/die`: sends what the path asks (`send_half(N)`) and says True,
+    after which the caller drops the connection without another byte."""
+    if path == "/die":
+        emit({"event": "died", "path": path})
+        return True
+    if path.startswith("/cut/"):
+        send_half(int(path[len("/cut/"):]))
+        emit({"event": "cut", "path": path})
+        return True
+    return False
 
 
 def serve_http1(tls):
@@ -75,6 +90,9 @@ def serve_http1(tls):
                 digest.update(chunk)
                 length += len(chunk)
                 left -= len(chunk)
+        if misbehave(path, lambda n: tls.sendall(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ncontent-length: %d\r\n\r\n" % (2 * n) + b"x" * n)):
+            return
         body = answer_text(digest, length)
         tls.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
         emit({"protocol": "HTTP/1.1", "method": method, "path": path, "authority": headers.get("host"),
@@ -102,6 +120,11 @@ def serve_h2(tls):
                 conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
             elif isinstance(event, h2.events.StreamEnded):
                 stream = streams.pop(event.stream_id, None)
+                if stream and misbehave(stream["headers"].get(":path", ""), lambda n, sid=event.stream_id: (
+                        conn.send_headers(sid, [(":status", "200"), ("content-length", str(2 * n))]),
+                        [conn.send_data(sid, b"x" * min(16384, n - offset)) for offset in range(0, n, 16384)],
+                        tls.sendall(conn.data_to_send()))):
+                    return
                 if stream:
                     body = answer_text(stream["digest"], stream["length"])
                     conn.send_headers(event.stream_id, [(":status", "200"), ("content-type", "text/plain"),

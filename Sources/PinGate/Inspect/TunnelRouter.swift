@@ -451,6 +451,15 @@ final class TunnelRouter {
         // then goes to a side that is gone, which is harmless, and nothing is unplaced.
         for credit in ledger.sinkGone(.request) { deliver(credit) }
         guard upstreamFailure == nil else { return }
+        // Every response the upstream had not finished is cut: the client must hear it as a
+        // cut (a 502 when nothing was answered yet; else RST_STREAM, or the HTTP/1.1
+        // connection closing short of its length), never as an end. Without this an h2
+        // client waited, its stream open, for the idle timeout, and a client that does not
+        // check lengths took a cut body for a whole one.
+        let unfinished = exchanges.values.compactMap { $0.responseEnded ? nil : $0.upstreamID }.sorted()
+        for upstreamID in unfinished {
+            responseFailed(upstreamID, detail: "the upstream's connection closed before the response ended")
+        }
         end()
         closeClient(whenAnswered: true)
     }

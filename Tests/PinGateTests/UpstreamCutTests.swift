@@ -1,0 +1,77 @@
+import Foundation
+import PinGateTestSupport
+import Testing
+@testable import PinGate
+
+/// An origin whose connection dies mid-answer (`Tests/Peers/upload_origin.py`'s `/cut/N`:
+/// half the announced body, then the TCP connection closes) or before answering (`/die`).
+/// The client must hear a cut as a cut, soon: RST_STREAM (never NO_ERROR) to an h2 client,
+/// a close short of the announced length to an HTTP/1.1 one, and a 502 when nothing was
+/// answered yet; never an end that passes for a whole body.
+@Suite("A cut upstream is a cut for the client")
+struct UpstreamCutTests {
+    static let host = "pay.example.test"
+
+    static func withOrigin(http2: Bool, _ body: (GateFixture, Int) async throws -> Void) async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
+        try await H2EchoOrigin.with(script: "upload_origin.py", [
+            "--cert", leaf.certificatePath, "--key", leaf.keyPath, "--alpn", http2 ? "h2" : "http/1.1",
+        ]) { origin in
+            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(host, leaf.fingerprint)]),
+                                       resolve: ["\(host):\(origin.port)"]) { gate in
+                try await body(gate, origin.port)
+            }
+        }
+    }
+
+    static func h2Get(_ gate: GateFixture, port: Int, path: String) async throws -> [String: Any] {
+        let run = try await TestProcess.run("python3", [
+            HTTP2InsideTunnelTests.peer, "--proxy", "127.0.0.1:\(gate.port)", "--connect", "\(host):\(port)",
+            "--cacert", gate.caPath, "--scenario", "get", "--path", path, "--timeout", "10",
+        ], timeout: 30)
+        #expect(run.status == 0, "\(run.stderr)")
+        return try #require(try JSONSerialization.jsonObject(with: run.stdoutData) as? [String: Any], "\(run.stdout)")
+    }
+
+    @Test("the origin's connection dies mid-body: an h2 client gets RST_STREAM with an error code within 2 s, an HTTP/1.1 client a close short of the length; over an h2 and an HTTP/1.1 origin",
+          arguments: [false, true])
+    func cutMidBody(originH2: Bool) async throws {
+        try await Self.withOrigin(http2: originH2) { gate, port in
+            let started = ContinuousClock.now
+            let output = try await Self.h2Get(gate, port: port, path: "/cut/30000")
+            let elapsed = ContinuousClock.now - started
+            let stream = HTTP2InsideTunnelTests.stream(output, "1")
+            #expect(stream["status"] as? Int == 200, "\(output)")
+            let reset = stream["reset"] as? Int
+            #expect(reset != nil && reset != 0, "the cut was not signalled as a reset: \(output)")
+            #expect(stream["ended"] as? Bool != true, "\(output)")
+            #expect((stream["body_len"] as? Int ?? 0) <= 30000)
+            #expect(elapsed < .seconds(5), "took \(elapsed)")
+
+            let curl = try await curlThroughGate(gate, "https://\(Self.host):\(port)/cut/30000", ["--http1.1"])
+            #expect(curl.httpCode == "200")
+            // curl: 18 = transfer closed with outstanding read data remaining.
+            #expect(curl.exitStatus == 18, "curl exit \(curl.exitStatus): \(curl.stderr.suffix(300))")
+            #expect(curl.body.count == 30000)
+        }
+    }
+
+    @Test("the origin's connection dies before answering: 502 upstream-unreachable to an h2 and to an HTTP/1.1 client, over an h2 and an HTTP/1.1 origin",
+          arguments: [false, true])
+    func diesBeforeAnswering(originH2: Bool) async throws {
+        try await Self.withOrigin(http2: originH2) { gate, port in
+            let output = try await Self.h2Get(gate, port: port, path: "/die")
+            let stream = HTTP2InsideTunnelTests.stream(output, "1")
+            #expect(stream["status"] as? Int == 502, "\(output)")
+            #expect((stream["headers"] as? [String: Any])?["pingate-refusal"] as? String == "upstream-unreachable", "\(output)")
+
+            let curl = try await curlThroughGate(gate, "https://\(Self.host):\(port)/die", ["--http1.1", "-i"])
+            #expect(curl.httpCode == "502", "\(curl.stderr.suffix(300))")
+            #expect(String(decoding: curl.body, as: UTF8.self).lowercased().contains("pingate-refusal: upstream-unreachable"))
+            #expect(gate.statistics.requestsRefused(.upstreamUnreachable) == 2)
+        }
+    }
+}
