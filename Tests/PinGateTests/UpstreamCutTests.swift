@@ -27,10 +27,12 @@ struct UpstreamCutTests {
         }
     }
 
-    static func h2Get(_ gate: GateFixture, port: Int, path: String) async throws -> [String: Any] {
+    /// One GET from the hostile h2 client; `wait` bounds each of its waits, the stream's
+    /// answer (or reset) among them.
+    static func h2Get(_ gate: GateFixture, port: Int, path: String, wait: Int = 10) async throws -> [String: Any] {
         let run = try await TestProcess.run("python3", [
             HTTP2InsideTunnelTests.peer, "--proxy", "127.0.0.1:\(gate.port)", "--connect", "\(host):\(port)",
-            "--cacert", gate.caPath, "--scenario", "get", "--path", path, "--timeout", "10",
+            "--cacert", gate.caPath, "--scenario", "get", "--path", path, "--timeout", "\(wait)",
         ], timeout: 30)
         #expect(run.status == 0, "\(run.stderr)")
         return try #require(try JSONSerialization.jsonObject(with: run.stdoutData) as? [String: Any], "\(run.stdout)")
@@ -40,16 +42,15 @@ struct UpstreamCutTests {
           arguments: [false, true])
     func cutMidBody(originH2: Bool) async throws {
         try await Self.withOrigin(http2: originH2) { gate, port in
-            let started = ContinuousClock.now
-            let output = try await Self.h2Get(gate, port: port, path: "/cut/30000")
-            let elapsed = ContinuousClock.now - started
+            // The client waits at most 3 s for the stream's end or reset: the reset must come
+            // by then (it goes out as the upstream's close is read, in milliseconds).
+            let output = try await Self.h2Get(gate, port: port, path: "/cut/30000", wait: 3)
             let stream = HTTP2InsideTunnelTests.stream(output, "1")
             #expect(stream["status"] as? Int == 200, "\(output)")
             let reset = stream["reset"] as? Int
             #expect(reset != nil && reset != 0, "the cut was not signalled as a reset: \(output)")
             #expect(stream["ended"] as? Bool != true, "\(output)")
             #expect((stream["body_len"] as? Int ?? 0) <= 30000)
-            #expect(elapsed < .seconds(5), "took \(elapsed)")
 
             let curl = try await curlThroughGate(gate, "https://\(Self.host):\(port)/cut/30000", ["--http1.1"])
             #expect(curl.httpCode == "200")

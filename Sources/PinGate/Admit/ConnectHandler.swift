@@ -417,7 +417,10 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             forwarded: { facts.forwarded() },
             relayed: { facts.relayed(up: $0, down: $1) },
             finished: { facts.finished($0) },
-            creditUnplaced: { facts.creditUnplaced($0) })
+            creditUnplaced: { facts.creditUnplaced($0) },
+            refusedQuietly: { facts.refusedQuietly(reason: $0) },
+            cancelledByClient: { facts.cancelledByClient() },
+            ended: { facts.ended() })
         let router = TunnelRouter(binding: binding, clientUsesStreamIDs: clientALPN == "h2", observer: observer, now: environment.now)
         try RequestAwareTunnel.install(
             client: context.channel, clientGlue: clientGlue, clientProtocol: clientALPN,
@@ -537,6 +540,8 @@ private final class HTTPTunnelFacts {
     private let clientProtocol: String
     private let upstreamProtocol: String
     private let bytes: TunnelBytes
+    /// At most a few lines per kind of refusal per 10 s for this tunnel.
+    private var logLimiter = RepeatedLogLimiter()
 
     init(environment: GateEnvironment, request: ConnectRequest, upstream: UpstreamConnection, client: String,
          clientALPN: String?, bytes: TunnelBytes) {
@@ -567,13 +572,34 @@ private final class HTTPTunnelFacts {
         environment.refusals.record(.init(
             time: environment.now(), client: client, host: request.host, port: request.port, reason: reason,
             observedFingerprint: nil, expectedFingerprints: [], authority: authority))
+        let admitted = logLimiter.admit(reason.rawValue, now: environment.now())
+        if admitted.suppressedBefore > 0 { logSuppressed(reason.rawValue, admitted.suppressedBefore) }
+        guard admitted.log else { return }
         environment.logger.notice("refused a request inside a tunnel", metadata: [
             "client": "\(client)", "host": "\(request.host)", "authority": "\(authority)",
             "reason": "\(reason.rawValue)", "detail": "\(detail)",
         ])
     }
 
+    /// One of a burst of refusals already logged once: counted, not logged again.
+    func refusedQuietly(reason: DecisionReason) {
+        environment.statistics.requestRefused(reason)
+    }
+
+    /// The tunnel ended: what its log limiter held back is said.
+    func ended() {
+        for (kind, count) in logLimiter.takeSuppressed().sorted(by: { $0.key < $1.key }) { logSuppressed(kind, count) }
+    }
+
+    private func logSuppressed(_ reason: String, _ count: Int) {
+        environment.logger.notice("suppressed repeated log lines for this tunnel", metadata: [
+            "client": "\(client)", "host": "\(request.host)", "reason": "\(reason)", "suppressed": "\(count)",
+        ])
+    }
+
     func forwarded() { environment.statistics.requestForwarded() }
+
+    func cancelledByClient() { environment.statistics.requestCancelledByClient() }
 
     /// Flow-control credit the HTTP layer could not place: a miscount that would stall a
     /// connection. Counted (and logged, since it is never expected), not swallowed.

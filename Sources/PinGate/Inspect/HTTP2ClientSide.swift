@@ -32,6 +32,8 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
         static let internalError: UInt32 = 0x2
         /// The stream was not processed and may be retried on another connection (§8.7).
         static let refusedStream: UInt32 = 0x7
+        /// The peer is generating excessive load (§7): the end of an abusive connection.
+        static let enhanceYourCalm: UInt32 = 0xb
     }
 
     private let router: TunnelRouter
@@ -52,6 +54,15 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
     /// Between `channelRead` and `channelReadComplete`: output waits for the burst's end.
     private var inReadBurst = false
     private var closing = false
+    /// Streams the gate itself reset: their close is not the client's doing.
+    private var resetByGate: Set<Int32> = []
+    /// When resets and rejected requests stop being a stream's business and end the connection.
+    private var abuse = HTTP2AbuseGuard()
+    /// The connection is being ended for abuse: nothing more is read or handed on.
+    private var endedForAbuse = false
+    /// Rejections (requests nghttp2 refused before they surfaced) not yet counted, and the
+    /// last text: reported once per read burst, not once per stream.
+    private var rejectedInBurst: (count: Int, detail: String) = (0, "")
     /// The upstream is gone: the streams still open finish sending what they hold (reading
     /// goes on, for the client's WINDOW_UPDATEs), new ones are refused, then GOAWAY and the close.
     private var draining = false
@@ -81,7 +92,7 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
     // MARK: from the client
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard !closing else { return }
+        guard !closing, !endedForAbuse else { return }
         inReadBurst = true
         let buffer = unwrapInboundIn(data)
         switch wire.receive(buffer) {
@@ -93,12 +104,14 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
             var abandoned = Set<Int32>()
             for case .streamClosed(let streamID, let errorCode) in events where errorCode != 0 { abandoned.insert(streamID) }
             for event in events {
+                if endedForAbuse { break }
                 if case .headers(let streamID, _, _) = event, abandoned.contains(streamID), !requestStreams.contains(streamID) {
                     skippedStreams.insert(streamID)
                     continue
                 }
                 handle(event, input: buffer)
             }
+            reportRejected()
         case .failure(let error):
             // Not HTTP/2, or a connection error: nghttp2 queued a GOAWAY with the code when
             // the peer is owed one (a missing preface gets none). Counted and logged as a
@@ -141,6 +154,13 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
             respondingStreams.remove(streamID)
             ownAnswers.remove(streamID)
             let surfaced = requestStreams.remove(streamID) != nil
+            let gateReset = resetByGate.remove(streamID) != nil
+            if errorCode != 0 && !gateReset, let context,
+               abuse.record(surfaced || skippedStreams.contains(streamID) ? .clientReset : .rejectedRequest, now: context.eventLoop.now) {
+                endForAbuse(detail: surfaced || skippedStreams.contains(streamID)
+                            ? "the client reset streams faster than \(Int(HTTP2AbuseGuard.resets.perSecond)) a second"
+                            : "the client sent requests the gate had to reject (oversized or malformed heads) faster than \(Int(HTTP2AbuseGuard.rejections.perSecond)) a second")
+            }
             if skippedStreams.remove(streamID) != nil { return }
             if errorCode != 0 && surfaced {
                 // A reset after the head reached the router (by the client, or by nghttp2
@@ -150,13 +170,21 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
             } else if errorCode != 0 {
                 // Reset before its head surfaced: nghttp2 refused the request itself
                 // (pseudo-header misuse, a connection-specific field, a header list over the
-                // limit). Nothing of it went anywhere; it is counted as a refusal.
-                router.protocolError(detail: "HTTP/2 stream \(streamID) reset with error \(errorCode) before its request was accepted")
+                // limit). Nothing of it went anywhere; it is counted as a refusal, each one,
+                // and reported (logged) once per read burst.
+                rejectedInBurst = (rejectedInBurst.count + 1, "HTTP/2 stream \(streamID) reset with error \(errorCode) before its request was accepted")
             }
         case .goAway:
             // The client opens no more streams; those open finish, then the session is done.
             break
         }
+    }
+
+    /// Counts the requests rejected in the read just handled, and logs them once.
+    private func reportRejected() {
+        guard rejectedInBurst.count > 0 else { return }
+        router.protocolErrors(rejectedInBurst.count, detail: rejectedInBurst.detail)
+        rejectedInBurst = (0, "")
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
@@ -324,7 +352,27 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
         }
     }
 
+    /// The client's resets or rejected requests went past `HTTP2AbuseGuard`'s budget: GOAWAY
+    /// ENHANCE_YOUR_CALM (RFC 9113 §7) with the last stream processed, counted and logged
+    /// once, and the connection closes; the router cancels what was in flight upstream.
+    private func endForAbuse(detail: String) {
+        guard !endedForAbuse, let context else { return }
+        endedForAbuse = true
+        router.protocolError(detail: "HTTP/2 abuse, connection ended with GOAWAY ENHANCE_YOUR_CALM: \(detail)")
+        guard !closing else { return }
+        // The GOAWAY goes out now; the close waits a moment while what the client already
+        // sent is read and dropped: closing a socket with unread bytes makes the kernel send
+        // a reset, which can destroy the GOAWAY before the client reads it.
+        wire.goAway(errorCode: ErrorCode.enhanceYourCalm)
+        _ = wire.write(context, flush: true)
+        context.eventLoop.assumeIsolated().scheduleTask(in: Self.abuseLinger) { [weak self] in self?.close() }
+    }
+
+    /// How long an abusive connection is read (and dropped) after its GOAWAY before it closes.
+    static let abuseLinger = TimeAmount.milliseconds(500)
+
     private func reset(_ streamID: Int32, errorCode: UInt32 = ErrorCode.internalError) {
+        resetByGate.insert(streamID)
         respondingStreams.remove(streamID)
         try? wire.session.resetStream(streamID, errorCode: errorCode)
         if !inReadBurst { writeOutput(flush: true) }
@@ -342,6 +390,7 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
         reportDiscardedBodies()
         // Streams that closed as their last frame went out (only closes arise here).
         for event in wire.session.takeEvents() { handle(event) }
+        reportRejected()
         if let code = wire.session.connectionErrorSent, !connectionErrorCounted {
             // nghttp2 answered a connection error (an invalid frame, a window overflow, an
             // HPACK failure) with GOAWAY: counted and logged as a refusal.

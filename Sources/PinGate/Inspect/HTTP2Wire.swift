@@ -74,15 +74,25 @@ final class HTTP2Wire {
         return session.takeSentBodyBytes()
     }
 
-    /// Ends the connection: a graceful GOAWAY when the session can still send one (streams
-    /// the peer may retry), whatever is queued, then the close.
-    func close(_ context: ChannelHandlerContext) {
+    /// Whether this side has sent its GOAWAY: a connection says it once, with its reason.
+    private(set) var goAwaySent = false
+
+    /// Queues GOAWAY with `errorCode` (RFC 9113 §6.8), once; `close` then sends no other.
+    func goAway(errorCode: UInt32) {
+        guard !goAwaySent else { return }
+        goAwaySent = true
+        try? session.goAway(errorCode: errorCode)
+    }
+
+    /// Ends the connection: a GOAWAY with `errorCode` (graceful, 0, when the session can
+    /// still send one: streams the peer may retry), whatever is queued, then the close.
+    func close(_ context: ChannelHandlerContext, errorCode: UInt32 = 0) {
         // What is queued goes first: nghttp2 sends control frames (GOAWAY) ahead of DATA, so
         // a stream's last DATA (its END_STREAM, e.g. as a relayed WebSocket ends with its
         // upstream connection) would otherwise follow the GOAWAY, which some peers (Python
         // `h2`) no longer read past.
         _ = write(context, flush: false)
-        if session.isAlive { try? session.goAway(errorCode: 0) }
+        if !goAwaySent && (session.isAlive || errorCode != 0) { goAway(errorCode: errorCode) }
         _ = write(context, flush: true)
         // After the writes, which stamp activity and would arm it again.
         quietCheck?.cancel()

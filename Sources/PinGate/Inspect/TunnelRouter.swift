@@ -27,6 +27,12 @@ final class TunnelRouter {
         /// Flow-control credit (bytes) that a side reported and no account had outstanding:
         /// never expected (`CreditLedger.unplaced`); counted so a miscount is seen.
         var creditUnplaced: (_ bytes: Int) -> Void = { _ in }
+        /// A refusal counted like `refused` but not logged (one of a burst already logged).
+        var refusedQuietly: (_ reason: DecisionReason) -> Void = { _ in }
+        /// The client abandoned a request before its response ended (HTTP/2 RST_STREAM).
+        var cancelledByClient: () -> Void = {}
+        /// The tunnel ended (both sides are done with the router).
+        var ended: () -> Void = {}
     }
 
     /// What one finished exchange amounted to: the audit log's line, before formatting.
@@ -257,17 +263,33 @@ final class TunnelRouter {
     /// The client abandoned exchange `id` (HTTP/2 RST_STREAM).
     func requestCancelled(_ id: Int) {
         guard let exchange = exchanges[id] else { return }
-        if let upstreamID = exchange.upstreamID, !exchange.responseEnded {
-            upstream?.cancel(upstreamID)
+        // Counted as what it is, the client's own choice: not a refusal, not the upstream's
+        // failure.
+        if !exchange.responseEnded { observer.cancelledByClient() }
+        // Detached before the upstream hears of it: cancelling an HTTP/1.1 upstream closes its
+        // connection, whose going would otherwise be taken for the upstream failing this
+        // exchange (a 502 counted as `upstream-unreachable`).
+        let upstreamID = exchange.responseEnded ? nil : exchange.upstreamID
+        if let upstreamID {
             clientIDByUpstreamID[upstreamID] = nil
+            ledger.sinkFinishing(.request, sinkID: upstreamID)
         }
+        exchanges[id]?.upstreamID = nil
         finish(id)
+        if let upstreamID { upstream?.cancel(upstreamID) }
     }
 
     /// The client sent bytes that are not valid HTTP: counted and logged as a refusal
     /// (the side itself answers and closes).
     func protocolError(detail: String) {
         observer.refused(.malformedRequest, "-", detail)
+    }
+
+    /// `count` requests refused by the client's protocol layer in one read burst (HTTP/2
+    /// heads nghttp2 rejected), the last with `detail`: each is counted, the log says it once.
+    func protocolErrors(_ count: Int, detail: String) {
+        observer.refused(.malformedRequest, "-", count == 1 ? detail : "\(detail) (and \(count - 1) more in the same read)")
+        for _ in 1..<max(1, count) { observer.refusedQuietly(.malformedRequest) }
     }
 
     /// The client's bytes are not HTTP at all (nor the protocol its ALPN named): the tunnel
@@ -518,6 +540,7 @@ final class TunnelRouter {
         guard !ended else { return }
         ended = true
         for id in exchanges.keys.sorted() { finish(id) }
+        defer { observer.ended() }
         if let failure = upstreamFailure, !failure.reported {
             upstreamFailure?.reported = true
             observer.refused(failure.reason, "-", failure.detail)

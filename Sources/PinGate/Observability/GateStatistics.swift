@@ -31,6 +31,9 @@ public final class GateStatistics: Sendable {
         /// Requests (or whole tunnels, for `not-http`) refused inside admitted tunnels, by
         /// reason token ("authority-mismatch", "malformed-request", "not-http").
         public var requestsRefusedByReason: [String: Int] = [:]
+        /// Requests inside tunnels that the client abandoned before their response ended
+        /// (HTTP/2 RST_STREAM): counted apart from refusals and upstream failures.
+        public var requestsCancelledByClient: Int = 0
         /// Body bytes of flow-control credit that the HTTP layer could not place (reported
         /// written or dropped with none outstanding, or refused by a session): 0 unless a
         /// side miscounts, which would stall a connection. Tests assert it stays 0.
@@ -100,6 +103,10 @@ public final class GateStatistics: Sendable {
     func requestRefused(_ reason: DecisionReason) {
         state.withLock { $0.requestsRefusedByReason[reason.rawValue, default: 0] += 1 }
         metrics.request(outcome: "refused", reason: reason.rawValue)
+    }
+    func requestCancelledByClient() {
+        state.withLock { $0.requestsCancelledByClient += 1 }
+        metrics.request(outcome: "cancelled", reason: "client-reset")
     }
     func creditUnplaced(_ bytes: Int) {
         state.withLock { $0.creditUnplacedBytes += bytes }
