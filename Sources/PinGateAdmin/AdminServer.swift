@@ -70,16 +70,26 @@ public final class AdminServer: Service, Sendable {
 
     /// Stops the endpoint.
     public func close() async {
+        closed.withLock { $0 = true }
         try? await channel.close()
     }
 
-    /// Serves until a graceful shutdown or cancellation, then closes the listener.
+    /// Set by `close()`: the channel (and possibly its event loop) is gone, so a later
+    /// shutdown must not schedule anything on it.
+    private let closed = Mutex(false)
+
+    /// Serves until a graceful shutdown or cancellation, then closes the listener (unless
+    /// `close()` did already: in `pingate run` the gate closes the endpoint once it has
+    /// drained, so `/ready` answers 503 `draining` for the whole drain).
     public func run() async throws {
         await withTaskCancellationOrGracefulShutdownHandler {
             try? await self.channel.closeFuture.get()
         } onCancelOrGracefulShutdown: {
-            self.channel.close(promise: nil)
+            if !self.closed.withLock({ $0 }) { self.channel.close(promise: nil) }
         }
+        // Closed by the gate as it finished draining: a service that returns before its
+        // group asked would stop the group with an error, so it waits for the ask.
+        if closed.withLock({ $0 }) { try? await gracefulShutdown() }
     }
 }
 

@@ -171,7 +171,13 @@ public struct AdminSnapshot: Sendable, Codable {
             }
             if let last = listStatus.lastResult, last != "ok" { reason = (reason ?? "") + " (last update: \(last))" }
         }
-        return AdminSnapshot(status: status, pins: pins, refusals: gate.refusals.entries.reversed(), ready: usable, notReadyReason: reason)
+        if gate.isDraining {
+            // A load balancer or supervisor must stop sending new work now; what is open
+            // finishes within the drain.
+            reason = "draining: the gate is shutting down, accepts no new connections and lets open ones finish"
+        }
+        return AdminSnapshot(status: status, pins: pins, refusals: gate.refusals.entries.reversed(), ready: usable && !gate.isDraining,
+                             notReadyReason: reason)
     }
 
     /// A JSON encoder with the endpoint's conventions: snake_case keys, ISO 8601 dates.

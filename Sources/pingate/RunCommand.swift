@@ -192,10 +192,15 @@ struct RunCommand: AsyncParsableCommand {
             }
         }
         // A group stops its services last-first: the SIGHUP watcher and the updater go
-        // first, then the admin endpoint (it runs on the gate's event loops), and the gate
-        // last, draining its connections before it stops those loops.
-        var services: [any Service] = [server]
-        if let adminServer { services.append(adminServer) }
+        // first, then the gate, which drains its connections; the admin endpoint stays up
+        // through the drain (`/ready` answers 503 draining) and is closed by the gate just
+        // before it stops the event loops the endpoint runs on.
+        var services: [any Service] = []
+        if let adminServer {
+            services.append(adminServer)
+            server.onStopping { await adminServer.close() }
+        }
+        services.append(server)
         if let updater = server.updater { services.append(updater) }
         services.append(ListReloadOnHangup(signals: hangups, updater: server.updater, logger: logger))
         let group = ServiceGroup(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)

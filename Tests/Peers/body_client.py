@@ -115,6 +115,7 @@ def http1(args):
             if length <= 256:
                 record["text"] = small.decode("latin-1")
             record["length"], record["sha256"] = received, digest.hexdigest()
+            note_progress(args, received)
         except socket.timeout:
             record["error"] = "stalled"
         except (OSError, ValueError, IndexError) as error:
@@ -132,6 +133,7 @@ def http2(args):
     import h2.settings
 
     tls = open_tunnel(args, "h2")
+    frames = FrameWatcher() if args.note_goaway else None
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     conn.initiate_connection()
     conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1 << 20})
@@ -167,6 +169,9 @@ def http2(args):
                 data = tls.recv(pacing.size())
                 if not data:
                     raise OSError("connection closed")
+                if frames:
+                    data = frames.feed(data, sum(s["length"] for s in streams.values()))
+                note_progress(args, sum(s["length"] for s in streams.values()))
                 for event in conn.receive_data(data):
                     stream = streams.get(getattr(event, "stream_id", None))
                     if isinstance(event, h2.events.ResponseReceived) and stream:
@@ -201,7 +206,42 @@ def http2(args):
             transfers.append(record)
         if any(s["error"] for s in streams.values()):
             break
+    if frames:
+        transfers.append({"goaway": frames.goaway})
     return transfers
+
+
+def note_progress(args, received):
+    """--progress-file: created once --progress-bytes of body have arrived (a test's cue)."""
+    if args.progress_file and received >= args.progress_bytes and not os.path.exists(args.progress_file):
+        open(args.progress_file, "w").close()
+
+
+class FrameWatcher:
+    """--note-goaway: reads the frame headers of what the server sends and takes GOAWAY
+    frames out, noting the first (its code, last stream id, and how many body bytes had
+    arrived before it), so the streams it lets finish can be read to their end (`h2` stops
+    accepting DATA once it has seen a GOAWAY)."""
+
+    def __init__(self):
+        self.pending = b""
+        self.goaway = None
+
+    def feed(self, data, body_bytes_so_far):
+        self.pending += data
+        passed = b""
+        while len(self.pending) >= 9:
+            length = int.from_bytes(self.pending[0:3], "big")
+            if len(self.pending) < 9 + length:
+                break
+            frame, self.pending = self.pending[:9 + length], self.pending[9 + length:]
+            if frame[3] == 0x7:
+                if self.goaway is None:
+                    self.goaway = {"last_stream_id": int.from_bytes(frame[9:13], "big") & 0x7FFFFFFF,
+                                   "error_code": int.from_bytes(frame[13:17], "big"), "after_body_bytes": body_bytes_so_far}
+                continue
+            passed += frame
+        return passed
 
 
 def main():
@@ -217,6 +257,9 @@ def main():
     parser.add_argument("--pause", type=float, default=2.0)
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--stall", type=float, default=15.0, help="seconds without progress that count as a stall")
+    parser.add_argument("--note-goaway", action="store_true", help="h2: note the server's GOAWAY and read on past it")
+    parser.add_argument("--progress-file", help="created once --progress-bytes of body have arrived")
+    parser.add_argument("--progress-bytes", type=int, default=1)
     args = parser.parse_args()
     started = time.monotonic()
     try:

@@ -133,6 +133,74 @@ struct GracefulShutdownTests {
         }
     }
 
+    @Test("SIGTERM during h2 downloads: GOAWAY (NO_ERROR, the last stream) comes first, the four streams in flight finish whole, and /ready answers 503 draining while it lasts")
+    func drainsHTTP2WithGoAwayFirst() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
+        // 1 MiB at 256 KiB/s per stream: each download takes about 4 s.
+        let body = Data((0..<(1 << 20)).map { _ in UInt8.random(in: 0...255) })
+        let expected = SHA256Digest.hash(body).map { String(format: "%02x", $0) }.joined()
+        try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: ["body.bin": body],
+                                   http2: true, serverDirectives: "limit_rate 256k;") { origin in
+            let listPath = try pki.signedList([(Self.host, leaf.fingerprint)])
+            let adminPort = try closedLoopbackPort()
+            try await RunningGate.with([
+                "--listen", "127.0.0.1:0", "--state-dir", directory.file("state"), "--pins", listPath,
+                "--pins-key", pki.signerPublicKeyPath, "--upstream-ca", pki.upstreamTrustPath,
+                "--resolve", "\(Self.host):\(origin.port):127.0.0.1", "--drain-timeout", "20", "--decision-log", "off",
+                "--admin-listen", "127.0.0.1:\(adminPort)",
+            ]) { gate in
+                let ready = try await TestProcess.run("curl", ["-s", "http://127.0.0.1:\(adminPort)/ready"], timeout: 10)
+                #expect(ready.stdout == "ready\n", "\(ready.stdout)")
+                let arguments = [
+                    (H2EchoOrigin.peers as NSString).appendingPathComponent("body_client.py"),
+                    "--proxy", "\(gate.port)", "--connect", "\(Self.host):\(origin.port)",
+                    "--cacert", directory.file("state/ca.pem"), "--protocol", "h2", "--count", "4", "--concurrency", "4",
+                    "--path", "/body.bin", "--note-goaway", "--progress-file", directory.file("inflight"),
+                    "--progress-bytes", "\(body.count)",
+                ]
+                let downloads = Task { try await TestProcess.run("python3", arguments, timeout: 60) }
+                // Well into the bodies (a quarter of the four, together), then the signal.
+                let inflight = directory.file("inflight")
+                guard await eventually(timeout: .seconds(20), { FileManager.default.fileExists(atPath: inflight) }) else {
+                    Issue.record("the downloads never got going: \(try await downloads.value.stdout)")
+                    return
+                }
+                kill(gate.process.processIdentifier, SIGTERM)
+                var drainingAnswer = ""
+                for _ in 0..<30 where !drainingAnswer.hasSuffix(" 503") {
+                    let answer = try? await TestProcess.run("curl", ["-s", "-w", " %{http_code}", "http://127.0.0.1:\(adminPort)/ready"], timeout: 5)
+                    drainingAnswer = answer?.stdout ?? ""
+                    if !drainingAnswer.hasSuffix(" 503") { try await Task.sleep(for: .milliseconds(100)) }
+                }
+                #expect(drainingAnswer.hasPrefix("not ready: draining") && drainingAnswer.hasSuffix(" 503"), "\(drainingAnswer)")
+
+                let result = try await downloads.value
+                #expect(result.status == 0, "\(result.stderr)")
+                let report = try #require(try JSONSerialization.jsonObject(with: result.stdoutData) as? [String: Any], "\(result.stdout)")
+                let entries = report["transfers"] as? [[String: Any]] ?? []
+                let transfers = entries.filter { $0["goaway"] == nil }
+                #expect(transfers.count == 4, "\(report)")
+                for transfer in transfers {
+                    #expect(transfer["status"] as? Int == 200 && transfer["sha256"] as? String == expected && transfer["error"] is NSNull,
+                            "\(transfer)")
+                }
+                let goAway = entries.compactMap { $0["goaway"] as? [String: Any] }.first
+                #expect(goAway?["error_code"] as? Int == 0, "\(report)")
+                #expect(goAway?["last_stream_id"] as? Int == 7, "\(report)")
+                // It came while the bodies were still arriving: first, not after them.
+                #expect((goAway?["after_body_bytes"] as? Int ?? Int.max) < 4 * body.count, "\(report)")
+
+                _ = await eventually(timeout: .seconds(10)) { !gate.process.isRunning }
+                #expect(gate.process.terminationReason == .exit && gate.process.terminationStatus == 0)
+                let log = await gate.stop()
+                #expect(!log.contains("drain timeout"), "\(log)")
+            }
+        }
+    }
+
     @Test("--drain-timeout 1 with a stalled tunnel: SIGTERM closes it at the deadline and the gate exits 0")
     func drainTimeoutClosesStalledTunnel() async throws {
         let directory = try TemporaryDirectory()

@@ -49,6 +49,8 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     private var pendingParseError: String?
     /// A request broke its framing: whatever answer it gets is the connection's last.
     private var failing = false
+    /// The gate is shutting down: the answer in flight is the connection's last.
+    private var drainRequested = false
     /// Set once an upgrade (WebSocket) made this a byte relay: parts no longer come.
     private(set) var upgraded = false
     /// A request that asks for an upgrade is in progress: whether it was read to its end,
@@ -311,6 +313,13 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
             if answering == nil && queued.isEmpty { close() }
             return
         }
+        if event is TunnelDrainEvent, !upgraded {
+            // The gate is shutting down: the response in flight says `Connection: close` and
+            // is the last; an idle connection closes now.
+            drainRequested = true
+            if answering == nil && queued.isEmpty { close() }
+            return
+        }
         if event is IdleStateHandler.IdleStateEvent, !upgraded {
             // No traffic either way for the idle timeout: the tunnel ends (the byte relay
             // does the same after an upgrade).
@@ -354,7 +363,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         if head.status == 101, let upgrade = head.upgrade {
             headers.add(name: "connection", value: "upgrade")
             headers.add(name: "upgrade", value: upgrade)
-        } else if !current.keepAlive && head.status >= 200 {
+        } else if (!current.keepAlive || drainRequested) && head.status >= 200 {
             headers.add(name: "connection", value: "close")
         }
         let status = HTTPResponseStatus(statusCode: head.status)
@@ -385,7 +394,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         }
         answering = nil
         context.writeAndFlush(wrapOutboundOut(.end(trailers)), promise: nil)
-        if !finished.keepAlive || failing || (inputEnded && queued.isEmpty && pendingParseError == nil) {
+        if !finished.keepAlive || failing || drainRequested || (inputEnded && queued.isEmpty && pendingParseError == nil) {
             close()
             return
         } else if upgradeAsked != nil {
@@ -404,7 +413,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         headers.add(name: "content-type", value: "text/plain; charset=utf-8")
         headers.add(name: "content-length", value: "\(body.utf8.count)")
         headers.add(name: "pingate-refusal", value: refusal)
-        if !answered.keepAlive || failing { headers.add(name: "connection", value: "close") }
+        if !answered.keepAlive || failing || drainRequested { headers.add(name: "connection", value: "close") }
         let head = HTTPResponseHead(version: answered.version, status: HTTPResponseStatus(statusCode: status), headers: headers)
         context.write(wrapOutboundOut(.head(head)), promise: nil)
         context.write(wrapOutboundOut(.body(.byteBuffer(context.channel.allocator.buffer(string: body)))), promise: nil)

@@ -205,6 +205,14 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
             close()
             return
         }
+        if event is TunnelDrainEvent {
+            // The gate is shutting down: GOAWAY with the last stream processed goes first
+            // (RFC 9113 §6.8), so the client opens no more; the streams in flight finish,
+            // and the connection closes once each has sent its last frame.
+            wire.goAway(errorCode: 0)
+            closeWhenAnswered()
+            return
+        }
         context.fireUserInboundEventTriggered(event)
     }
 

@@ -60,6 +60,12 @@ final class ConnectionTracker: Sendable {
         return result.futureResult
     }
 
+    /// Fires `event` through every open connection's pipeline (each on its own event loop).
+    func announce(_ event: some Sendable) {
+        let open = state.withLock { Array($0.channels.values) }
+        for channel in open { channel.pipeline.fireUserInboundEventTriggered(event) }
+    }
+
     /// Closes every open connection now; returns how many there were.
     @discardableResult
     func closeAll() -> Int {

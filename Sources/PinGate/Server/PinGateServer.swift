@@ -47,6 +47,18 @@ public final class PinGateServer: Service, Sendable {
     private let connections: ConnectionTracker
     private let logger: Logger
     private let shutdownState = Mutex(ShutdownState.running)
+    private let drainingState = Mutex(false)
+    private let stoppingHooks = Mutex<[@Sendable () async -> Void]>([])
+
+    /// True from the start of a graceful shutdown: the gate accepts no new connections and
+    /// lets the open ones finish (`/ready` says so with a 503).
+    public var isDraining: Bool { drainingState.withLock { $0 } }
+
+    /// Runs `hook` when the gate has drained, just before it stops its event loops: for
+    /// whatever else runs on them (the admin endpoint), so it can stay up for the drain.
+    public func onStopping(_ hook: @escaping @Sendable () async -> Void) {
+        stoppingHooks.withLock { $0.append(hook) }
+    }
 
     /// Where the one shutdown is; callers that come while it runs wait for its result.
     private enum ShutdownState {
@@ -308,8 +320,12 @@ public final class PinGateServer: Service, Sendable {
     }
 
     private func drainAndStop(drainTimeout: TimeAmount) async throws {
+        drainingState.withLock { $0 = true }
         updater?.stop()
         try? await listener.close()
+        // Every client hears it in its protocol's terms (HTTP/2 GOAWAY, HTTP/1.1
+        // `Connection: close`), and what it has in flight finishes within the drain.
+        if drainTimeout > .zero { connections.announce(TunnelDrainEvent()) }
         let open = connections.count
         if open > 0, drainTimeout > .zero {
             logger.info("draining open connections", metadata: [
@@ -326,6 +342,9 @@ public final class PinGateServer: Service, Sendable {
             // Closing is quick; this bounds it anyway so a stuck close cannot hang the exit.
             _ = try await connections.drain(on: eventLoop, timeout: .seconds(2)).get()
         }
+        // What runs on these event loops beside the gate (the admin endpoint, which answers
+        // `/ready` with 503 while the drain lasts) stops now, before the loops do.
+        for hook in stoppingHooks.withLock({ $0 }) { await hook() }
         // Once the event loops are stopped no request can be logged any more: what is
         // queued then is all there will be, and it is written before this returns.
         do {
