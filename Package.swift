@@ -11,12 +11,17 @@ import PackageDescription
 //                        (bytes in, events out); nghttp2's types never leave it
 //   PinList, PinGateCA   signed fingerprint lists + pin policy; local CA + leaf minting
 //   PinGateNIO           the TLS engine in NIO: the TLS channel handler, the TLS client
-//                        bootstrap, tunnelling through a parent proxy, an HTTPS client
+//                        bootstrap, tunnelling through a parent proxy, an HTTPS client,
+//                        the glue that joins two channels into a byte relay
+//   PinGateHTTP          the HTTP layer inside a tunnel: per-request framing decisions,
+//                        authority binding, the flow-control credit ledger (sans-IO), the
+//                        HTTP/1.1 and HTTP/2 client and upstream sides, the router between
+//                        them, the h2 NIO adapter (on PinGateHTTP2 + PinGateNIO)
 //   PinListService       the list lifecycle: store, persistence, updater, violation
 //                        reports (on PinList + PinGateNIO, never on the proxy core)
 //   PinGate              the gate's core: Parse/ (CONNECT heads), Decide/ (decision
 //                        policy), Admit/ (the CONNECT state machine and its driver),
-//                        Relay/, Refusals/, Tunnels/, Observability/, Server/
+//                        Refusals/, Tunnels/, Observability/, Server/
 //   PinGateAdmin         the admin endpoint: status JSON, HTML page, Prometheus metrics
 //   PinGateHarness       the MITM harness: the attacker (the core with an intercepting
 //                        decision policy), the loopback origin, proxied fetches, legs, demo
@@ -89,9 +94,17 @@ let package = Package(
             ]
         ),
         .target(
+            name: "PinGateHTTP",
+            dependencies: [
+                "PinGateHTTP2", "PinGateNIO", "PinGateTLS", "PinList",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ]
+        ),
+        .target(
             name: "PinGate",
             dependencies: [
-                "PinGateTLS", "PinList", "PinGateCA", "PinGateNIO", "PinListService", "PinGateHTTP2", "CMallocTuning",
+                "PinGateTLS", "PinList", "PinGateCA", "PinGateNIO", "PinListService", "PinGateHTTP2", "PinGateHTTP", "CMallocTuning",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -103,7 +116,7 @@ let package = Package(
         .target(
             name: "PinGateAdmin",
             dependencies: [
-                "PinGate", "PinListService", "PinGateTLS", "PinList", "PinGateCA",
+                "PinGate", "PinGateHTTP", "PinListService", "PinGateTLS", "PinList", "PinGateCA",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -142,20 +155,30 @@ let package = Package(
         .systemLibrary(name: "CHeapStats", path: "Tests/CHeapStats"),
         .testTarget(name: "PinGateTLSTests", dependencies: ["PinGateTLS", "PinGateNIO", "PinGateTestSupport", "CHeapStats"]),
         .testTarget(name: "PinGateHTTP2Tests", dependencies: ["PinGateHTTP2", "PinGateTestSupport"]),
+        // The HTTP layer's unit tests: framing decisions, the credit ledger and the router
+        // between model sides, property-based; no sockets (the real peers are PinGateTests').
+        .testTarget(
+            name: "PinGateHTTPTests",
+            dependencies: [
+                "PinGateHTTP",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "PropertyBased", package: "swift-property-based"),
+            ]
+        ),
         .testTarget(name: "PinListTests", dependencies: ["PinList", "PinListService", "PinGateTLS", "PinGateTestSupport"]),
         .testTarget(name: "PinGateCATests", dependencies: ["PinGateCA", "PinGateTLS", "PinGateTestSupport"]),
         .testTarget(
             name: "PinGateTests",
             dependencies: [
                 "PinGate", "PinGateAdmin", "PinGateHarness", "PinGateNIO", "PinListService", "PinGateStateFiles",
-                "PinGateTLS", "PinList", "PinGateCA", "PinGateHTTP2", "pingate", "PinGateTestSupport",
+                "PinGateTLS", "PinList", "PinGateCA", "PinGateHTTP2", "PinGateHTTP", "pingate", "PinGateTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-                .product(name: "PropertyBased", package: "swift-property-based"),
             ]
         ),
     ]

@@ -1,5 +1,6 @@
 import Foundation
 import PinGate
+import PinGateHTTP
 
 /// Which `Host` headers the admin endpoint answers. A web page on another site can make
 /// a browser resolve its own name to 127.0.0.1 (DNS rebinding) and then read `/status`,

@@ -90,6 +90,12 @@ public struct AdminSnapshot: Sendable, Codable {
         public var requestsForwarded: Int
         /// Requests refused inside tunnels, by reason token (`authority-mismatch`, …).
         public var requestsRefusedByReason: [String: Int]
+        /// Requests inside tunnels the client abandoned before their answer ended (HTTP/2
+        /// RST_STREAM).
+        public var requestsCancelledByClient: Int = 0
+        /// Flow-control credit (bytes) the HTTP layer could not place: 0 unless a miscount,
+        /// which would stall a connection.
+        public var creditUnplacedBytes: Int = 0
     }
 
     /// One pin in `/pins`.
@@ -161,7 +167,8 @@ public struct AdminSnapshot: Sendable, Codable {
                 upstreamConnections: stats.upstreamConnections, upstreamSessionsResumed: stats.upstreamSessionsResumed,
                 tunnelsClosedByUpdate: stats.tunnelsClosedByUpdate,
                 reportOnlyViolations: stats.reportOnlyViolations, requestsForwarded: stats.requestsForwarded,
-                requestsRefusedByReason: stats.requestsRefusedByReason))
+                requestsRefusedByReason: stats.requestsRefusedByReason,
+                requestsCancelledByClient: stats.requestsCancelledByClient, creditUnplacedBytes: stats.creditUnplacedBytes))
         var reason: String?
         if !usable {
             if let expired = list?.expiryReason(at: now) {

@@ -3,6 +3,7 @@ import PinGateTestSupport
 import Testing
 import PinGateTLS
 @testable import PinGate
+@testable import PinGateHTTP
 import PinGateHarness
 
 /// The gate end to end: real curl, real TLS origins (nginx and the gate's own engine),

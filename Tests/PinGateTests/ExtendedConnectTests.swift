@@ -3,6 +3,7 @@ import NIOHTTP1
 import PinGateTestSupport
 import Testing
 @testable import PinGate
+@testable import PinGateHTTP
 
 /// RFC 8441 extended CONNECT inside a tunnel (issue #9, item 6): a WebSocket passes after
 /// the same authority check as any request, in whichever form each leg speaks. Real peers

@@ -1,6 +1,7 @@
 import NIOCore
 import Testing
 @testable import PinGate
+@testable import PinGateHTTP
 
 /// The decision on a client's first bytes inside a tunnel, on bytes alone (no sockets).
 @Suite("What a client's first bytes say it speaks")

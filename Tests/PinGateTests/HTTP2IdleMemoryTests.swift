@@ -3,6 +3,7 @@ import NIOEmbedded
 import PinGateHTTP2
 import Testing
 @testable import PinGate
+@testable import PinGateHTTP
 
 /// An HTTP/2 side's session gives back the memory nghttp2 keeps for sending once the
 /// connection has been quiet for `HTTP2Wire.quietPeriod`, and not while it is in use.

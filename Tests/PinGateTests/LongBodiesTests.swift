@@ -8,7 +8,7 @@ import Testing
 /// every pair of client and origin protocol, with readers that keep the gate's windows
 /// full: every body arrives whole (SHA-256), none stalls, and no flow-control credit is
 /// lost (issue 22: sequential downloads from an h2 origin stalled after 3 to 15 bodies).
-@Suite("Long bodies in sequence on one tunnel arrive whole")
+@Suite("Long bodies in sequence on one tunnel arrive whole", .serialized)
 struct LongBodiesTests {
     static let host = "pay.example.test"
     static let bodySize = 8 << 20

@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import NIOCore
+import PinGateHTTP
 import PinGateNIO
 import PinGateTLS
 import PinList
@@ -19,6 +20,10 @@ import Synchronization
 /// and the connection closed; the upstream (if one was opened) saw the TLS handshake and
 /// nothing else.
 final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
+    /// Set once a refusal is written: the connection is closing, and reads are dropped.
+    private var lingering = false
+    /// The close at the end of the linger, cancelled if the client closes first.
+    private var lingerClose: Scheduled<Void>?
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ByteBuffer
     typealias OutboundOut = ByteBuffer
@@ -75,6 +80,8 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        // Refused and closing: what the client still sends is dropped.
+        guard !lingering else { return }
         let bytes = unwrapInboundIn(data)
         let action = bytes.withUnsafeReadableBytes { machine.bytesReceived($0) }
         if case .forward = action {
@@ -85,6 +92,8 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
+        lingerClose?.cancel()
+        lingerClose = nil
         cancelTimers()
         perform(machine.clientClosed(), context: context)
         context.fireChannelInactive()
@@ -251,10 +260,26 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             observedChain: pinVerdict.map { RefusalLog.ChainPosition.positions($0.observedChain) } ?? []))
         var buffer = context.channel.allocator.buffer(capacity: 512)
         buffer.writeBytes(refusal.httpResponse(host: host, port: port))
-        context.writeAndFlush(wrapOutboundOut(buffer)).assumeIsolated().whenComplete { _ in
-            context.close(promise: nil)
+        // A lingering close: the answer, then our FIN, then whatever the client still sends
+        // is read and dropped until it closes (or `refusalLinger` passes). Closing at once
+        // with its bytes unread (a slowloris still trickling its head, a client that
+        // pipelined) makes the kernel send a reset, which can destroy the answer before the
+        // client reads it.
+        lingering = true
+        context.writeAndFlush(wrapOutboundOut(buffer)).assumeIsolated().whenComplete { result in
+            guard case .success = result else {
+                context.close(promise: nil)
+                return
+            }
+            context.close(mode: .output, promise: nil)
+            guard context.channel.isActive else { return }
+            self.lingerClose = context.eventLoop.assumeIsolated().scheduleTask(in: Self.refusalLinger) { context.close(promise: nil) }
         }
     }
+
+    /// How long a refused client's remaining bytes are read and dropped before its
+    /// connection closes for good.
+    static let refusalLinger = TimeAmount.seconds(1)
 
     /// The pins the refused host had, for the refusal log.
     private func expectedFingerprints(for refusal: Refusal, request: ConnectRequest?) -> [String] {
@@ -413,12 +438,12 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         // (issue 12: they were 1.8 KiB of every idle tunnel).
         let binding = AuthorityBinding(connectHost: request.host, connectPort: request.port) { facts.trusts(otherHost: $0) }
         let observer = TunnelRouter.Observer(
-            refused: { facts.refused(reason: $0, authority: $1, detail: $2) },
+            refused: { facts.refused(reason: DecisionReason($0), authority: $1, detail: $2) },
             forwarded: { facts.forwarded() },
             relayed: { facts.relayed(up: $0, down: $1) },
             finished: { facts.finished($0) },
             creditUnplaced: { facts.creditUnplaced($0) },
-            refusedQuietly: { facts.refusedQuietly(reason: $0) },
+            refusedQuietly: { facts.refusedQuietly(reason: DecisionReason($0)) },
             cancelledByClient: { facts.cancelledByClient() },
             ended: { facts.ended() })
         let router = TunnelRouter(binding: binding, clientUsesStreamIDs: clientALPN == "h2", observer: observer, now: environment.now)

@@ -111,45 +111,14 @@ public struct ConnectRequestParser: Sendable {
         return parseAuthority(parts[1])
     }
 
-    /// Parses `host:port`, `[v6]:port`; validates names, IPv4 and IPv6 literals and the port.
+    /// Parses `host:port`, `[v6]:port`; validates names, IPv4 and IPv6 literals and the port
+    /// (`HostAuthority`, the parser request authorities inside tunnels share).
     static func parseAuthority(_ authority: Substring) -> Result<ConnectRequest, HeadRejection> {
-        let host: Substring
-        let portText: Substring
-        if authority.hasPrefix("[") {
-            guard let close = authority.firstIndex(of: "]") else { return .failure(bad("unterminated IPv6 literal")) }
-            host = authority[authority.index(after: authority.startIndex)..<close]
-            let rest = authority[authority.index(after: close)...]
-            guard rest.hasPrefix(":") else { return .failure(bad("the CONNECT target needs a port")) }
-            portText = rest.dropFirst()
-            guard host.contains(":"), IPAddressText.isIPLiteral(String(host)) else {
-                return .failure(bad("invalid IPv6 literal [\(host)]"))
-            }
-        } else {
-            guard let colon = authority.lastIndex(of: ":") else { return .failure(bad("the CONNECT target needs a port")) }
-            host = authority[..<colon]
-            portText = authority[authority.index(after: colon)...]
-            guard !host.contains(":") else { return .failure(bad("IPv6 literals must be in brackets")) }
-        }
-        guard !portText.isEmpty, portText.count <= 5, portText.allSatisfy({ $0.isASCII && $0.isNumber }),
-              let port = Int(portText), (1...65535).contains(port)
-        else { return .failure(bad("invalid port \"\(portText)\"")) }
-        let hostText = String(host)
-        if IPAddressText.isIPLiteral(hostText) {
-            return .success(ConnectRequest(host: hostText.lowercased(), port: port, isIPLiteral: true))
-        }
-        let name = HostName.normalize(hostText)
-        guard isValidHostName(name) else { return .failure(bad("invalid host name \"\(hostText)\"")) }
-        return .success(ConnectRequest(host: name, port: port, isIPLiteral: false))
-    }
-
-    /// Letters, digits, `-` and `_`, in dot-separated labels of 1–63 characters, 253 in all.
-    static func isValidHostName(_ name: String) -> Bool {
-        guard !name.isEmpty, name.utf8.count <= 253 else { return false }
-        return name.split(separator: ".", omittingEmptySubsequences: false).allSatisfy { label in
-            !label.isEmpty && label.utf8.count <= 63 && !label.hasPrefix("-") && !label.hasSuffix("-")
-                && label.utf8.allSatisfy { byte in
-                    (byte >= 0x61 && byte <= 0x7A) || (byte >= 0x30 && byte <= 0x39) || byte == 0x2D || byte == 0x5F
-                }
+        switch HostAuthority.parse(authority) {
+        case .success(let parsed):
+            return .success(ConnectRequest(host: parsed.host, port: parsed.port, isIPLiteral: parsed.isIPLiteral))
+        case .failure(let failure):
+            return .failure(bad(failure.detail))
         }
     }
 

@@ -1,3 +1,4 @@
+import PinGateHTTP
 import PinList
 
 /// Why a CONNECT was allowed or refused: one case per reason, its raw value the token
@@ -85,5 +86,22 @@ public enum DecisionReason: String, Sendable, Hashable, CaseIterable, Codable {
     /// True for the reasons a tunnel is admitted on.
     public var isAllowed: Bool {
         self == .trusted || self == .reportOnlyViolation || self == .unpinnedAllowed
+    }
+}
+
+extension DecisionReason {
+    /// The reason the HTTP layer gave for a request it answered or ended itself: the same
+    /// token, as the gate counts and reports it.
+    init(_ refusal: RequestRefusal) {
+        switch refusal {
+        case .authorityMismatch: self = .authorityMismatch
+        case .malformedRequest: self = .malformedRequest
+        case .methodNotAllowed: self = .methodNotAllowed
+        case .upgradeUnsupported: self = .upgradeUnsupported
+        case .upstreamUnreachable: self = .upstreamUnreachable
+        case .upstreamProtocolError: self = .upstreamProtocolError
+        case .upstreamTimeout: self = .upstreamTimeout
+        case .notHTTP: self = .notHTTP
+        }
     }
 }

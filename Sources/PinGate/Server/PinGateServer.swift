@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import NIOCore
+import PinGateHTTP
 import NIOPosix
 import PinGateCA
 import PinGateHTTP2

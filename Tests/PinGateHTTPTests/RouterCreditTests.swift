@@ -3,7 +3,7 @@ import NIOCore
 import NIOHTTP1
 import PropertyBased
 import Testing
-@testable import PinGate
+@testable import PinGateHTTP
 
 /// The router and its ledger between two model sides, no sockets: an upstream that sends
 /// response bodies only as far as its connection window allows (as an h2 origin does), and

@@ -1,11 +1,10 @@
-import Foundation
 import NIOCore
 import Testing
-@testable import PinGate
+@testable import PinGateHTTP
 
-/// The budgets that turn a flood into one GOAWAY and a few log lines: no sockets.
-@Suite("Abuse budgets and repeated log lines")
-struct AbuseAndLogLimitTests {
+/// The budget that turns a flood of resets or rejected heads into one GOAWAY: no sockets.
+@Suite("HTTP/2 abuse budgets")
+struct HTTP2AbuseGuardTests {
     @Test("a burst within the budget passes; one past it ends the connection; time refills the bucket; each kind has its own")
     func abuseGuard() {
         var guardian = HTTP2AbuseGuard(resets: .init(capacity: 10, perSecond: 5), rejections: .init(capacity: 2, perSecond: 1))
@@ -31,21 +30,4 @@ struct AbuseAndLogLimitTests {
         #expect(tripped == 0)
     }
 
-    @Test("repeated lines: the first few per window are logged, the rest counted and said when the window closes or the tunnel ends")
-    func logLimiter() {
-        var limiter = RepeatedLogLimiter(perWindow: 3, window: 10)
-        let start = Date(timeIntervalSince1970: 1_000)
-        let first = (0..<1000).map { _ in limiter.admit("malformed-request", now: start) }
-        #expect(first.filter(\.log).count == 3)
-        #expect(first.allSatisfy { $0.suppressedBefore == 0 })
-        let other = limiter.admit("authority-mismatch", now: start)
-        #expect(other.log, "another kind has its own window")
-        let next = limiter.admit("malformed-request", now: start.addingTimeInterval(11))
-        #expect(next.log && next.suppressedBefore == 997)
-        _ = (0..<5).map { _ in limiter.admit("malformed-request", now: start.addingTimeInterval(12)) }
-        let held = limiter.takeSuppressed()
-        #expect(held == ["malformed-request": 3])
-        let again = limiter.takeSuppressed()
-        #expect(again.isEmpty)
-    }
 }

@@ -1,6 +1,6 @@
 import NIOHTTP1
 import Testing
-@testable import PinGate
+@testable import PinGateHTTP
 
 /// The one-pass reading of an HTTP/1.1 head's fields: what each leg carries on, and what
 /// the framing and `Connection` fields say. Sans-IO.

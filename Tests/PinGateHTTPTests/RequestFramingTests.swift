@@ -1,6 +1,6 @@
 import NIOHTTP1
 import Testing
-@testable import PinGate
+@testable import PinGateHTTP
 
 /// The gate decides how every forwarded request body is framed, from what the client's
 /// parser checked, and holds the body to it: no socket, just the decisions.

@@ -286,7 +286,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         var headers = HTTPHeaders()
         headers.add(name: "content-type", value: "text/plain; charset=utf-8")
         headers.add(name: "content-length", value: "\(body.utf8.count)")
-        headers.add(name: "pingate-refusal", value: DecisionReason.malformedRequest.rawValue)
+        headers.add(name: "pingate-refusal", value: RequestRefusal.malformedRequest.rawValue)
         headers.add(name: "connection", value: "close")
         context.write(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .badRequest, headers: headers))), promise: nil)
         context.write(wrapOutboundOut(.body(.byteBuffer(context.channel.allocator.buffer(string: body)))), promise: nil)

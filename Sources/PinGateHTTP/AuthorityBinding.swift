@@ -12,7 +12,7 @@ import PinList
 /// the pin policy, re-run on this tunnel's own upstream leaf and chain, says trusted
 /// (hostname check included). A wildcard or multi-name pin thus covers exactly the names
 /// it covers and nothing else.
-struct AuthorityBinding {
+package struct AuthorityBinding {
     /// Why a request was not let through.
     enum Refusal: Equatable, Sendable {
         /// The request named another host (or port) that the tunnel's pins do not cover (421).
@@ -47,7 +47,7 @@ struct AuthorityBinding {
 
     /// A binding for a tunnel to `connectHost:connectPort` whose other-host answers come
     /// from `trustsOtherHost`.
-    init(connectHost: String, connectPort: Int, trustsOtherHost: @escaping (String) -> Bool) {
+    package init(connectHost: String, connectPort: Int, trustsOtherHost: @escaping (String) -> Bool) {
         self.connectHost = HostName.normalize(connectHost)
         self.connectPort = connectPort
         self.trustsOtherHost = trustsOtherHost
@@ -108,7 +108,7 @@ package struct RequestAuthority: Equatable, Sendable, CustomStringConvertible {
         // An authority has a port when its last colon is not inside IPv6 brackets.
         let hasPort = text.hasPrefix("[") ? !text.hasSuffix("]") : text.utf8.contains(UInt8(ascii: ":"))
         let target = hasPort ? text : "\(text):\(defaultPort)"
-        guard case .success(let parsed) = ConnectRequestParser.parseAuthority(Substring(target)) else { return nil }
+        guard case .success(let parsed) = HostAuthority.parse(Substring(target)) else { return nil }
         self.host = parsed.host
         self.port = parsed.port
         self.portWasExplicit = hasPort

@@ -1,6 +1,6 @@
 import PropertyBased
 import Testing
-@testable import PinGate
+@testable import PinGateHTTP
 
 /// The credit ledger on its own: no sockets, no sides, just the bookkeeping.
 @Suite("Flow-control credit has one owner")

@@ -12,41 +12,57 @@ import NIOHTTP1
 ///
 /// Both sides and the router live on the tunnel's one event loop (the upstream is dialled
 /// on the client's loop), so calls between them are plain calls.
-final class TunnelRouter {
+package final class TunnelRouter {
     /// What the router reports about each request; the gate turns it into counters,
     /// the refusal log, log lines and the per-request audit log.
-    struct Observer {
+    package struct Observer {
         /// A request was refused inside the tunnel (before any of it went upstream).
-        var refused: (_ reason: DecisionReason, _ authority: String, _ detail: String) -> Void
+        package var refused: (_ reason: RequestRefusal, _ authority: String, _ detail: String) -> Void
         /// A request was passed on to the upstream.
-        var forwarded: () -> Void
+        package var forwarded: () -> Void
         /// Body bytes passed on: `up` from the client to the upstream, `down` the other way.
-        var relayed: (_ up: Int, _ down: Int) -> Void
+        package var relayed: (_ up: Int, _ down: Int) -> Void
         /// An exchange ended (answered, refused or cancelled), with what it amounted to.
-        var finished: (ExchangeSummary) -> Void
+        package var finished: (ExchangeSummary) -> Void
         /// Flow-control credit (bytes) that a side reported and no account had outstanding:
         /// never expected (`CreditLedger.unplaced`); counted so a miscount is seen.
-        var creditUnplaced: (_ bytes: Int) -> Void = { _ in }
+        package var creditUnplaced: (_ bytes: Int) -> Void = { _ in }
         /// A refusal counted like `refused` but not logged (one of a burst already logged).
-        var refusedQuietly: (_ reason: DecisionReason) -> Void = { _ in }
+        package var refusedQuietly: (_ reason: RequestRefusal) -> Void = { _ in }
         /// The client abandoned a request before its response ended (HTTP/2 RST_STREAM).
-        var cancelledByClient: () -> Void = {}
+        package var cancelledByClient: () -> Void = {}
         /// The tunnel ended (both sides are done with the router).
-        var ended: () -> Void = {}
+        package var ended: () -> Void = {}
+
+        /// An observer calling these; the ones left out do nothing.
+        package init(refused: @escaping (_ reason: RequestRefusal, _ authority: String, _ detail: String) -> Void,
+                     forwarded: @escaping () -> Void, relayed: @escaping (_ up: Int, _ down: Int) -> Void,
+                     finished: @escaping (ExchangeSummary) -> Void, creditUnplaced: @escaping (_ bytes: Int) -> Void = { _ in },
+                     refusedQuietly: @escaping (_ reason: RequestRefusal) -> Void = { _ in },
+                     cancelledByClient: @escaping () -> Void = {}, ended: @escaping () -> Void = {}) {
+            self.refused = refused
+            self.forwarded = forwarded
+            self.relayed = relayed
+            self.finished = finished
+            self.creditUnplaced = creditUnplaced
+            self.refusedQuietly = refusedQuietly
+            self.cancelledByClient = cancelledByClient
+            self.ended = ended
+        }
     }
 
     /// What one finished exchange amounted to: the audit log's line, before formatting.
-    struct ExchangeSummary: Equatable {
-        var started: Date
-        var durationNanoseconds: Int64
-        var method: String
-        var path: String
-        var authority: String
-        var status: Int?
-        var bytesUp: Int
-        var bytesDown: Int
-        var clientStreamID: Int?
-        var refusal: DecisionReason?
+    package struct ExchangeSummary: Equatable {
+        package var started: Date
+        package var durationNanoseconds: Int64
+        package var method: String
+        package var path: String
+        package var authority: String
+        package var status: Int?
+        package var bytesUp: Int
+        package var bytesDown: Int
+        package var clientStreamID: Int?
+        package var refusal: RequestRefusal?
     }
 
     private struct Exchange {
@@ -57,7 +73,7 @@ final class TunnelRouter {
         /// As sent; for a refusal, as normalized (what the refusal names).
         var authority: String
         var upstreamID: Int?
-        var refusal: DecisionReason?
+        var refusal: RequestRefusal?
         var status: Int?
         var bytesUp = 0
         var bytesDown = 0
@@ -93,11 +109,11 @@ final class TunnelRouter {
     /// it, and `closeClient` ends the client's connection once the answers are out.
     /// `reported` turns true once a refusal counted it, so a tunnel whose client never
     /// sent a request is still counted (once) when it ends.
-    private var upstreamFailure: (status: Int, reason: DecisionReason, detail: String, closeClient: () -> Void, reported: Bool)?
+    private var upstreamFailure: (status: Int, reason: RequestRefusal, detail: String, closeClient: () -> Void, reported: Bool)?
 
     /// A router for one tunnel: `binding` decides each request; `clientUsesStreamIDs` is
     /// true for an HTTP/2 client (its exchange ids are stream ids, logged as such).
-    init(binding: AuthorityBinding, clientUsesStreamIDs: Bool, observer: Observer, now: @escaping () -> Date) {
+    package init(binding: AuthorityBinding, clientUsesStreamIDs: Bool, observer: Observer, now: @escaping () -> Date) {
         self.binding = binding
         self.clientUsesStreamIDs = clientUsesStreamIDs
         self.observer = observer
@@ -188,7 +204,7 @@ final class TunnelRouter {
     }
 
     /// Answers exchange `id` itself: nothing of it goes upstream.
-    private func refuse(_ id: Int, _ refused: Exchange, status: Int, reason: DecisionReason, detail: String) {
+    private func refuse(_ id: Int, _ refused: Exchange, status: Int, reason: RequestRefusal, detail: String) {
         var exchange = refused
         exchange.refusal = reason
         exchange.status = status
@@ -410,7 +426,7 @@ final class TunnelRouter {
     /// not answer the key sent), `upstream-unreachable` when it went away or cannot take
     /// the exchange. The answer is the gate's own, so it is counted, listed in `/refusals`
     /// and logged like any refusal inside a tunnel.
-    func responseFailed(_ upstreamID: Int, reason: DecisionReason = .upstreamUnreachable, detail: String) {
+    func responseFailed(_ upstreamID: Int, reason: RequestRefusal = .upstreamUnreachable, detail: String) {
         guard let id = clientIDByUpstreamID[upstreamID], let exchange = exchanges[id] else { return }
         if exchange.status == nil {
             // Nothing was answered yet: the client hears why, as it would from a proxy.
@@ -501,7 +517,7 @@ final class TunnelRouter {
     /// that sent no SETTINGS in time): it is closed now; each request the client sends
     /// from here on is answered `status` with `reason` and `detail`, counted and logged,
     /// and then `closeClient` runs (it ends the client's connection once the answer is out).
-    func upstreamFailed(status: Int, reason: DecisionReason, detail: String, closeClient: @escaping () -> Void) {
+    func upstreamFailed(status: Int, reason: RequestRefusal, detail: String, closeClient: @escaping () -> Void) {
         guard !ended, upstreamFailure == nil else { return }
         upstreamFailure = (status, reason, detail, closeClient, false)
         upstream?.close()

@@ -10,13 +10,13 @@ import NIOCore
 ///
 /// Before it is paired a glue buffers what it reads (an HTTP/2 server speaks first),
 /// and stops reading past `unpairedBufferLimit`.
-final class GlueHandler: ChannelDuplexHandler, RemovableChannelHandler {
-    typealias InboundIn = ByteBuffer
-    typealias OutboundIn = ByteBuffer
-    typealias OutboundOut = ByteBuffer
+package final class GlueHandler: ChannelDuplexHandler, RemovableChannelHandler {
+    package typealias InboundIn = ByteBuffer
+    package typealias OutboundIn = ByteBuffer
+    package typealias OutboundOut = ByteBuffer
 
     /// Counts relayed bytes: called with the size of each buffer this side hands over.
-    typealias ByteCounter = @Sendable (Int) -> Void
+    package typealias ByteCounter = @Sendable (Int) -> Void
 
     private static let unpairedBufferLimit = 1 << 20
 
@@ -31,12 +31,12 @@ final class GlueHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private let countRelayed: ByteCounter
 
     /// A glue whose reads are counted with `countRelayed`.
-    init(countRelayed: @escaping ByteCounter) {
+    package init(countRelayed: @escaping ByteCounter) {
         self.countRelayed = countRelayed
     }
 
     /// Joins `first` and `second`, and hands over whatever each read before pairing.
-    static func join(_ first: GlueHandler, _ second: GlueHandler) {
+    package static func join(_ first: GlueHandler, _ second: GlueHandler) {
         first.partner = second
         second.partner = first
         first.releaseUnpaired()
@@ -45,7 +45,7 @@ final class GlueHandler: ChannelDuplexHandler, RemovableChannelHandler {
 
     /// Takes what this unpaired glue buffered (and whether input ended), for a layer that
     /// replaces it at the join; it then holds nothing.
-    func takeUnpaired() -> (reads: [ByteBuffer], inputEnded: Bool) {
+    package func takeUnpaired() -> (reads: [ByteBuffer], inputEnded: Bool) {
         let reads = unpairedReads
         unpairedReads = []
         unpairedBytes = 0
@@ -71,16 +71,16 @@ final class GlueHandler: ChannelDuplexHandler, RemovableChannelHandler {
 
     // MARK: channel events
 
-    func handlerAdded(context: ChannelHandlerContext) {
+    package func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
     }
 
-    func handlerRemoved(context: ChannelHandlerContext) {
+    package func handlerRemoved(context: ChannelHandlerContext) {
         self.context = nil
         partner = nil
     }
 
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+    package func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let buffer = unwrapInboundIn(data)
         if let partner {
             countRelayed(buffer.readableBytes)
@@ -91,16 +91,16 @@ final class GlueHandler: ChannelDuplexHandler, RemovableChannelHandler {
         }
     }
 
-    func channelReadComplete(context: ChannelHandlerContext) {
+    package func channelReadComplete(context: ChannelHandlerContext) {
         partner?.partnerFlush()
     }
 
-    func channelInactive(context: ChannelHandlerContext) {
+    package func channelInactive(context: ChannelHandlerContext) {
         partner?.partnerClose()
         context.fireChannelInactive()
     }
 
-    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+    package func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if let event = event as? ChannelEvent, event == .inputClosed {
             inputEnded = true
             if let partner {
@@ -116,19 +116,19 @@ final class GlueHandler: ChannelDuplexHandler, RemovableChannelHandler {
         }
     }
 
-    func errorCaught(context: ChannelHandlerContext, error: Error) {
+    package func errorCaught(context: ChannelHandlerContext, error: Error) {
         // Either side failing ends the tunnel; the close propagates via channelInactive.
         context.close(promise: nil)
     }
 
-    func channelWritabilityChanged(context: ChannelHandlerContext) {
+    package func channelWritabilityChanged(context: ChannelHandlerContext) {
         if context.channel.isWritable { partner?.partnerBecameWritable() }
         context.fireChannelWritabilityChanged()
     }
 
     // MARK: outbound
 
-    func read(context: ChannelHandlerContext) {
+    package func read(context: ChannelHandlerContext) {
         let mayRead: Bool
         if let partner {
             mayRead = partner.partnerWritable

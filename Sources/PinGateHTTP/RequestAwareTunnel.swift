@@ -10,7 +10,7 @@ import PinGateNIO
 /// the handshakes). Each glue is taken out with what it buffered, the HTTP handlers go in
 /// behind the TLS handler, and the buffered bytes are replayed into them, so no byte read
 /// before the join is lost or skipped past the checks.
-enum RequestAwareTunnel {
+package enum RequestAwareTunnel {
     /// The ALPN choice for the client's handshake of a request-aware tunnel, given what the
     /// upstream negotiated: the upstream's own protocol when the client offers it, else the
     /// other one (bridged by the router), else none.
@@ -26,7 +26,7 @@ enum RequestAwareTunnel {
     /// nothing (it sends one request at a time anyway), and a client that offers only one
     /// protocol still gets it, bridged. mitmproxy gives the client the upstream's choice
     /// for the same reason.
-    static func clientALPN(upstreamProtocol: String?) -> (preferred: String, fallback: String) {
+    package static func clientALPN(upstreamProtocol: String?) -> (preferred: String, fallback: String) {
         upstreamProtocol == "h2" ? ("h2", "http/1.1") : ("http/1.1", "h2")
     }
 
@@ -37,7 +37,7 @@ enum RequestAwareTunnel {
     /// unpaired glues; `makeGlue` makes fresh ones for a byte relay after an upgrade.
     /// `settingsTimeout` bounds the wait for an `h2` upstream's SETTINGS (the upstream
     /// handshake timeout: its connection preface is the end of its set-up).
-    static func install(
+    package static func install(
         client: Channel, clientGlue: GlueHandler, clientProtocol: String?,
         upstream: Channel, upstreamGlue: GlueHandler, upstreamProtocol: String?,
         limits: HTTP2Session.Limits,

@@ -1,5 +1,5 @@
 import Testing
-@testable import PinGate
+@testable import PinGateHTTP
 
 /// The authority check, without sockets: what passes, what is a mismatch (421), what is
 /// malformed (400), and that other hosts are asked about once each.

@@ -1,0 +1,64 @@
+import PinGateTLS
+
+/// A `host:port` as a CONNECT target or a request's authority names it, checked and
+/// normalized: the one parser both use, so a request's authority and a CONNECT target
+/// compare equal exactly when they name the same origin. Host names lower case with one
+/// trailing dot dropped (`HostName.normalize`), IPv6 without brackets.
+public struct HostAuthority: Sendable, Equatable {
+    /// The normalized host.
+    public let host: String
+    /// The port, 1 to 65535.
+    public let port: Int
+    /// True when `host` is an IPv4 or IPv6 literal.
+    public let isIPLiteral: Bool
+
+    /// Parses `host:port` or `[v6]:port`; the failure names what is wrong.
+    public static func parse(_ authority: Substring) -> Result<HostAuthority, ParseFailure> {
+        let host: Substring
+        let portText: Substring
+        if authority.hasPrefix("[") {
+            guard let close = authority.firstIndex(of: "]") else { return .failure(ParseFailure("unterminated IPv6 literal")) }
+            host = authority[authority.index(after: authority.startIndex)..<close]
+            let rest = authority[authority.index(after: close)...]
+            guard rest.hasPrefix(":") else { return .failure(ParseFailure("the CONNECT target needs a port")) }
+            portText = rest.dropFirst()
+            guard host.contains(":"), IPAddressText.isIPLiteral(String(host)) else {
+                return .failure(ParseFailure("invalid IPv6 literal [\(host)]"))
+            }
+        } else {
+            guard let colon = authority.lastIndex(of: ":") else { return .failure(ParseFailure("the CONNECT target needs a port")) }
+            host = authority[..<colon]
+            portText = authority[authority.index(after: colon)...]
+            guard !host.contains(":") else { return .failure(ParseFailure("IPv6 literals must be in brackets")) }
+        }
+        guard !portText.isEmpty, portText.count <= 5, portText.allSatisfy({ $0.isASCII && $0.isNumber }),
+              let port = Int(portText), (1...65535).contains(port)
+        else { return .failure(ParseFailure("invalid port \"\(portText)\"")) }
+        let hostText = String(host)
+        if IPAddressText.isIPLiteral(hostText) {
+            return .success(HostAuthority(host: hostText.lowercased(), port: port, isIPLiteral: true))
+        }
+        let name = HostName.normalize(hostText)
+        guard isValidHostName(name) else { return .failure(ParseFailure("invalid host name \"\(hostText)\"")) }
+        return .success(HostAuthority(host: name, port: port, isIPLiteral: false))
+    }
+
+    /// Letters, digits, `-` and `_`, in dot-separated labels of 1–63 characters, 253 in all.
+    public static func isValidHostName(_ name: String) -> Bool {
+        guard !name.isEmpty, name.utf8.count <= 253 else { return false }
+        return name.split(separator: ".", omittingEmptySubsequences: false).allSatisfy { label in
+            !label.isEmpty && label.utf8.count <= 63 && !label.hasPrefix("-") && !label.hasSuffix("-")
+                && label.utf8.allSatisfy { byte in
+                    (byte >= 0x61 && byte <= 0x7A) || (byte >= 0x30 && byte <= 0x39) || byte == 0x2D || byte == 0x5F
+                }
+        }
+    }
+
+    /// Why a text is not an authority.
+    public struct ParseFailure: Error, Sendable, Equatable {
+        /// What is wrong, naming the text.
+        public let detail: String
+
+        init(_ detail: String) { self.detail = detail }
+    }
+}
