@@ -80,14 +80,14 @@ def http1(args):
         return line
 
     for index in range(args.count):
-        body = os.urandom(args.upload) if args.upload else b""
-        method = "POST" if args.upload else "GET"
+        body = os.urandom(args.upload) if args.upload is not None else b""
+        method = "POST" if args.upload is not None else "GET"
         head = f"{method} {args.path} HTTP/1.1\r\nHost: {host}\r\n"
-        if args.upload:
+        if args.upload is not None:
             head += f"Content-Length: {len(body)}\r\n"
         tls.sendall((head + "\r\n").encode() + body)
         record = {"status": None, "length": 0, "sha256": None, "error": None,
-                  "sent_sha256": hashlib.sha256(body).hexdigest() if args.upload else None}
+                  "sent_sha256": hashlib.sha256(body).hexdigest() if args.upload is not None else None}
         try:
             status = int(readline().split()[1])
             headers = {}
@@ -148,14 +148,14 @@ def http2(args):
         streams = {}
         for _ in range(batch):
             stream_id = conn.get_next_available_stream_id()
-            body = os.urandom(args.upload) if args.upload else b""
-            headers = [(":method", "POST" if args.upload else "GET"), (":scheme", "https"), (":authority", host),
+            body = os.urandom(args.upload) if args.upload is not None else b""
+            headers = [(":method", "POST" if args.upload is not None else "GET"), (":scheme", "https"), (":authority", host),
                        (":path", args.path)]
-            if args.upload:
+            if args.upload is not None:
                 headers.append(("content-length", str(len(body))))
-            conn.send_headers(stream_id, headers, end_stream=not args.upload)
+            conn.send_headers(stream_id, headers, end_stream=not body)
             streams[stream_id] = {"status": None, "length": 0, "digest": hashlib.sha256(), "ended": False,
-                                  "error": None, "pending": body, "sent_sha256": hashlib.sha256(body).hexdigest() if args.upload else None}
+                                  "error": None, "pending": body, "sent_sha256": hashlib.sha256(body).hexdigest() if args.upload is not None else None}
         tls.sendall(conn.data_to_send())
         try:
             while not all(s["ended"] or s["error"] for s in streams.values()):
@@ -252,7 +252,7 @@ def main():
     parser.add_argument("--protocol", choices=["http/1.1", "h2"], default="http/1.1")
     parser.add_argument("--count", type=int, default=1)
     parser.add_argument("--path", default="/")
-    parser.add_argument("--upload", type=int, default=0, help="upload this many random bytes instead of downloading")
+    parser.add_argument("--upload", type=int, default=None, help="upload this many random bytes (0 too) instead of downloading")
     parser.add_argument("--reader", choices=["fast", "slow", "pause"], default="fast")
     parser.add_argument("--pause", type=float, default=2.0)
     parser.add_argument("--concurrency", type=int, default=1)

@@ -14,7 +14,7 @@ public enum TestProcess {
     /// Runs `executable` (looked up on PATH) to completion, killing it after `timeout` seconds.
     public static func run(_ executable: String, _ arguments: [String], environment: [String: String]? = nil,
                     stdin: Data? = nil, timeout: TimeInterval = 60) async throws -> Result {
-        let process = Process()
+        let process = ChildProcess()
         process.executableURL = URL(fileURLWithPath: try resolve(executable))
         process.arguments = arguments
         if let environment {
@@ -133,7 +133,7 @@ public final class OutputCollector: @unchecked Sendable {
     public var errText: String { String(decoding: contents.1, as: UTF8.self) }
 }
 
-extension Process {
+extension ChildProcess {
     /// Sends SIGTERM to this child (by its PID), waits up to `seconds` for it to exit,
     /// then SIGKILLs it; never blocks a thread while waiting. Does nothing once the child
     /// has exited, so scoped helpers may call it after a test already stopped the child.

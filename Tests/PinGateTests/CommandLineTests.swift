@@ -139,12 +139,12 @@ struct CommandLineTests {
 
 /// `pingate run` as a child process; its port is read from its start-up log line.
 final class RunningGate: Sendable {
-    let process: Process
+    let process: ChildProcess
     let port: Int
     private let log: OutputCollector
     private let logDrain: PipeDrain
 
-    private init(process: Process, port: Int, log: OutputCollector, logDrain: PipeDrain) {
+    private init(process: ChildProcess, port: Int, log: OutputCollector, logDrain: PipeDrain) {
         self.process = process
         self.port = port
         self.log = log
@@ -196,7 +196,7 @@ final class RunningGate: Sendable {
     /// Starts `pingate run ARGS`: the gate once it listens, or nil if it exited first,
     /// with everything it logged up to then.
     private static func launch(_ arguments: [String], environment: [String: String]) async throws -> (gate: RunningGate?, log: String) {
-        let process = Process()
+        let process = ChildProcess()
         if !environment.isEmpty {
             process.environment = ProcessInfo.processInfo.environment.merging(environment) { _, new in new }
         }

@@ -410,8 +410,8 @@ struct HardeningTests {
     static func withOpenSSLServer<Value>(_ arguments: [String], isolation: isolated (any Actor)? = #isolation,
                                          _ body: (Int) async throws -> Value) async throws -> Value {
         try await withResource(
-            start: { () async throws -> (Process, PipeDrain, OutputCollector) in
-                let process = Process()
+            start: { () async throws -> (ChildProcess, PipeDrain, OutputCollector) in
+                let process = ChildProcess()
                 process.executableURL = URL(fileURLWithPath: try TestProcess.resolve("openssl"))
                 process.arguments = ["s_server", "-accept", "127.0.0.1:0"] + arguments
                 let pipe = Pipe()

@@ -181,10 +181,10 @@ struct HarnessTests {
 /// Debian's tinyproxy as a plain CONNECT tunnel on a port that was free a moment ago.
 final class Tinyproxy {
     let port: Int
-    private let process: Process
+    private let process: ChildProcess
     private let directory: TemporaryDirectory
 
-    private init(port: Int, process: Process, directory: TemporaryDirectory) {
+    private init(port: Int, process: ChildProcess, directory: TemporaryDirectory) {
         self.port = port
         self.process = process
         self.directory = directory
@@ -196,7 +196,7 @@ final class Tinyproxy {
         for _ in 0..<5 {
             let port = try closedLoopbackPort()
             let config = try directory.write("tinyproxy.conf", "Port \(port)\nListen 127.0.0.1\nMaxClients 50\nLogLevel Critical\nTimeout 30\n")
-            let process = Process()
+            let process = ChildProcess()
             process.executableURL = URL(fileURLWithPath: binary)
             process.arguments = ["-d", "-c", config]
             process.standardOutput = FileHandle.nullDevice

@@ -10,11 +10,11 @@ final class H2EchoOrigin {
         .deletingLastPathComponent().appendingPathComponent("Peers").path
 
     let port: Int
-    private let process: Process
+    private let process: ChildProcess
     private let output: OutputCollector
     private let drains: [PipeDrain]
 
-    private init(port: Int, process: Process, output: OutputCollector, drains: [PipeDrain]) {
+    private init(port: Int, process: ChildProcess, output: OutputCollector, drains: [PipeDrain]) {
         self.port = port
         self.process = process
         self.output = output
@@ -29,7 +29,7 @@ final class H2EchoOrigin {
     /// Starts peer `script` (in `Tests/Peers`) with `arguments`; like the echo origin it
     /// must print `{"event": "listening", "port": N}` first (`ws_peer.py server` does).
     static func start(script: String, _ arguments: [String]) async throws -> H2EchoOrigin {
-        let process = Process()
+        let process = ChildProcess()
         process.executableURL = URL(fileURLWithPath: try TestProcess.resolve("python3"))
         process.arguments = ["-u", (peers as NSString).appendingPathComponent(script)] + arguments
         let out = Pipe()

@@ -7,9 +7,9 @@ import PinGateTestSupport
 final class NginxOrigin {
     let directory: TemporaryDirectory
     let port: Int
-    private let process: Process
+    private let process: ChildProcess
 
-    private init(directory: TemporaryDirectory, port: Int, process: Process) {
+    private init(directory: TemporaryDirectory, port: Int, process: ChildProcess) {
         self.directory = directory
         self.port = port
         self.process = process
@@ -58,7 +58,7 @@ final class NginxOrigin {
             }
             """
             let configPath = try directory.write("nginx.conf", config)
-            let process = Process()
+            let process = ChildProcess()
             process.executableURL = URL(fileURLWithPath: nginx)
             process.arguments = ["-p", directory.path, "-c", configPath, "-e", directory.file("error.log")]
             process.standardOutput = FileHandle.nullDevice
