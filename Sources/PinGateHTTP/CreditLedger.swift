@@ -102,16 +102,8 @@ struct CreditLedger {
     /// channel was writable right after. The credit to give now, or nil (held until
     /// `drained`).
     mutating func wrote(_ direction: Direction, sinkID: Int, bytes: Int, writable: Bool) -> Credit? {
-        guard bytes > 0 else { return nil }
-        let key = Key(direction: direction, sinkID: sinkID)
-        guard var account = accounts[key] else {
-            unplaced += bytes
-            return nil
-        }
-        let available = account.outstanding - account.held
-        if bytes > available { unplaced += bytes - available }
-        let counted = min(bytes, available)
-        guard counted > 0 else { return nil }
+        guard let (key, found, counted) = placed(direction, sinkID: sinkID, bytes: bytes), counted > 0 else { return nil }
+        var account = found
         if !writable {
             account.held += counted
             accounts[key] = account
@@ -136,15 +128,24 @@ struct CreditLedger {
     /// The sink dropped `bytes` of exchange `sinkID` it had taken and not written (a reset
     /// stream's queued body, a write it refused): given back now.
     mutating func discarded(_ direction: Direction, sinkID: Int, bytes: Int) -> Credit? {
+        guard let (key, found, counted) = placed(direction, sinkID: sinkID, bytes: bytes) else { return nil }
+        var account = found
+        return give(counted, of: &account, key: key)
+    }
+
+    /// The account a sink's report of `bytes` for `sinkID` goes against, and how many of
+    /// them it has outstanding and not held already; whatever is beyond that (or all of
+    /// them, with no account) is counted as unplaced.
+    private mutating func placed(_ direction: Direction, sinkID: Int, bytes: Int) -> (Key, Account, Int)? {
         guard bytes > 0 else { return nil }
         let key = Key(direction: direction, sinkID: sinkID)
-        guard var account = accounts[key] else {
+        guard let account = accounts[key] else {
             unplaced += bytes
             return nil
         }
         let available = account.outstanding - account.held
         if bytes > available { unplaced += bytes - available }
-        return give(min(bytes, available), of: &account, key: key)
+        return (key, account, min(bytes, available))
     }
 
     /// The router will hand the sink no more of exchange `sinkID` (the exchange ended): the
