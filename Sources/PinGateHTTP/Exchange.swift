@@ -204,6 +204,12 @@ protocol TunnelClientSide: AnyObject {
     /// Says `bytes` of exchange `id`'s request body have been passed on: the client may
     /// send that much more (HTTP/2 window, HTTP/1.1 reading resumes).
     func requestBodyPassedOn(_ id: Int, bytes: Int)
+    /// Says `bytes` of exchange `id`'s request body wait at the upstream side behind another
+    /// exchange (an HTTP/1.1 upstream carries one at a time): a multiplexing client may use
+    /// that much of its connection window for its other streams meanwhile (their credit for
+    /// the stream comes later, with `requestBodyPassedOn`). Without it, streams that wait hold
+    /// the connection window the one being sent needs: a deadlock.
+    func requestBodyQueued(_ id: Int, bytes: Int)
     /// Writes out what was queued (called when the other side finished a read burst).
     func flush()
     /// Closes the client's connection once what was written is out.

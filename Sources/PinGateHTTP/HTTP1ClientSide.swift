@@ -381,7 +381,9 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         }
         // Relayed: the codecs are gone, the bytes are the WebSocket's own.
         context.write(relaying == id ? NIOAny(bytes) : wrapOutboundOut(.body(.byteBuffer(bytes))), promise: nil)
-        router.responseBodyWritten(id, bytes: count, writable: context.channel.isWritable)
+        // Held until flushed (`flush`, `endResponse`): writability means something only once
+        // the bytes have gone through the TLS handler to the socket's queue.
+        router.responseBodyWritten(id, bytes: count, writable: false)
     }
 
     func endResponse(_ id: Int, trailers: HTTPHeaders?) {
@@ -394,6 +396,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         }
         answering = nil
         context.writeAndFlush(wrapOutboundOut(.end(trailers)), promise: nil)
+        creditIfWritable(context)
         if !finished.keepAlive || failing || drainRequested || (inputEnded && queued.isEmpty && pendingParseError == nil) {
             close()
             return
@@ -435,12 +438,24 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         close()
     }
 
+    /// Nothing to do: an HTTP/1.1 client sends one request body at a time, and its bytes
+    /// count against one read budget whatever waits where.
+    func requestBodyQueued(_ id: Int, bytes: Int) {}
+
     func requestBodyPassedOn(_ id: Int, bytes: Int) {
         resumeReading(afterPassingOn: bytes)
     }
 
     func flush() {
-        context?.flush()
+        guard let context else { return }
+        context.flush()
+        creditIfWritable(context)
+    }
+
+    /// The response bytes written since the last flush are out of the gate's hands once the
+    /// channel takes more: their credit goes back now, or when it drains.
+    private func creditIfWritable(_ context: ChannelHandlerContext) {
+        if context.channel.isWritable { router.clientDrained() }
     }
 
     /// HTTP/1.1 has no flow control of its own: every response part the router passed on

@@ -178,6 +178,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             write(.body(bytes), id: id)
         } else if let index = waiting.firstIndex(where: { $0.id == id }) {
             waiting[index].parts.append(.body(bytes))
+            router.requestBodyQueued(id, bytes: bytes.readableBytes)
         } else {
             // An exchange this connection will not carry (refused at its start, cancelled):
             // the bytes go nowhere, and their credit back.
@@ -189,7 +190,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         if relaying == id {
             // The client's stream ended its half: so does this connection's (TLS
             // close_notify, then a TCP half-close); the upstream's bytes still come back.
-            context?.flush()
+            flush()
             context?.close(mode: .output, promise: nil)
             return
         }
@@ -220,7 +221,15 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     }
 
     func flush() {
-        context?.flush()
+        guard let context else { return }
+        context.flush()
+        creditIfWritable(context)
+    }
+
+    /// The request bytes written since the last flush are out of the gate's hands once the
+    /// channel takes more: their credit goes back now, or when it drains.
+    private func creditIfWritable(_ context: ChannelHandlerContext) {
+        if context.channel.isWritable { router.upstreamDrained() }
     }
 
     func close() {
@@ -256,10 +265,13 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         case .body(let bytes):
             let count = bytes.readableBytes
             context.write(wrapOutboundOut(.body(.byteBuffer(bytes))), promise: nil)
-            router.requestBodyWritten(id, bytes: count, writable: context.channel.isWritable)
+            // Held until flushed: writability means something only once the bytes have gone
+            // through the TLS handler to the socket's queue.
+            router.requestBodyWritten(id, bytes: count, writable: false)
         case .end(let trailers):
             activeRequestEnded = true
             context.writeAndFlush(wrapOutboundOut(.end(trailers)), promise: nil)
+            creditIfWritable(context)
         }
     }
 
@@ -385,7 +397,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         let next = waiting.removeFirst()
         activate(next.id)
         for part in next.parts { write(part, id: next.id) }
-        if !next.ended { context?.flush() }
+        if !next.ended { flush() }
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
@@ -475,7 +487,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         if pending?.ended == true {
             endRequest(id, trailers: nil)
         } else {
-            context.flush()
+            flush()
         }
     }
 
@@ -494,7 +506,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             return
         }
         context.write(NIOAny(bytes), promise: nil)
-        router.requestBodyWritten(id, bytes: count, writable: context.channel.isWritable)
+        router.requestBodyWritten(id, bytes: count, writable: false)
     }
 
     private func resumeReading(afterPassingOn count: Int) {

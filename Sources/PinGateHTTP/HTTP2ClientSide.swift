@@ -54,6 +54,10 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
     /// Between `channelRead` and `channelReadComplete`: output waits for the burst's end.
     private var inReadBurst = false
     private var closing = false
+    /// Connection-window credit given back early, by stream, for request bytes that waited
+    /// upstream (`requestBodyQueued`): taken off the connection's share when their stream
+    /// credit comes. Kept until used up, however long after the stream closed.
+    private var connectionCreditGiven: [Int32: Int] = [:]
     /// Streams the gate itself reset: their close is not the client's doing.
     private var resetByGate: Set<Int32> = []
     /// When resets and rejected requests stop being a stream's business and end the connection.
@@ -314,9 +318,29 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
 
     func requestBodyPassedOn(_ id: Int, bytes: Int) {
         // The window reopens by what the upstream side took: the client may send that much
-        // more. Within a read burst the WINDOW_UPDATE waits for the burst's end.
+        // more. Within a read burst the WINDOW_UPDATE waits for the burst's end. The
+        // connection's share of bytes that waited upstream went back already.
+        let streamID = Int32(id)
+        let early = min(bytes, connectionCreditGiven[streamID] ?? 0)
         do {
-            try wire.session.consumed(streamID: Int32(id), bytes: bytes)
+            if early == 0 {
+                try wire.session.consumed(streamID: streamID, bytes: bytes)
+            } else {
+                let left = (connectionCreditGiven[streamID] ?? 0) - early
+                connectionCreditGiven[streamID] = left > 0 ? left : nil
+                try wire.session.consumedStream(streamID, bytes: bytes)
+                try wire.session.consumedConnection(bytes: bytes - early)
+            }
+        } catch {
+            router.creditNotApplied(bytes: bytes, detail: "\(error)")
+        }
+        if !inReadBurst { writeOutput(flush: true) }
+    }
+
+    func requestBodyQueued(_ id: Int, bytes: Int) {
+        do {
+            try wire.session.consumedConnection(bytes: bytes)
+            connectionCreditGiven[Int32(id), default: 0] += bytes
         } catch {
             router.creditNotApplied(bytes: bytes, detail: "\(error)")
         }

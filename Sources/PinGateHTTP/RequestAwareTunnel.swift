@@ -60,7 +60,14 @@ package enum RequestAwareTunnel {
             do {
                 switch (verdict, clientProtocol) {
                 case (.http2, "h2"), (.http2, nil):
-                    let clientSide = try HTTP2ClientSide(router: router, limits: limits)
+                    // Bridged onto HTTP/1.1, the client's streams wait their turn upstream, and
+                    // what a waiting stream sends waits with it: a small stream window bounds
+                    // that (64 KiB a stream, however many streams), while the connection's share
+                    // is given back at once (`requestBodyQueued`) so the stream being sent
+                    // always has room.
+                    var clientLimits = limits
+                    if upstreamProtocol != "h2" { clientLimits.initialWindowSize = min(limits.initialWindowSize, 64 * 1024) }
+                    let clientSide = try HTTP2ClientSide(router: router, limits: clientLimits)
                     router.client = clientSide
                     try context.pipeline.syncOperations.addHandler(clientSide, position: .last)
                 case (.http1, "http/1.1"), (.http1, nil):

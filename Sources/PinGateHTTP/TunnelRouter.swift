@@ -454,6 +454,16 @@ package final class TunnelRouter {
         deliver(ledger.discarded(.request, sinkID: upstreamID, bytes: bytes))
     }
 
+    /// `bytes` of exchange `upstreamID`'s request body wait at the upstream side behind
+    /// another exchange: the client may use that much of its connection window elsewhere.
+    func requestBodyQueued(_ upstreamID: Int, bytes: Int) {
+        guard let id = clientIDByUpstreamID[upstreamID] else {
+            observer.creditUnplaced(bytes)
+            return
+        }
+        client?.requestBodyQueued(id, bytes: bytes)
+    }
+
     /// The upstream's channel is writable again.
     func upstreamDrained() {
         for credit in ledger.drained(.request) { deliver(credit) }

@@ -483,6 +483,25 @@ public final class HTTP2Session {
         guard result == 0 else { throw HTTP2Error(code: result, operation: "consuming \(count) bytes on stream \(streamID)") }
     }
 
+    /// As `consumed(streamID:bytes:)` for the connection window alone: the stream's own
+    /// window stays shut until `consumedStream` opens it.
+    public func consumedConnection(bytes count: Int) throws(HTTP2Error) {
+        guard count > 0 else { return }
+        let result = nghttp2_session_consume_connection(session, count)
+        guard result == 0 else { throw HTTP2Error(code: result, operation: "consuming \(count) bytes on the connection") }
+    }
+
+    /// As `consumed(streamID:bytes:)` for `streamID`'s window alone (its connection share
+    /// was given back already, by `consumedConnection`).
+    public func consumedStream(_ streamID: Int32, bytes count: Int) throws(HTTP2Error) {
+        guard count > 0 else { return }
+        let result = nghttp2_session_consume_stream(session, streamID, count)
+        // A stream that closed meanwhile has no window left to open: nothing to do.
+        guard result == 0 || result == NGHTTP2_ERR_INVALID_ARGUMENT.rawValue else {
+            throw HTTP2Error(code: result, operation: "consuming \(count) bytes on stream \(streamID)")
+        }
+    }
+
     /// Sends GOAWAY with `errorCode` (0: no error) and stops accepting new streams.
     public func goAway(errorCode: UInt32) throws(HTTP2Error) {
         let last = nghttp2_session_get_last_proc_stream_id(session)

@@ -104,7 +104,17 @@ struct RouterCreditTests {
             reset(id)
             return true
         }
-        func requestBodyPassedOn(_ id: Int, bytes: Int) { window += bytes }
+        /// Connection credit given back early for bytes that waited upstream, by exchange.
+        var early: [Int: Int] = [:]
+        func requestBodyPassedOn(_ id: Int, bytes: Int) {
+            let already = min(bytes, early[id] ?? 0)
+            early[id] = (early[id] ?? 0) - already
+            window += bytes - already
+        }
+        func requestBodyQueued(_ id: Int, bytes: Int) {
+            early[id, default: 0] += bytes
+            window += bytes
+        }
         func flush() {}
         func close() {}
         func closeWhenAnswered() {}
