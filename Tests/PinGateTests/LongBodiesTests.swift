@@ -86,51 +86,35 @@ struct LongBodiesTests {
     @Test("uploads: 20 × 8 MiB on one tunnel, each answered with the SHA-256 the origin received, for {HTTP/1.1, h2 client} × {HTTP/1.1, h2 origin}",
           arguments: [("http/1.1", false), ("http/1.1", true), ("h2", false), ("h2", true)])
     func sequentialUploads(client: String, originH2: Bool) async throws {
-        let directory = try TemporaryDirectory()
-        defer { directory.remove() }
-        let pki = try TestPKI(directory: directory)
-        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
-        try await H2EchoOrigin.with(script: "upload_origin.py", [
-            "--cert", leaf.certificatePath, "--key", leaf.keyPath, "--alpn", originH2 ? "h2" : "http/1.1",
-        ]) { origin in
-            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
-                                       resolve: ["\(Self.host):\(origin.port)"]) { gate in
-                let report = try await Self.transfers(gate, port: origin.port, [
-                    "--protocol", client, "--count", "\(Self.count)", "--path", "/upload", "--upload", "\(Self.bodySize)"])
-                let transfers = report.transfers ?? []
-                #expect(transfers.count == Self.count, "\(report.error ?? "") \(transfers.map { $0.error ?? "ok" })")
-                for (index, transfer) in transfers.enumerated() {
-                    let answer = "\(transfer.sent_sha256 ?? "-") \(Self.bodySize)\n"
-                    #expect(transfer.error == nil && transfer.status == 200 && transfer.text == answer,
-                            "upload \(index): \(transfer.status ?? 0) \(transfer.text ?? "") \(transfer.error ?? "no error")")
-                }
-                #expect(gate.statistics.upstreamConnections == 1)
+        // upload_origin.py, which answers each upload with the SHA-256 it received.
+        try await UpstreamCutTests.withOrigin(http2: originH2) { gate, port in
+            let report = try await Self.transfers(gate, port: port, [
+                "--protocol", client, "--count", "\(Self.count)", "--path", "/upload", "--upload", "\(Self.bodySize)"])
+            let transfers = report.transfers ?? []
+            #expect(transfers.count == Self.count, "\(report.error ?? "") \(transfers.map { $0.error ?? "ok" })")
+            for (index, transfer) in transfers.enumerated() {
+                let answer = "\(transfer.sent_sha256 ?? "-") \(Self.bodySize)\n"
+                #expect(transfer.error == nil && transfer.status == 200 && transfer.text == answer,
+                        "upload \(index): \(transfer.status ?? 0) \(transfer.text ?? "") \(transfer.error ?? "no error")")
             }
+            #expect(gate.statistics.upstreamConnections == 1)
         }
     }
 
     @Test("h2 client, 8 concurrent 2 MiB uploads on one tunnel, to an HTTP/1.1 origin (where they wait their turn) and to an h2 one: every upload whole, none stuck behind another's window",
           arguments: [false, true])
     func concurrentUploads(originH2: Bool) async throws {
-        let directory = try TemporaryDirectory()
-        defer { directory.remove() }
-        let pki = try TestPKI(directory: directory)
-        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
-        try await H2EchoOrigin.with(script: "upload_origin.py", [
-            "--cert", leaf.certificatePath, "--key", leaf.keyPath, "--alpn", originH2 ? "h2" : "http/1.1",
-        ]) { origin in
-            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
-                                       resolve: ["\(Self.host):\(origin.port)"]) { gate in
-                let report = try await Self.transfers(gate, port: origin.port, [
-                    "--protocol", "h2", "--count", "8", "--concurrency", "8", "--path", "/upload", "--upload", "\(2 << 20)",
-                    "--stall", "20"])
-                let transfers = report.transfers ?? []
-                #expect(transfers.count == 8, "\(report.error ?? "") \(transfers.map { $0.error ?? "ok" })")
-                for (index, transfer) in transfers.enumerated() {
-                    let answer = "\(transfer.sent_sha256 ?? "-") \(2 << 20)\n"
-                    #expect(transfer.error == nil && transfer.status == 200 && transfer.text == answer,
-                            "upload \(index): \(transfer.status ?? 0) \(transfer.text ?? "") \(transfer.error ?? "no error")")
-                }
+        // upload_origin.py, which answers each upload with the SHA-256 it received.
+        try await UpstreamCutTests.withOrigin(http2: originH2) { gate, port in
+            let report = try await Self.transfers(gate, port: port, [
+                "--protocol", "h2", "--count", "8", "--concurrency", "8", "--path", "/upload", "--upload", "\(2 << 20)",
+                "--stall", "20"])
+            let transfers = report.transfers ?? []
+            #expect(transfers.count == 8, "\(report.error ?? "") \(transfers.map { $0.error ?? "ok" })")
+            for (index, transfer) in transfers.enumerated() {
+                let answer = "\(transfer.sent_sha256 ?? "-") \(2 << 20)\n"
+                #expect(transfer.error == nil && transfer.status == 200 && transfer.text == answer,
+                        "upload \(index): \(transfer.status ?? 0) \(transfer.text ?? "") \(transfer.error ?? "no error")")
             }
         }
     }
