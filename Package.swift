@@ -32,6 +32,8 @@ let package = Package(
     products: [
         .executable(name: "pingate", targets: ["pingate"]),
         .library(name: "PinGate", targets: ["PinGate"]),
+        // The HTTP layer, for the fuzz package's harnesses (Fuzz/), which drive its sides.
+        .library(name: "PinGateHTTP", targets: ["PinGateHTTP"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio", from: "2.80.0"),

@@ -48,6 +48,7 @@ let package = Package(
             dependencies: [
                 "CLibFuzzer",
                 .product(name: "PinGate", package: "pingate"),
+                .product(name: "PinGateHTTP", package: "pingate"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

@@ -2,7 +2,7 @@ import Foundation
 import NIOCore
 import NIOEmbedded
 import NIOHTTP1
-@testable import PinGate
+@testable import PinGateHTTP
 import PinGateHTTP2
 
 /// Drives one tunnel's client side, as the gate installs it after the client's TLS, with
@@ -149,7 +149,7 @@ final class StubUpstream: TunnelUpstreamSide {
         guard let router else { return }
         let owed = credits
         credits = []
-        for (id, count) in owed { router.requestBodyTransmitted(id, bytes: count) }
+        for (id, count) in owed { router.requestBodyWritten(id, bytes: count, writable: true) }
         guard answer.responds else { return }
         for id in ended.sorted() {
             guard let head = started.removeValue(forKey: id) else { continue }
