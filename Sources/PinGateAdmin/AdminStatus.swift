@@ -20,6 +20,8 @@ public struct AdminSnapshot: Sendable, Codable {
         public var list: ListStatus
         /// Tunnel counters.
         public var counters: Counters
+        /// The pool of verified upstream connections; absent when pooling is off.
+        public var upstreamPool: UpstreamPoolStatus?
     }
 
     /// The local CA.
@@ -168,7 +170,8 @@ public struct AdminSnapshot: Sendable, Codable {
                 tunnelsClosedByUpdate: stats.tunnelsClosedByUpdate,
                 reportOnlyViolations: stats.reportOnlyViolations, requestsForwarded: stats.requestsForwarded,
                 requestsRefusedByReason: stats.requestsRefusedByReason,
-                requestsCancelledByClient: stats.requestsCancelledByClient, creditUnplacedBytes: stats.creditUnplacedBytes))
+                requestsCancelledByClient: stats.requestsCancelledByClient, creditUnplacedBytes: stats.creditUnplacedBytes),
+            upstreamPool: gate.upstreamPool)
         var reason: String?
         if !usable {
             if let expired = list?.expiryReason(at: now) {

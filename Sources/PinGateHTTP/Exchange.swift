@@ -240,4 +240,13 @@ protocol TunnelUpstreamSide: AnyObject {
     func flush()
     /// Closes the upstream connection once what was written is out.
     func close()
+    /// Why this connection could not carry another tunnel's exchanges from now on, or nil
+    /// when it can: it is at a message boundary (no exchange open either way), still speaks
+    /// HTTP, and neither side has started to close it.
+    var reuseBlocker: UpstreamNotPooledReason? { get }
+    /// Detaches the side from its tunnel's router: the connection is parked. From here on
+    /// anything the upstream sends but connection upkeep (HTTP/2 SETTINGS, PING) closes it.
+    func park()
+    /// Attaches a parked side to the router of the tunnel now admitted on its connection.
+    func attach(to router: TunnelRouter)
 }

@@ -26,7 +26,8 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         case end(HTTPHeaders?)
     }
 
-    private let router: TunnelRouter
+    /// The tunnel this connection serves; nil while it is parked in the pool between tunnels.
+    private var router: TunnelRouter?
     private var context: ChannelHandlerContext?
     private var nextID = 1
     /// The exchange on the wire (its request sent or being sent, its response awaited).
@@ -74,6 +75,27 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         self.context = nil
     }
 
+    // MARK: reuse
+
+    var reuseBlocker: UpstreamNotPooledReason? {
+        if closing || context == nil { return .closing }
+        if upgraded || relaying != nil || translated != nil { return .upgraded }
+        if active != nil || !waiting.isEmpty || flow.bytesInFlight > 0 { return .inFlight }
+        return nil
+    }
+
+    func park() {
+        router = nil
+        onUpgrade = nil
+        // What a parked connection may still need to hear is its close; a read keeps the
+        // socket watched (a response nobody asked for closes it, as for a tunnel).
+        context?.read()
+    }
+
+    func attach(to router: TunnelRouter) {
+        self.router = router
+    }
+
     // MARK: from the router
 
     /// An HTTP/1.1 upstream can switch protocols (`101`): an HTTP/1.1 client's `Upgrade`
@@ -91,7 +113,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             // The connection now carries another protocol: no HTTP exchange fits on it
             // (an HTTP/2 client's other streams, after one of them became a WebSocket).
             context?.eventLoop.assumeIsolated().execute { [router] in
-                router.responseFailed(id, detail: "the upstream's one HTTP/1.1 connection now carries a WebSocket")
+                router?.responseFailed(id, detail: "the upstream's one HTTP/1.1 connection now carries a WebSocket")
             }
             return id
         }
@@ -136,7 +158,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         guard translated == nil else {
             // One connection can become one WebSocket: a second must not overwrite the first's key.
             context?.eventLoop.assumeIsolated().execute { [router] in
-                router.responseFailed(id, detail: "the upstream's one HTTP/1.1 connection is already being switched to a WebSocket")
+                router?.responseFailed(id, detail: "the upstream's one HTTP/1.1 connection is already being switched to a WebSocket")
             }
             return id
         }
@@ -178,11 +200,11 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             write(.body(bytes), id: id)
         } else if let index = waiting.firstIndex(where: { $0.id == id }) {
             waiting[index].parts.append(.body(bytes))
-            router.requestBodyQueued(id, bytes: bytes.readableBytes)
+            router?.requestBodyQueued(id, bytes: bytes.readableBytes)
         } else {
             // An exchange this connection will not carry (refused at its start, cancelled):
             // the bytes go nowhere, and their credit back.
-            router.requestBodyDiscarded(id, bytes: bytes.readableBytes)
+            router?.requestBodyDiscarded(id, bytes: bytes.readableBytes)
         }
     }
 
@@ -212,7 +234,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             close()
         } else if let index = waiting.firstIndex(where: { $0.id == id }) {
             // Never sent: the body it had queued goes back to the client's credit.
-            router.requestBodyDiscarded(id, bytes: Self.bodyBytes(in: waiting.remove(at: index).parts))
+            router?.requestBodyDiscarded(id, bytes: Self.bodyBytes(in: waiting.remove(at: index).parts))
         }
     }
 
@@ -229,7 +251,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     /// The request bytes written since the last flush are out of the gate's hands once the
     /// channel takes more: their credit goes back now, or when it drains.
     private func creditIfWritable(_ context: ChannelHandlerContext) {
-        if context.channel.isWritable { router.upstreamDrained() }
+        if context.channel.isWritable { router?.upstreamDrained() }
     }
 
     func close() {
@@ -256,7 +278,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
 
     private func write(_ part: Part, id: Int) {
         guard let context, addCodecsIfNeeded(context: context) else {
-            if case .body(let bytes) = part { router.requestBodyDiscarded(id, bytes: bytes.readableBytes) }
+            if case .body(let bytes) = part { router?.requestBodyDiscarded(id, bytes: bytes.readableBytes) }
             return
         }
         switch part {
@@ -267,7 +289,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             context.write(wrapOutboundOut(.body(.byteBuffer(bytes))), promise: nil)
             // Held until flushed: writability means something only once the bytes have gone
             // through the TLS handler to the socket's queue.
-            router.requestBodyWritten(id, bytes: count, writable: false)
+            router?.requestBodyWritten(id, bytes: count, writable: false)
         case .end(let trailers):
             activeRequestEnded = true
             context.writeAndFlush(wrapOutboundOut(.end(trailers)), promise: nil)
@@ -281,7 +303,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     /// client, which gets a 502 `upstream-protocol-error` (the upstream answered, wrongly;
     /// it is not unreachable), and this connection, now in an unknown protocol, closes.
     private func refuseSwitch(_ id: Int, problem: String) {
-        router.responseFailed(id, reason: .upstreamProtocolError,
+        router?.responseFailed(id, reason: .upstreamProtocolError,
                               detail: "the upstream did not complete the WebSocket handshake: \(problem)")
         close()
     }
@@ -331,7 +353,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
                     refuseSwitch(id, problem: problem)
                     return
                 }
-                router.responseHead(id, ExchangeResponseHead(
+                router?.responseHead(id, ExchangeResponseHead(
                     status: 101, headers: WebSocketHandshake.withoutHandshakeFields(HTTP1HeadFields(head.headers).endToEnd),
                     upgrade: WebSocketHandshake.token), endStream: false)
                 upgraded = true
@@ -354,7 +376,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             }
             if head.status.code == 101 {
                 let upgrade = head.headers.first(name: "upgrade")
-                router.responseHead(id, ExchangeResponseHead(status: 101, headers: HTTP1HeadFields(head.headers).endToEnd,
+                router?.responseHead(id, ExchangeResponseHead(status: 101, headers: HTTP1HeadFields(head.headers).endToEnd,
                                                              upgrade: upgrade), endStream: false)
                 upgraded = true
                 switchingProtocols = true
@@ -368,20 +390,20 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
                     // and what the client sent meanwhile is dropped (and credited back).
                     translated = nil
                     let count = started.held.reduce(0) { $0 + $1.readableBytes }
-                    router.requestBodyDiscarded(id, bytes: count)
+                    router?.requestBodyDiscarded(id, bytes: count)
                 }
                 activeResponseHeadSeen = true
                 activeKeepAlive = head.isKeepAlive
             }
-            router.responseHead(id, ExchangeResponseHead(status: Int(head.status.code),
+            router?.responseHead(id, ExchangeResponseHead(status: Int(head.status.code),
                                                          headers: HTTP1HeadFields(head.headers).endToEnd), endStream: false)
         case .body(let bytes):
             flow.handedOver(bytes.readableBytes)
-            router.responseBody(id, bytes)
+            router?.responseBody(id, bytes)
         case .end(let trailers):
             guard activeResponseHeadSeen else { return }  // the end of an informational response
             active = nil
-            router.responseEnd(id, trailers: trailers)
+            router?.responseEnd(id, trailers: trailers)
             if !activeKeepAlive || !activeRequestEnded {
                 // The upstream will close, or our request is still being sent after its
                 // answer: the connection cannot carry another exchange in step.
@@ -401,7 +423,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
-        router.upstreamReadComplete()
+        router?.upstreamReadComplete()
         context.fireChannelReadComplete()
     }
 
@@ -409,14 +431,14 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         if let id = relaying {
             // The relayed protocol's connection ended: so does the client's stream.
             relaying = nil
-            router.responseEnd(id, trailers: nil)
+            router?.responseEnd(id, trailers: nil)
         } else if let id = active {
-            router.responseCancelled(id)
+            router?.responseCancelled(id)
         }
         // Queued behind the active one: not one byte of them was sent.
-        for entry in waiting { router.responseNotProcessed(entry.id) }
+        for entry in waiting { router?.responseNotProcessed(entry.id) }
         waiting = []
-        router.upstreamClosed()
+        router?.upstreamClosed()
         context.fireChannelInactive()
     }
 
@@ -425,7 +447,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             // The upstream ended its half of the relayed protocol: the stream ends (END_STREAM)
             // and, the connection being good for nothing else, the tunnel with it.
             relaying = nil
-            router.responseEnd(id, trailers: nil)
+            router?.responseEnd(id, trailers: nil)
             close()
             return
         }
@@ -449,7 +471,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
-        if context.channel.isWritable { router.upstreamDrained() }
+        if context.channel.isWritable { router?.upstreamDrained() }
         context.fireChannelWritabilityChanged()
     }
 
@@ -478,8 +500,8 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         let stranded = waiting
         waiting = []
         for entry in stranded {
-            router.requestBodyDiscarded(entry.id, bytes: Self.bodyBytes(in: entry.parts))
-            router.responseFailed(entry.id, detail: "the upstream's one HTTP/1.1 connection now carries a WebSocket")
+            router?.requestBodyDiscarded(entry.id, bytes: Self.bodyBytes(in: entry.parts))
+            router?.responseFailed(entry.id, detail: "the upstream's one HTTP/1.1 connection now carries a WebSocket")
         }
         let pending = pendingRelay
         pendingRelay = nil
@@ -495,25 +517,25 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     private func relayed(_ bytes: ByteBuffer) {
         guard let id = relaying else { return }
         flow.handedOver(bytes.readableBytes)
-        router.responseBody(id, bytes)
+        router?.responseBody(id, bytes)
     }
 
     /// Stream DATA from the client, as raw bytes on this connection (no codec is left).
     private func writeRelayed(_ bytes: ByteBuffer, id: Int) {
         let count = bytes.readableBytes
         guard let context else {
-            router.requestBodyDiscarded(id, bytes: count)
+            router?.requestBodyDiscarded(id, bytes: count)
             return
         }
         context.write(NIOAny(bytes), promise: nil)
-        router.requestBodyWritten(id, bytes: count, writable: false)
+        router?.requestBodyWritten(id, bytes: count, writable: false)
     }
 
     private func resumeReading(afterPassingOn count: Int) {
         let overCredited = flow.overCredited
         if flow.passedOn(count) { context?.read() }
         if flow.overCredited > overCredited {
-            router.creditNotApplied(bytes: flow.overCredited - overCredited, detail: "response credit beyond what the upstream sent")
+            router?.creditNotApplied(bytes: flow.overCredited - overCredited, detail: "response credit beyond what the upstream sent")
         }
     }
 }

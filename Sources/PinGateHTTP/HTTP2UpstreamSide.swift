@@ -26,8 +26,11 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         static let refusedStream: UInt32 = 0x7
     }
 
-    private let router: TunnelRouter
+    /// The tunnel this connection serves; nil while it is parked in the pool between tunnels.
+    private var router: TunnelRouter?
     private let wire: HTTP2Wire
+    /// Set when the upstream sent GOAWAY: the connection takes no new streams.
+    private var goAwayReceived = false
     private var context: ChannelHandlerContext?
     /// Streams whose final response head arrived (a later block is trailers).
     private var answeredStreams: Set<Int32> = []
@@ -62,6 +65,25 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
 
     func handlerRemoved(context: ChannelHandlerContext) {
         self.context = nil
+    }
+
+    // MARK: reuse
+
+    var reuseBlocker: UpstreamNotPooledReason? {
+        if closing || context == nil || !wire.session.peerSettingsReceived { return .closing }
+        if goAwayReceived || wire.goAwaySent || !wire.session.isAlive { return .goAway }
+        if !tunnelStreams.isEmpty { return .upgraded }
+        if !answeredStreams.isEmpty || !sendingStreams.isEmpty || wire.session.openStreamCount > 0 { return .inFlight }
+        return nil
+    }
+
+    func park() {
+        router = nil
+        onPeerSettings = nil
+    }
+
+    func attach(to router: TunnelRouter) {
+        self.router = router
     }
 
     // MARK: from the router
@@ -127,7 +149,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             nextRefusedID -= 1
             let notStarted = error.isStreamNotStarted
             context?.eventLoop.assumeIsolated().execute { [router] in
-                if notStarted { router.responseNotProcessed(id) } else { router.responseCancelled(id) }
+                if notStarted { router?.responseNotProcessed(id) } else { router?.responseCancelled(id) }
             }
             return id
         }
@@ -138,7 +160,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         guard sendingStreams.contains(streamID), wire.sendBody(streamID, bytes) else {
             // The stream takes no more (reset, ended, or never opened): the bytes go nowhere,
             // and their credit back to the client.
-            router.requestBodyDiscarded(id, bytes: bytes.readableBytes)
+            router?.requestBodyDiscarded(id, bytes: bytes.readableBytes)
             if sendingStreams.contains(streamID) { cancel(id) }
             return
         }
@@ -160,7 +182,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     func responseBodyPassedOn(_ id: Int, bytes: Int) {
         guard id > 0 else {
             // A refused exchange's id: no stream ever carried bytes for it.
-            router.creditNotApplied(bytes: bytes, detail: "response credit for exchange \(id), which never had a stream")
+            router?.creditNotApplied(bytes: bytes, detail: "response credit for exchange \(id), which never had a stream")
             return
         }
         // For a stream that closed meanwhile nghttp2 reopens the connection window alone,
@@ -168,7 +190,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         do {
             try wire.session.consumed(streamID: Int32(id), bytes: bytes)
         } catch {
-            router.creditNotApplied(bytes: bytes, detail: "\(error)")
+            router?.creditNotApplied(bytes: bytes, detail: "\(error)")
         }
         if !inReadBurst { writeOutput(flush: true) }
     }
@@ -208,7 +230,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         case .headers(let streamID, let fields, let endStream):
             let id = Int(streamID)
             if answeredStreams.contains(streamID) {
-                router.responseEnd(id, trailers: HTTP2Wire.headers(fields))
+                router?.responseEnd(id, trailers: HTTP2Wire.headers(fields))
                 return
             }
             let status = Int(HTTP2Wire.pseudo(":status", in: fields) ?? "") ?? 502
@@ -228,11 +250,11 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
                     }
                 }
             }
-            router.responseHead(id, head, endStream: endStream)
+            router?.responseHead(id, head, endStream: endStream)
         case .data(let streamID, let bytes, let endStream):
             let id = Int(streamID)
-            if bytes.count > 0 { router.responseBody(id, HTTP2Wire.buffer(bytes, from: input)) }
-            if endStream { router.responseEnd(id, trailers: nil) }
+            if bytes.count > 0 { router?.responseBody(id, HTTP2Wire.buffer(bytes, from: input)) }
+            if endStream { router?.responseEnd(id, trailers: nil) }
         case .streamClosed(let streamID, let errorCode):
             answeredStreams.remove(streamID)
             sendingStreams.remove(streamID)
@@ -240,19 +262,21 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             // Refused unprocessed (REFUSED_STREAM: by the upstream, or by nghttp2 for a stream
             // above its GOAWAY's last stream id), or reset: the exchange is abandoned.
             if errorCode == ErrorCode.refusedStream {
-                router.responseNotProcessed(Int(streamID))
+                router?.responseNotProcessed(Int(streamID))
             } else if errorCode != 0 {
-                router.responseCancelled(Int(streamID))
+                router?.responseCancelled(Int(streamID))
             }
         case .goAway:
             // Streams above its last id are closed by nghttp2 (REFUSED_STREAM); those below
-            // finish, and the session is done once they have.
-            break
+            // finish, and the session is done once they have. A parked connection has none:
+            // it closes now, and the pool lets it go.
+            goAwayReceived = true
+            if router == nil { close() }
         }
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
-        router.upstreamReadComplete()
+        router?.upstreamReadComplete()
         inReadBurst = false
         writeOutput(flush: true)
         context.fireChannelReadComplete()
@@ -263,7 +287,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             onPeerSettings = nil
             waiting(false)
         }
-        router.upstreamClosed()
+        router?.upstreamClosed()
         context.fireChannelInactive()
     }
 
@@ -280,7 +304,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
-        if context.channel.isWritable { router.upstreamDrained() }
+        if context.channel.isWritable { router?.upstreamDrained() }
         context.fireChannelWritabilityChanged()
     }
 
@@ -288,7 +312,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     /// for the upstream's window): their credit goes back to the client.
     private func reportDiscardedBodies() {
         for (streamID, bytes) in wire.session.takeDiscardedBodyBytes() {
-            router.requestBodyDiscarded(Int(streamID), bytes: bytes)
+            router?.requestBodyDiscarded(Int(streamID), bytes: bytes)
         }
     }
 
@@ -296,7 +320,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         guard let context else { return }
         let written = wire.write(context, flush: flush)
         let writable = context.channel.isWritable
-        for (streamID, bytes) in written { router.requestBodyWritten(Int(streamID), bytes: bytes, writable: writable) }
+        for (streamID, bytes) in written { router?.requestBodyWritten(Int(streamID), bytes: bytes, writable: writable) }
         reportDiscardedBodies()
         // Streams that closed as their last frame went out (only closes arise here).
         for event in wire.session.takeEvents() { handle(event) }

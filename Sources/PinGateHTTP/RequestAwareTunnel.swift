@@ -33,13 +33,14 @@ package enum RequestAwareTunnel {
     /// Installs the layer. `clientProtocol` and `upstreamProtocol` are what each leg's TLS
     /// negotiated (`h2` means HTTP/2 on nghttp2, anything else HTTP/1.1): each leg gets
     /// the side for its own version, and the router bridges between them, so neither leg
-    /// is reopened for the other's sake. `clientGlue` and `upstreamGlue` are the legs'
-    /// unpaired glues; `makeGlue` makes fresh ones for a byte relay after an upgrade.
+    /// is reopened for the other's sake. `clientGlue` is the client leg's unpaired glue;
+    /// `upstreamLeg` is the upstream's (or, for a pooled connection, its parked HTTP side);
+    /// `makeGlue` makes fresh glues for a byte relay after an upgrade.
     /// `settingsTimeout` bounds the wait for an `h2` upstream's SETTINGS (the upstream
     /// handshake timeout: its connection preface is the end of its set-up).
     package static func install(
         client: Channel, clientGlue: GlueHandler, clientProtocol: String?,
-        upstream: Channel, upstreamGlue: GlueHandler, upstreamProtocol: String?,
+        upstream: Channel, upstreamLeg: UpstreamLeg, upstreamProtocol: String?,
         limits: HTTP2Session.Limits,
         settingsTimeout: TimeAmount,
         router: TunnelRouter,
@@ -49,9 +50,7 @@ package enum RequestAwareTunnel {
         let upstreamPipeline = upstream.pipeline.syncOperations
         router.clientChannel = client
         let clientEarly = clientGlue.takeUnpaired()
-        let upstreamEarly = upstreamGlue.takeUnpaired()
         clientPipeline.removeHandler(clientGlue, promise: nil)
-        upstreamPipeline.removeHandler(upstreamGlue, promise: nil)
 
         // The client side is chosen by the client's first bytes (ALPN alone would trust a
         // client that negotiated one protocol and speaks another, or none at all).
@@ -90,16 +89,32 @@ package enum RequestAwareTunnel {
         try clientPipeline.addHandler(sniffer)
 
         var http2Upstream: HTTP2UpstreamSide?
-        if upstreamProtocol == "h2" {
-            let upstreamSide = try HTTP2UpstreamSide(router: router, limits: limits)
-            router.upstream = upstreamSide
-            try upstreamPipeline.addHandler(upstreamSide)
-            http2Upstream = upstreamSide
-        } else {
-            // The side adds its codecs with the first request it sends.
-            let upstreamSide = HTTP1UpstreamSide(router: router)
-            try upstreamPipeline.addHandler(upstreamSide)
-            router.upstream = upstreamSide
+        var upstreamEarly: (reads: [ByteBuffer], inputEnded: Bool) = ([], false)
+        let http1Upstream: HTTP1UpstreamSide?
+        switch upstreamLeg {
+        case .fresh(let upstreamGlue):
+            upstreamEarly = upstreamGlue.takeUnpaired()
+            upstreamPipeline.removeHandler(upstreamGlue, promise: nil)
+            if upstreamProtocol == "h2" {
+                let upstreamSide = try HTTP2UpstreamSide(router: router, limits: limits)
+                router.upstream = upstreamSide
+                try upstreamPipeline.addHandler(upstreamSide)
+                http2Upstream = upstreamSide
+                http1Upstream = nil
+            } else {
+                // The side adds its codecs with the first request it sends.
+                let upstreamSide = HTTP1UpstreamSide(router: router)
+                try upstreamPipeline.addHandler(upstreamSide)
+                router.upstream = upstreamSide
+                http1Upstream = upstreamSide
+            }
+        case .pooled(let pooled):
+            // Kept from an earlier tunnel: its side (codecs, or nghttp2 session with the
+            // upstream's SETTINGS long in) serves this tunnel's router from now on.
+            router.attach(pooled)
+            http1Upstream = pooled.side as? HTTP1UpstreamSide
+        }
+        if let upstreamSide = http1Upstream {
             // Only an HTTP/1.1 client asks for an upgrade (HTTP/2 has no `Upgrade`), and
             // only an HTTP/1.1 upstream carries one (the router refuses it otherwise).
             // The box is held strongly here (the sniffer that filled it is gone by then); it
@@ -163,6 +178,15 @@ package enum RequestAwareTunnel {
         }
         replay(clientEarly, into: client)
         client.read()
+    }
+
+    /// What a request-aware tunnel's upstream leg brings to the join.
+    package enum UpstreamLeg {
+        /// A connection fresh from its handshake, with the unpaired glue that holds what the
+        /// upstream sent after it.
+        case fresh(GlueHandler)
+        /// A connection kept from an earlier tunnel, its HTTP side parked in its pipeline.
+        case pooled(PooledUpstreamSide)
     }
 
     /// The HTTP/1.1 client side, once the sniffer put one in: the side an upgrade switches.

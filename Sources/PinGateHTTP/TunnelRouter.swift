@@ -99,6 +99,14 @@ package final class TunnelRouter {
     /// open, holding its half of the tunnel and answering nothing, until the idle timeout.
     /// Held strongly: the channel's pipeline holds the router only until the channel closes.
     var clientChannel: Channel?
+    /// Asked, when the client leaves, whether the upstream connection is kept for another
+    /// tunnel (the gate's pool): handed the parked side, it says true when it took it; handed
+    /// a reason, it counts it. Nil (no pool, a byte relay's tunnel): the connection closes.
+    package var releaseUpstream: ((UpstreamRelease) -> Bool)?
+    /// Set once a request carried connection-bound authentication (NTLM, Negotiate): the
+    /// server may take every later request on the connection for that user's, so it is
+    /// never handed to another tunnel.
+    private(set) var carriedConnectionAuthentication = false
     private var exchanges: [Int: Exchange] = [:]
     private var clientIDByUpstreamID: [Int: Int] = [:]
     private var ended = false
@@ -188,6 +196,7 @@ package final class TunnelRouter {
             }
             exchanges[id] = exchange
             observer.forwarded()
+            if !carriedConnectionAuthentication && Self.bindsConnection(head.headers) { carriedConnectionAuthentication = true }
             let upstreamID = upstream.startRequest(head, authority: authority, endStream: endStream)
             exchanges[id]?.upstreamID = upstreamID
             clientIDByUpstreamID[upstreamID] = id
@@ -348,13 +357,51 @@ package final class TunnelRouter {
         for credit in ledger.drained(.response) { deliver(credit) }
     }
 
-    /// The client's connection is gone: the upstream goes too, and every exchange ends.
+    /// The client's connection is gone: every exchange ends, and the upstream connection
+    /// is either kept for another tunnel (`releaseUpstream`) or closed.
     func clientClosed() {
         end()
         // Nothing handed to the client side will be written: its credit goes back (the
         // upstream connection may outlive this tunnel).
         for credit in ledger.sinkGone(.response) { deliver(credit) }
-        upstream?.close()
+        guard let upstream else { return }
+        if let release = releaseUpstream {
+            releaseUpstream = nil
+            if let reason = reuseBlocker(upstream) {
+                _ = release(.notReusable(reason))
+            } else {
+                upstream.park()
+                self.upstream = nil
+                if release(.reusable(PooledUpstreamSide(upstream))) { return }
+            }
+        }
+        upstream.close()
+    }
+
+    /// Why the upstream connection cannot go on to another tunnel now, or nil when it can.
+    private func reuseBlocker(_ upstream: any TunnelUpstreamSide) -> UpstreamNotPooledReason? {
+        if carriedConnectionAuthentication { return .connectionAuthentication }
+        if upstreamFailure != nil { return .closing }
+        // Body bytes whose credit is still out: the connection is not at a boundary.
+        if ledger.openAccounts > 0 { return .inFlight }
+        return upstream.reuseBlocker
+    }
+
+    /// Whether `headers` carry authentication that binds the connection rather than the
+    /// request (RFC 4559 `Negotiate`, Microsoft's `NTLM`): the server authenticates the
+    /// connection once and may not ask again.
+    static func bindsConnection(_ headers: HTTPHeaders) -> Bool {
+        headers[canonicalForm: "authorization"].contains { value in
+            let scheme = value.prefix { $0 != " " }.lowercased()
+            return scheme == "ntlm" || scheme == "negotiate"
+        }
+    }
+
+    /// Puts a parked upstream side (a pooled connection) under this router, as the
+    /// tunnel's upstream.
+    package func attach(_ pooled: PooledUpstreamSide) {
+        pooled.side.attach(to: self)
+        upstream = pooled.side
     }
 
     // MARK: from the upstream side

@@ -380,6 +380,9 @@ public final class HTTP2Session {
         activeStreams.allSatisfy { nghttp2_session_get_stream_local_close(session, $0) != 0 }
     }
 
+    /// How many streams are open (not yet closed both ways, nor reset).
+    public var openStreamCount: Int { activeStreams.count }
+
     /// False once both sides are done with the connection (GOAWAY exchanged, no streams).
     public var isAlive: Bool {
         nghttp2_session_want_read(session) != 0 || nghttp2_session_want_write(session) != 0

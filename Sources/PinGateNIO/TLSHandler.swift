@@ -115,6 +115,10 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
 
     // MARK: inbound
 
+    /// True when the server asked for a client certificate, in the handshake or after it
+    /// (client role; none is sent).
+    public var serverRequestedCertificate: Bool { connection.serverRequestedCertificate }
+
     public func handlerAdded(context: ChannelHandlerContext) {
         if connection.role == .client && context.channel.isActive { advance(context: context) }
     }

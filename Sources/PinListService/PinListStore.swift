@@ -20,6 +20,7 @@ public final class PinListStore: Sendable {
 
     private struct State {
         var list: PinList?
+        var generation: UInt64 = 1
         var document: SignedListDocument?
         var status = Status()
         var waiters: [(EventLoopPromise<Bool>, Scheduled<Void>?)] = []
@@ -37,6 +38,11 @@ public final class PinListStore: Sendable {
     /// The list in force now.
     public var list: PinList? { state.withLock { $0.list } }
 
+    /// Which list is in force: a number that changes each time a list is put in force
+    /// (an update, a revocation, a replacement), so that something decided under one list
+    /// (a pooled upstream connection's verdict) can tell it was decided under another.
+    public var generation: UInt64 { state.withLock { $0.generation } }
+
     /// Update counters and the last result.
     public var status: Status { state.withLock { $0.status } }
 
@@ -49,6 +55,7 @@ public final class PinListStore: Sendable {
     public func replace(with list: PinList?) {
         let observers = state.withLock { state -> [@Sendable (PinList) -> Void] in
             state.list = list
+            state.generation += 1
             return state.observers
         }
         if let list { observers.forEach { $0(list) } }
@@ -101,6 +108,7 @@ public final class PinListStore: Sendable {
         let observers = state.withLock { state -> [@Sendable (PinList) -> Void] in
             state.list = candidate
             state.document = document
+            state.generation += 1
             return state.observers
         }
         record("ok", at: now)

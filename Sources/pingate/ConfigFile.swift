@@ -42,6 +42,9 @@ import PinGateNIO
 /// idle-timeout-seconds: 300
 /// client-handshake-timeout-seconds: 10
 /// drain-timeout-seconds: 30     # on SIGTERM/SIGINT: how long open tunnels may finish
+/// upstream-pool: true            # reuse verified upstream connections across tunnels
+/// upstream-pool-idle-timeout-seconds: 30
+/// upstream-pool-max-per-host: 16
 /// log-level: info
 /// strict-permissions: true       # refuse to start if ca.key or the state directory is open to others
 /// ```
@@ -102,6 +105,9 @@ struct ConfigFile: Decodable {
     var idleTimeoutSeconds: Int?
     var clientHandshakeTimeoutSeconds: Int?
     var drainTimeoutSeconds: Int?
+    var upstreamPool: Bool?
+    var upstreamPoolIdleTimeoutSeconds: Int?
+    var upstreamPoolMaxPerHost: Int?
     var upstreamTimeoutSeconds: Int?
     var logLevel: String?
     var strictPermissions: Bool?
@@ -126,6 +132,9 @@ struct ConfigFile: Decodable {
         case idleTimeoutSeconds = "idle-timeout-seconds"
         case clientHandshakeTimeoutSeconds = "client-handshake-timeout-seconds"
         case drainTimeoutSeconds = "drain-timeout-seconds"
+        case upstreamPool = "upstream-pool"
+        case upstreamPoolIdleTimeoutSeconds = "upstream-pool-idle-timeout-seconds"
+        case upstreamPoolMaxPerHost = "upstream-pool-max-per-host"
         case upstreamTimeoutSeconds = "upstream-timeout-seconds"
         case logLevel = "log-level"
         case strictPermissions = "strict-permissions"

@@ -111,6 +111,17 @@ struct RunCommand: AsyncParsableCommand {
     @Option(name: .long, help: "On SIGTERM/SIGINT, how long open tunnels may take to finish before they are closed (default 30).")
     var drainTimeout: Int?
 
+    @Flag(name: .long, inversion: .prefixedNo, help: ArgumentHelp(
+        "Keep verified upstream connections after their tunnel ends and admit later CONNECTs to the same host on them, without an upstream handshake (default: on).",
+        discussion: "A pooled connection's verdict is its own handshake's verified chain, decided again under the list in force; a list update closes the pooled connections it no longer trusts. Connections that carried NTLM or Negotiate authentication, that switched protocols, or whose server asked for a client certificate are never pooled, nor are opaque hosts' tunnels. --no-upstream-pool opens and verifies a connection per tunnel."))
+    var upstreamPool: Bool?
+
+    @Option(name: .long, help: "Seconds a pooled upstream connection may stay idle before it is closed (default 30).")
+    var upstreamPoolIdleTimeout: Int?
+
+    @Option(name: .long, help: "The most idle upstream connections kept per host and port (default 16, as many as nginx keeps in the benchmark's keep-alive pool).")
+    var upstreamPoolMaxPerHost: Int?
+
     func run() async throws {
         HeapTuning.applyForRelaying()
         let file = try config.map(ConfigFile.load)
@@ -251,6 +262,15 @@ struct RunCommand: AsyncParsableCommand {
         if let drain = drainTimeout ?? file?.drainTimeoutSeconds {
             guard drain >= 0 else { throw ConfigurationError("the drain timeout must be 0 or more seconds, got \(drain)") }
             configuration.drainTimeout = .seconds(Int64(drain))
+        }
+        configuration.upstreamPoolEnabled = upstreamPool ?? file?.upstreamPool ?? true
+        if let seconds = upstreamPoolIdleTimeout ?? file?.upstreamPoolIdleTimeoutSeconds {
+            guard seconds > 0 else { throw ConfigurationError("the upstream pool idle timeout must be at least 1 s, got \(seconds) (use --no-upstream-pool to turn pooling off)") }
+            configuration.upstreamPoolIdleTimeout = .seconds(Int64(seconds))
+        }
+        if let count = upstreamPoolMaxPerHost ?? file?.upstreamPoolMaxPerHost {
+            guard count > 0 else { throw ConfigurationError("the upstream pool's per-host cap must be at least 1, got \(count) (use --no-upstream-pool to turn pooling off)") }
+            configuration.upstreamPoolMaximumIdlePerHost = count
         }
         configuration.requestLog = Self.requestLogDestination(requestLog ?? file?.requestLog ?? "off")
         configuration.requestLogIncludesQuery = requestLogQuery ?? file?.requestLogQuery ?? false

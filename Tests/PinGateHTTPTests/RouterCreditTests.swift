@@ -62,6 +62,9 @@ struct RouterCreditTests {
         func responseBodyPassedOn(_ id: Int, bytes: Int) { window += bytes }
         func flush() {}
         func close() {}
+        var reuseBlocker: UpstreamNotPooledReason? { exchanges.values.contains { !$0.responseDone } ? .inFlight : nil }
+        func park() { router = nil }
+        func attach(to router: TunnelRouter) { self.router = router }
     }
 
     /// The client: a sink for response bodies that writes only as it is told to, a source of

@@ -28,8 +28,11 @@ struct UpstreamResumptionTests {
             sequence: 1, pins: [TestPKI.pin(hostA, leaf), TestPKI.pin(hostB, leaf)]), as: UTF8.self))
         try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: [:], http2: false,
                                    serverDirectives: reusedLocation) { nginx in
+            // Without the pool: each tunnel then opens its own connection, which is what
+            // resumption is for (pooled tunnels make no handshake at all).
             try await GateFixture.with(pki: pki, listPath: list,
-                                       resolve: ["\(hostA):\(nginx.port)", "\(hostB):\(nginx.port)"]) { gate in
+                                       resolve: ["\(hostA):\(nginx.port)", "\(hostB):\(nginx.port)"],
+                                       configure: { $0.upstreamPoolEnabled = false }) { gate in
                 try await body(gate, nginx, pki, leaf)
             }
         }
@@ -116,7 +119,8 @@ struct UpstreamResumptionTests {
         let list = try directory.write("pins.json", String(decoding: try pki.signedV2(sequence: 1, pins: [caPin]), as: UTF8.self))
         try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: [:], http2: false,
                                    serverDirectives: Self.reusedLocation) { nginx in
-            try await GateFixture.with(pki: pki, listPath: list, resolve: ["\(Self.hostA):\(nginx.port)"]) { gate in
+            try await GateFixture.with(pki: pki, listPath: list, resolve: ["\(Self.hostA):\(nginx.port)"],
+                                       configure: { $0.upstreamPoolEnabled = false }) { gate in
                 try await Self.expectOrigin(gate, Self.hostA, nginx, saw: ".")
                 try await Self.expectOrigin(gate, Self.hostA, nginx, saw: "r")
                 try await Self.expectOrigin(gate, Self.hostA, nginx, saw: "r")
@@ -137,7 +141,7 @@ struct UpstreamResumptionTests {
                                    serverDirectives: Self.reusedLocation) { nginx in
             try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.hostA, leaf.fingerprint)]),
                                        resolve: ["\(Self.hostA):\(nginx.port)"],
-                                       configure: { $0.upstreamSessionResumption = false }) { gate in
+                                       configure: { $0.upstreamSessionResumption = false; $0.upstreamPoolEnabled = false }) { gate in
                 try await Self.expectOrigin(gate, Self.hostA, nginx, saw: ".")
                 try await Self.expectOrigin(gate, Self.hostA, nginx, saw: ".")
                 #expect(gate.statistics.upstreamSessionsResumed == 0)

@@ -41,6 +41,12 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     /// For logs and the decision line.
     private var connection = ConnectionFacts()
     private let tunnelBytes: TunnelBytes
+    /// The list generation the upstream's verdict was made under (read before the verdict,
+    /// so a list put in force meanwhile makes it look older, never newer).
+    private var verdictGeneration: UInt64 = 0
+    /// The request-aware tunnel's reports, once joined: it knows whether the upstream
+    /// connection went to the pool when the client left (then it is not closed here).
+    private var httpTunnel: HTTPTunnelFacts?
 
     /// What the logs say about this connection; none of it steers anything.
     private struct ConnectionFacts {
@@ -190,10 +196,24 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     private func connectUpstream(_ request: ConnectRequest, context: ChannelHandlerContext) {
         let offer = environment.decisionPolicy.upstreamALPNOffer(configured: environment.configuration.upstreamALPNOffer)
+        if let pool = environment.pool, inspectsRequests(request) {
+            // A verified connection kept from an earlier tunnel: no handshake, and the
+            // verdict from the chain its own handshake verified, under the list in force.
+            let generation = environment.store.generation
+            let key = UpstreamPoolKey(host: request.host, port: request.port, configuration: environment.configuration, alpnOffer: offer)
+            if let pooled = pool.take(key, on: context.eventLoop, generation: generation) {
+                verdictGeneration = generation
+                let verdict = environment.decisionPolicy.verdict(
+                    host: request.host, leaf: pooled.leaf, chain: Self.chainCheck(pooled), list: environment.store.list, now: environment.now())
+                perform(machine.upstreamConnected(pooled, verdict: verdict), context: context)
+                return
+            }
+        }
         openUpstream(request, offer: offer, context: context).assumeIsolated().whenComplete { result in
             switch result {
             case .success(let upstream):
                 self.environment.statistics.metrics.upstreamHandshake(nanoseconds: upstream.handshakeDuration.nanoseconds)
+                self.verdictGeneration = self.environment.store.generation
                 let verdict = self.verdict(on: upstream, for: request)
                 self.reportIfPinFailure(verdict, request: request, upstream: upstream)
                 self.perform(self.machine.upstreamConnected(upstream, verdict: verdict), context: context)
@@ -240,7 +260,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         }
     }
 
-    private static func chainCheck(_ upstream: UpstreamConnection) -> PinPolicy.ChainCheck {
+    static func chainCheck(_ upstream: UpstreamConnection) -> PinPolicy.ChainCheck {
         .init(valid: upstream.peer.chainAndHostnameValid, reason: upstream.peer.verifyReason, verifiedChain: upstream.verifiedChain)
     }
 
@@ -344,7 +364,8 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             statistics.tunnelClosed()
             let finalUpstream: UpstreamConnection?
             if case .relaying(_, let joined) = self.machine.state { finalUpstream = joined } else { finalUpstream = upstream }
-            finalUpstream?.channel.close(promise: nil)
+            // Unless it went to the pool (the client left it at a message boundary).
+            if self.httpTunnel?.upstreamParked != true { finalUpstream?.channel.close(promise: nil) }
             self.logDecision(verdict: "allowed", reason: DecisionReason(verdict), observed: verdict.observedFingerprint,
                              pinVerdict: verdict, request: request, upstream: finalUpstream)
         }
@@ -414,8 +435,13 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                 context.close(promise: nil)
                 return
             }
+        } else if let upstreamGlue = upstream.glue {
+            GlueHandler.join(clientGlue, upstreamGlue)
         } else {
-            GlueHandler.join(clientGlue, upstream.glue.value)
+            // Cannot happen: only request-aware tunnels are admitted on pooled connections.
+            environment.logger.error("a byte relay was admitted on a pooled upstream connection", metadata: ["host": "\(request.host)"])
+            context.close(promise: nil)
+            return
         }
         if let leaf = upstream.leaf {
             environment.tunnels.add(.init(host: request.host, port: request.port, leaf: leaf,
@@ -432,7 +458,8 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         let environment = self.environment
         let clientALPN = connection.clientALPN
         let facts = HTTPTunnelFacts(environment: environment, request: request, upstream: upstream, client: connection.client,
-                                    clientALPN: clientALPN, bytes: tunnelBytes)
+                                    clientALPN: clientALPN, bytes: tunnelBytes, verdictGeneration: verdictGeneration)
+        httpTunnel = facts
         // Every closure below captures `facts` alone, which needs no context of its own:
         // one object per tunnel instead of a context per closure, each with its own copies
         // (issue 12: they were 1.8 KiB of every idle tunnel).
@@ -447,9 +474,10 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             cancelledByClient: { facts.cancelledByClient() },
             ended: { facts.ended() })
         let router = TunnelRouter(binding: binding, clientUsesStreamIDs: clientALPN == "h2", observer: observer, now: environment.now)
+        if environment.pool != nil { router.releaseUpstream = { facts.release($0) } }
         try RequestAwareTunnel.install(
             client: context.channel, clientGlue: clientGlue, clientProtocol: clientALPN,
-            upstream: upstream.channel, upstreamGlue: upstream.glue.value, upstreamProtocol: upstream.peer.alpn,
+            upstream: upstream.channel, upstreamLeg: upstream.leg.value, upstreamProtocol: upstream.peer.alpn,
             limits: environment.configuration.http2Limits,
             settingsTimeout: environment.configuration.upstreamHandshakeTimeout,
             router: router,
@@ -524,6 +552,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         }
         if let upstream {
             metadata["upstream_handshake_ms"] = "\(upstream.handshakeDuration.nanoseconds / 1_000_000)"
+            metadata["upstream_pooled"] = "\(upstream.fromPool)"
             metadata["alpn"] = "\(connection.clientALPN ?? upstream.peer.alpn ?? "-")"
             metadata["upstream_resumed"] = "\(upstream.peer.resumed)"
         }
@@ -568,9 +597,15 @@ private final class HTTPTunnelFacts {
     /// At most a few lines per kind of refusal per 10 s for this tunnel.
     private var logLimiter = RepeatedLogLimiter()
 
+    /// The list generation the tunnel's verdict was made under.
+    private let verdictGeneration: UInt64
+    /// Set when the tunnel's upstream connection went to the pool as the client left.
+    private(set) var upstreamParked = false
+
     init(environment: GateEnvironment, request: ConnectRequest, upstream: UpstreamConnection, client: String,
-         clientALPN: String?, bytes: TunnelBytes) {
+         clientALPN: String?, bytes: TunnelBytes, verdictGeneration: UInt64) {
         self.environment = environment
+        self.verdictGeneration = verdictGeneration
         self.request = request
         self.upstream = upstream
         self.client = client
@@ -590,6 +625,43 @@ private final class HTTPTunnelFacts {
                                                          list: environment.store.list, now: environment.now())
         if case .trusted = verdict { return true }
         return false
+    }
+
+    /// The client left: the router offers the upstream connection for the pool (or says why
+    /// it cannot be reused). True when the pool kept it.
+    func release(_ release: UpstreamRelease) -> Bool {
+        guard let pool = environment.pool else { return false }
+        switch release {
+        case .notReusable(let reason):
+            pool.notPooled(reason)
+            return false
+        case .reusable(let side):
+            if let reason = notPoolable() {
+                pool.notPooled(reason)
+                return false
+            }
+            let offer = environment.decisionPolicy.upstreamALPNOffer(configured: environment.configuration.upstreamALPNOffer)
+            let key = UpstreamPoolKey(host: request.host, port: request.port, configuration: environment.configuration, alpnOffer: offer)
+            let kept = pool.park(UpstreamConnection(pooling: upstream, side: side), key: key, generation: verdictGeneration,
+                                 currentGeneration: environment.store.generation) {
+                // Another list came into force while the tunnel was open: kept only if it
+                // trusts this connection too (a revocation that closed the tunnel does not).
+                environment.decisionPolicy.verdict(host: request.host, leaf: upstream.leaf, chain: ConnectHandler.chainCheck(upstream),
+                                                   list: environment.store.list, now: environment.now()).isTrusted
+            }
+            upstreamParked = kept
+            return kept
+        }
+    }
+
+    /// Why this tunnel's upstream connection may not go to the pool whatever its HTTP state.
+    private func notPoolable() -> UpstreamNotPooledReason? {
+        if environment.isShuttingDown() { return .shuttingDown }
+        // A server that asked for a client certificate (none is sent) may bind what it
+        // grants to the connection, as with NTLM.
+        guard let tls = try? upstream.channel.pipeline.syncOperations.handler(type: TLSHandler.self) else { return .closing }
+        if tls.serverRequestedCertificate { return .clientCertificate }
+        return nil
     }
 
     func refused(reason: DecisionReason, authority: String, detail: String) {

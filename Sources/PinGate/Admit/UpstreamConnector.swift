@@ -1,10 +1,12 @@
 import NIOCore
+import PinGateHTTP
 import PinGateNIO
 import PinGateTLS
 import PinList
 
 /// An upstream connection whose TLS handshake has completed, not yet relaying: its
-/// glue holds anything the server sent first until the tunnel is joined.
+/// glue holds anything the server sent first until the tunnel is joined. Or one kept from
+/// an earlier tunnel (`fromPool`), its HTTP side parked in its pipeline.
 ///
 /// A class, not a struct: the state machine, the tunnel's close handlers and the HTTP
 /// layer's authority check each keep it for the tunnel's whole life, and a struct this
@@ -12,8 +14,12 @@ import PinList
 /// every byte an idle tunnel holds.
 final class UpstreamConnection: Sendable {
     let channel: Channel
-    /// Bound to the channel's loop, the only place the glue may be touched.
-    let glue: NIOLoopBound<GlueHandler>
+    /// What the connection brings to the join: the unpaired glue of a fresh one, or the
+    /// parked HTTP side of a pooled one. Bound to the channel's loop, the only place either
+    /// may be touched.
+    let leg: NIOLoopBound<RequestAwareTunnel.UpstreamLeg>
+    /// True when it was taken from the pool: no handshake was made for this tunnel.
+    let fromPool: Bool
     let peer: TLSPeerSummary
     /// The leaf's two hashes, computed once: the verdict, the tunnel registry and the
     /// logs all use them.
@@ -33,13 +39,45 @@ final class UpstreamConnection: Sendable {
          verifiedChain: [CertificateHashes], handshakeDuration: TimeAmount, keepSessions: (@Sendable () -> Void)? = nil,
          discardSessions: (@Sendable () -> Void)? = nil) {
         self.channel = channel
-        self.glue = glue
+        self.leg = NIOLoopBound(.fresh(glue.value), eventLoop: channel.eventLoop)
+        self.fromPool = false
         self.peer = peer
         self.leaf = leaf
         self.verifiedChain = verifiedChain
         self.handshakeDuration = handshakeDuration
         self.keepSessions = keepSessions
         self.discardSessions = discardSessions
+    }
+
+    /// A connection with `leg` as it is (no sessions to keep: a pooled connection's were
+    /// dealt with on its first verdict).
+    init(channel: Channel, leg: NIOLoopBound<RequestAwareTunnel.UpstreamLeg>, fromPool: Bool, peer: TLSPeerSummary,
+         leaf: CertificateHashes?, verifiedChain: [CertificateHashes], handshakeDuration: TimeAmount) {
+        self.channel = channel
+        self.leg = leg
+        self.fromPool = fromPool
+        self.peer = peer
+        self.leaf = leaf
+        self.verifiedChain = verifiedChain
+        self.handshakeDuration = handshakeDuration
+        self.keepSessions = nil
+        self.discardSessions = nil
+    }
+}
+
+extension UpstreamConnection {
+    /// `connection`'s facts (peer, leaf, verified chain) with its HTTP side parked: what the
+    /// pool keeps and hands to the next tunnel. Called on the connection's event loop.
+    convenience init(pooling connection: UpstreamConnection, side: PooledUpstreamSide) {
+        self.init(channel: connection.channel, leg: NIOLoopBound(.pooled(side), eventLoop: connection.channel.eventLoop),
+                  fromPool: true, peer: connection.peer, leaf: connection.leaf, verifiedChain: connection.verifiedChain,
+                  handshakeDuration: .zero)
+    }
+
+    /// The unpaired glue of a fresh connection (a byte relay joins it); nil for a pooled one.
+    var glue: GlueHandler? {
+        if case .fresh(let glue) = leg.value { return glue }
+        return nil
     }
 }
 

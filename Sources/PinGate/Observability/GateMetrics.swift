@@ -22,6 +22,11 @@ public final class GateMetrics: Sendable {
     private let requestsForwarded: Counter
     private let upstreamResumptions: Counter
     private let creditUnplacedBytes: Counter
+    private let poolHits: Counter
+    private let poolMisses: Counter
+    private let poolIdle: Gauge
+    /// Counters with labels made as they are first needed, by label and dimension values.
+    private let labelled = Mutex<[String: Counter]>([:])
 
     /// Metrics created in `factory` (e.g. a `PrometheusMetricsFactory` over a registry).
     public init(factory: any MetricsFactory) {
@@ -38,6 +43,9 @@ public final class GateMetrics: Sendable {
         // Made at start so it is exported (as 0) from the first scrape: the soak and any
         // alert read it as "never moved".
         creditUnplacedBytes = Counter(label: "pingate_http_credit_unplaced_total", factory: factory)
+        poolHits = Counter(label: "pingate_upstream_pool_checkouts_total", dimensions: [("result", "hit")], factory: factory)
+        poolMisses = Counter(label: "pingate_upstream_pool_checkouts_total", dimensions: [("result", "miss")], factory: factory)
+        poolIdle = Gauge(label: "pingate_upstream_pool_idle_connections", factory: factory)
         requestsForwarded = Counter(label: "pingate_requests_total", dimensions: [("outcome", "forwarded"), ("reason", "trusted")],
                                     factory: factory)
     }
@@ -84,6 +92,29 @@ public final class GateMetrics: Sendable {
     func creditUnplaced(_ bytes: Int) { creditUnplacedBytes.increment(by: bytes) }
     func clientHandshakeFailed() { clientHandshakeFailures.increment() }
     func clientHandshakeTimedOut() { clientHandshakeTimeouts.increment() }
+
+    /// A request-aware CONNECT looked in the upstream pool: found a connection (`hit`) or not.
+    func upstreamPoolCheckout(hit: Bool) { (hit ? poolHits : poolMisses).increment() }
+    /// How many connections wait in the upstream pool now.
+    func upstreamPoolIdle(_ count: Int) { poolIdle.record(count) }
+    /// A connection not put in the pool when its tunnel ended: `pingate_upstream_pool_not_pooled_total{reason}`.
+    func upstreamPoolNotPooled(reason: String) {
+        counter("pingate_upstream_pool_not_pooled_total", ("reason", reason)).increment()
+    }
+    /// Connections that left the pool unused: `pingate_upstream_pool_closed_total{reason}`.
+    func upstreamPoolClosed(reason: String, count: Int) {
+        counter("pingate_upstream_pool_closed_total", ("reason", reason)).increment(by: count)
+    }
+
+    private func counter(_ label: String, _ dimension: (String, String)) -> Counter {
+        let key = label + "|" + dimension.1
+        return labelled.withLock { counters in
+            if let known = counters[key] { return known }
+            let made = Counter(label: label, dimensions: [dimension], factory: factory)
+            counters[key] = made
+            return made
+        }
+    }
 
     func listUpdate(result: String, count: Int = 1) {
         let counter = updates.withLock { counters in

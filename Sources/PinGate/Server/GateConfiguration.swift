@@ -64,6 +64,14 @@ public struct GateConfiguration: Sendable {
     /// concurrent streams, header-list size (the HPACK-bomb cut-off), HPACK table size,
     /// stream and connection windows (how far a body may run ahead of the other leg).
     public var http2Limits = HTTP2Session.Limits()
+    /// Whether upstream connections outlive their tunnels: kept idle after a request-aware
+    /// tunnel ends and reused, without a handshake, by the next CONNECT to the same host
+    /// (see `UpstreamPool`). Off: every tunnel opens and verifies its own.
+    public var upstreamPoolEnabled = true
+    /// How long a pooled upstream connection may wait idle before it is closed.
+    public var upstreamPoolIdleTimeout: TimeAmount = .seconds(30)
+    /// The most idle upstream connections kept per host (and port, SNI, address, parent proxy).
+    public var upstreamPoolMaximumIdlePerHost = 16
     /// The event-loop thread count (default: one per core).
     public var eventLoopThreads: Int = System.coreCount
 

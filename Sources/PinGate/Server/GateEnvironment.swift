@@ -4,6 +4,7 @@ import PinGateCA
 import PinGateNIO
 import PinList
 import PinListService
+import Synchronization
 
 /// What every connection of one gate shares: settings, the list in force, the policy,
 /// the leaf minter, the upstream connector, the counters, the logger and the clock.
@@ -24,6 +25,8 @@ final class GateEnvironment: Sendable {
     let reporter: ViolationReporter?
     /// Present when the list is refreshed from a source; CONNECTs then wait for it.
     let updater: PinListUpdater?
+    /// Idle verified upstream connections for later tunnels; nil when pooling is off.
+    let pool: UpstreamPool?
     /// The last refusals, for the admin endpoint.
     let refusals: RefusalLog
     /// Where the one-line-per-CONNECT decision log goes.
@@ -31,12 +34,14 @@ final class GateEnvironment: Sendable {
     /// Where the one-line-per-HTTP-request log goes (off unless configured).
     let requestLog: RequestLog
     let logger: Logger
+    /// Set when a shutdown begins: nothing goes to the pool from then on.
+    private let shuttingDown = Atomic<Bool>(false)
     /// The clock: injectable so expiry behaviour is testable at fixed times.
     let now: @Sendable () -> Date
 
     init(configuration: GateConfiguration, store: PinListStore, decisionPolicy: any DecisionPolicy, minter: LeafMinter,
          connector: any UpstreamDialer, statistics: GateStatistics, tunnels: TunnelRegistry, reporter: ViolationReporter?,
-         updater: PinListUpdater?, refusals: RefusalLog, decisionLogger: Logger, requestLog: RequestLog, logger: Logger,
+         updater: PinListUpdater?, pool: UpstreamPool? = nil, refusals: RefusalLog, decisionLogger: Logger, requestLog: RequestLog, logger: Logger,
          now: @escaping @Sendable () -> Date) {
         self.configuration = configuration
         self.store = store
@@ -47,10 +52,17 @@ final class GateEnvironment: Sendable {
         self.tunnels = tunnels
         self.reporter = reporter
         self.updater = updater
+        self.pool = pool
         self.refusals = refusals
         self.decisionLogger = decisionLogger
         self.requestLog = requestLog
         self.logger = logger
         self.now = now
     }
+
+    /// True once a shutdown began.
+    func isShuttingDown() -> Bool { shuttingDown.load(ordering: .acquiring) }
+
+    /// Marks the start of a shutdown.
+    func beginShutdown() { shuttingDown.store(true, ordering: .releasing) }
 }

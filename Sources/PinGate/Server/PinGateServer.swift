@@ -43,6 +43,8 @@ public final class PinGateServer: Service, Sendable {
     /// The request log (off unless `configuration.requestLog` says where); flushed when
     /// the gate has shut down.
     public let requestLog: RequestLog
+    /// What the connections share (the pool among it).
+    private let environment: GateEnvironment
     private let group: MultiThreadedEventLoopGroup
     private let listener: Channel
     private let connections: ConnectionTracker
@@ -70,7 +72,7 @@ public final class PinGateServer: Service, Sendable {
 
     private init(configuration: GateConfiguration, store: PinListStore, statistics: GateStatistics, refusals: RefusalLog,
                  ca: LocalCA, minter: LeafMinter, updater: PinListUpdater?, reporter: ViolationReporter?,
-                 destinationGuard: DestinationGuard, requestLog: RequestLog, group: MultiThreadedEventLoopGroup, listener: Channel, connections: ConnectionTracker, logger: Logger,
+                 destinationGuard: DestinationGuard, requestLog: RequestLog, environment: GateEnvironment, group: MultiThreadedEventLoopGroup, listener: Channel, connections: ConnectionTracker, logger: Logger,
                  startedAt: Date) {
         self.configuration = configuration
         self.store = store
@@ -83,6 +85,7 @@ public final class PinGateServer: Service, Sendable {
         self.reporter = reporter
         self.destinationGuard = destinationGuard
         self.requestLog = requestLog
+        self.environment = environment
         self.group = group
         self.listener = listener
         self.connections = connections
@@ -132,6 +135,13 @@ public final class PinGateServer: Service, Sendable {
             onConnected: { statistics.upstreamConnectionOpened() }))
         let tunnels = TunnelRegistry()
         let connections = ConnectionTracker()
+        // Only request-aware tunnels pool: a byte relay (opaque hosts, the harness's
+        // attacker) leaves its connection in an unknown state.
+        let pool = configuration.upstreamPoolEnabled && policy.inspectsRequests
+            ? UpstreamPool(settings: .init(idleTimeout: configuration.upstreamPoolIdleTimeout,
+                                           maximumIdlePerKey: configuration.upstreamPoolMaximumIdlePerHost),
+                           metrics: metrics, logger: logger)
+            : nil
         var updater: PinListUpdater?
         do {
             if let listSource {
@@ -148,6 +158,11 @@ public final class PinGateServer: Service, Sendable {
                 metrics.listInForce(entries: list.entries.count, earliestExpiry: list.earliestExpiry(after: now()))
                 for verdict in tunnels.enforce(list, policy: policy, now: now(), logger: logger) {
                     statistics.tunnelClosedByUpdate(DecisionReason(verdict))
+                }
+                // Idle pooled connections too: each is kept only if the new list trusts it.
+                pool?.listInstalled(generation: store.generation) { key, connection in
+                    policy.verdict(host: key.host, leaf: connection.leaf, chain: ConnectHandler.chainCheck(connection),
+                                   list: list, now: now()).isTrusted
                 }
             }
             store.onResult { metrics.listUpdate(result: $0) }
@@ -167,7 +182,7 @@ public final class PinGateServer: Service, Sendable {
             }
             let environment = GateEnvironment(
                 configuration: configuration, store: store, decisionPolicy: policy, minter: minter, connector: connector,
-                statistics: statistics, tunnels: tunnels, reporter: reporter, updater: updater,
+                statistics: statistics, tunnels: tunnels, reporter: reporter, updater: updater, pool: pool,
                 refusals: refusals, decisionLogger: decisionLogger ?? logger, requestLog: requestLog, logger: logger, now: now)
             try await updater?.start().get()
             let listener = try await ServerBootstrap(group: group)
@@ -221,7 +236,7 @@ public final class PinGateServer: Service, Sendable {
             ])
             return PinGateServer(configuration: configuration, store: store, statistics: statistics, refusals: refusals,
                                  ca: ca, minter: minter, updater: updater, reporter: reporter, destinationGuard: destinationGuard,
-                                 requestLog: requestLog,
+                                 requestLog: requestLog, environment: environment,
                                  group: group, listener: listener,
                                  connections: connections, logger: logger, startedAt: now())
         } catch {
@@ -322,6 +337,9 @@ public final class PinGateServer: Service, Sendable {
 
     private func drainAndStop(drainTimeout: TimeAmount) async throws {
         drainingState.withLock { $0 = true }
+        // Nothing is pooled from now on, and what waits idle goes at once.
+        environment.beginShutdown()
+        environment.pool?.closeAll()
         updater?.stop()
         try? await listener.close()
         // Every client hears it in its protocol's terms (HTTP/2 GOAWAY, HTTP/1.1
@@ -355,6 +373,18 @@ public final class PinGateServer: Service, Sendable {
             throw error
         }
         await requestLog.waitUntilWritten()
+    }
+
+    /// What the upstream pool holds and has done; nil when pooling is off.
+    public var upstreamPool: UpstreamPoolStatus? {
+        guard let pool = environment.pool else { return nil }
+        let counters = pool.counters
+        return UpstreamPoolStatus(
+            idle: pool.idleCount, idleByHost: pool.idleByHost, hits: counters.hits, misses: counters.misses,
+            parked: counters.parked,
+            notPooled: Dictionary(uniqueKeysWithValues: counters.notPooled.map { ($0.key.rawValue, $0.value) }),
+            closed: Dictionary(uniqueKeysWithValues: counters.departed.map { ($0.key.rawValue, $0.value) }),
+            idleTimeoutSeconds: Double(pool.settings.idleTimeout.nanoseconds) / 1e9, maximumIdlePerHost: pool.settings.maximumIdlePerKey)
     }
 
     /// The version of the linked libnghttp2.

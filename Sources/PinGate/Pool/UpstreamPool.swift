@@ -1,0 +1,157 @@
+import Logging
+import NIOCore
+import PinGateHTTP
+import PinList
+import Synchronization
+
+/// The gate's pool of verified upstream connections (`UpstreamPoolState` is its logic):
+/// when a request-aware tunnel ends with its upstream connection at a message boundary,
+/// the connection waits here, its HTTP side parked in its pipeline, and a later CONNECT
+/// with the same key on the same event loop is admitted on it: its verdict from the chain
+/// that connection's handshake verified, under the list in force, and its `200` without
+/// any upstream handshake.
+///
+/// One pool per gate, one lock; each connection stays on its own event loop, where its
+/// idle timer runs and where it is closed. Pooled per loop, as nginx keeps one keep-alive
+/// cache per worker: a tunnel's legs and router share one loop, and a channel cannot move.
+final class UpstreamPool: Sendable {
+    /// How long a connection may wait, and how many may wait per key.
+    struct Settings: Sendable, Equatable {
+        /// Idle connections close after this long (default 30 s: below the keep-alive
+        /// timeouts of common servers, nginx's 75 s among them, so the gate lets go first).
+        var idleTimeout: TimeAmount = .seconds(30)
+        /// The most idle connections per key (host, port, SNI, address, parent proxy), over
+        /// all event loops.
+        var maximumIdlePerKey = 16
+    }
+
+    let settings: Settings
+    private let state: Mutex<UpstreamPoolState<UpstreamConnection>>
+    /// Channels whose close the pool already watches (one watch per connection, however
+    /// often it is parked).
+    private let watched = Mutex<Set<ObjectIdentifier>>([])
+    private let metrics: GateMetrics
+    private let logger: Logger
+
+    init(settings: Settings, metrics: GateMetrics, logger: Logger) {
+        self.settings = settings
+        self.metrics = metrics
+        self.logger = logger
+        state = Mutex(UpstreamPoolState(maximumIdlePerKey: settings.maximumIdlePerKey))
+    }
+
+    /// What the pool has done so far.
+    var counters: UpstreamPoolState<UpstreamConnection>.Counters { state.withLock { $0.counters } }
+
+    /// How many connections wait now.
+    var idleCount: Int { state.withLock { $0.idleCount } }
+
+    /// Idle connections per `host:port`, for `/status`.
+    var idleByHost: [String: Int] {
+        state.withLock { state in
+            var byHost: [String: Int] = [:]
+            for (key, count) in state.idleByKey { byHost[key.description, default: 0] += count }
+            return byHost
+        }
+    }
+
+    /// A pooled connection for `key` on `eventLoop` (called there), verified under
+    /// `generation`; nil when none is waiting. Connections found closed on the way are
+    /// dropped.
+    func take(_ key: UpstreamPoolKey, on eventLoop: any EventLoop, generation: UInt64) -> UpstreamConnection? {
+        let loop = EventLoopID(eventLoop)
+        while true {
+            let (connection, stale, idle) = state.withLock { state in
+                let taken = state.take(key, on: loop, generation: generation)
+                return (taken.connection, taken.stale, state.idleCount)
+            }
+            metrics.upstreamPoolIdle(idle)
+            if !stale.isEmpty { metrics.upstreamPoolClosed(reason: UpstreamPoolState<UpstreamConnection>.Departure.listChanged.rawValue, count: stale.count) }
+            for connection in stale { close(connection) }
+            guard let connection else {
+                metrics.upstreamPoolCheckout(hit: false)
+                return nil
+            }
+            metrics.upstreamPoolCheckout(hit: true)
+            // Its close may be on its way to the loop's queue: a channel that is no longer
+            // active goes, and the next one is tried (counted a hit then a departure, since
+            // the state cannot know; rare).
+            if connection.channel.isActive { return connection }
+            close(connection)
+        }
+    }
+
+    /// Offers `connection` (its side parked) for `key`; true when the pool kept it, false
+    /// when the caller must close it. Runs on the connection's event loop.
+    func park(_ connection: UpstreamConnection, key: UpstreamPoolKey, generation: UInt64, currentGeneration: UInt64,
+              stillTrusted: () -> Bool) -> Bool {
+        let eventLoop = connection.channel.eventLoop
+        // Decided outside the lock: it runs the pin policy.
+        let trusted = generation == currentGeneration || stillTrusted()
+        let (outcome, idle) = state.withLock {
+            ($0.park(connection, key: key, on: EventLoopID(eventLoop), generation: generation,
+                     currentGeneration: currentGeneration, trustedByCurrentList: trusted), $0.idleCount)
+        }
+        guard case .parked(let id) = outcome else {
+            if case .refused(let reason) = outcome { metrics.upstreamPoolNotPooled(reason: reason.rawValue) }
+            return false
+        }
+        metrics.upstreamPoolIdle(idle)
+        _ = eventLoop.assumeIsolated().scheduleTask(in: settings.idleTimeout) { [self] in
+            if let expired = remove(id, departure: .idleTimeout) { close(expired) }
+        }
+        let channelID = ObjectIdentifier(connection.channel)
+        if watched.withLock({ $0.insert(channelID).inserted }) {
+            connection.channel.closeFuture.whenComplete { [self] _ in
+                _ = watched.withLock { $0.remove(channelID) }
+                // Whichever stay it is in now (a connection is parked again after each tunnel).
+                if let closed = state.withLock({ $0.stayID(of: { $0.channel === connection.channel }) }) {
+                    _ = remove(closed, departure: .peerClosed)
+                }
+            }
+        }
+        return true
+    }
+
+    /// Counts a connection not kept when its tunnel ended.
+    func notPooled(_ reason: UpstreamNotPooledReason) {
+        _ = state.withLock { $0.notPooled(reason) }
+        metrics.upstreamPoolNotPooled(reason: reason.rawValue)
+    }
+
+    /// Ends stay `id` for `departure`, counted; the connection to close, if it was still idle.
+    private func remove(_ id: PooledConnectionID, departure: UpstreamPoolState<UpstreamConnection>.Departure) -> UpstreamConnection? {
+        let (removed, idle) = state.withLock { ($0.remove(id, departure: departure), $0.idleCount) }
+        guard let removed else { return nil }
+        metrics.upstreamPoolIdle(idle)
+        metrics.upstreamPoolClosed(reason: departure.rawValue, count: 1)
+        return removed
+    }
+
+    /// A new list is in force (`generation`): the idle connections it no longer trusts
+    /// (`trusts`, on the key's host and the connection's verified chain) are closed.
+    func listInstalled(generation: UInt64, trusts: @Sendable (UpstreamPoolKey, UpstreamConnection) -> Bool) {
+        let (dropped, idle) = state.withLock { ($0.listInstalled(generation: generation, trusts: trusts), $0.idleCount) }
+        metrics.upstreamPoolIdle(idle)
+        if !dropped.isEmpty {
+            metrics.upstreamPoolClosed(reason: UpstreamPoolState<UpstreamConnection>.Departure.listChanged.rawValue, count: dropped.count)
+            logger.notice("closing pooled upstream connections after a list update", metadata: ["connections": "\(dropped.count)"])
+        }
+        dropped.forEach(close)
+    }
+
+    /// Closes every idle connection (the gate is shutting down).
+    func closeAll() {
+        let all = state.withLock { $0.removeAll() }
+        metrics.upstreamPoolIdle(0)
+        if !all.isEmpty { metrics.upstreamPoolClosed(reason: UpstreamPoolState<UpstreamConnection>.Departure.shutdown.rawValue, count: all.count) }
+        all.forEach(close)
+    }
+
+    private func close(_ connection: UpstreamConnection) {
+        let leg = connection.leg
+        connection.channel.eventLoop.execute {
+            if case .pooled(let side) = leg.value { side.close() } else { connection.channel.close(promise: nil) }
+        }
+    }
+}

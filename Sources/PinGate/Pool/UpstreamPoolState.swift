@@ -1,0 +1,185 @@
+import PinGateHTTP
+
+/// The pool of idle, verified upstream connections, as a value: which connection waits
+/// under which key on which event loop, under which list generation, and what became of
+/// each one. It does no I/O and keeps no clock: the gate's `UpstreamPool` closes what it
+/// says to close, and runs the idle timers. `Connection` is whatever the caller pools.
+///
+/// Invariants (checked by `UpstreamPoolStateTests` over random sequences):
+/// - every connection parked is, exactly once, taken, refused at its park, or given back
+///   to be closed (idle timeout, peer close, list change, shutdown);
+/// - no key holds more than `maximumIdlePerKey` idle connections across the loops;
+/// - a connection is handed out only on its own loop, and only under the generation it
+///   was verified (or re-verified) under.
+struct UpstreamPoolState<Connection> {
+    /// Why a connection left the pool without carrying another tunnel.
+    enum Departure: String, CaseIterable, Sendable {
+        /// Idle for longer than the pool's idle timeout.
+        case idleTimeout = "idle-timeout"
+        /// The upstream closed it (or it broke) while it waited.
+        case peerClosed = "peer-closed"
+        /// A new list no longer trusts it.
+        case listChanged = "list-changed"
+        /// The gate shut down.
+        case shutdown = "shutdown"
+    }
+
+    /// What `park` did.
+    enum ParkOutcome {
+        /// Kept: it waits as `id` (the idle timer and the close watch name it).
+        case parked(PooledConnectionID)
+        /// Not kept, for `reason`: the caller closes it.
+        case refused(UpstreamNotPooledReason)
+    }
+
+    /// Counts, for `/status` and the metrics.
+    struct Counters: Equatable, Sendable {
+        /// CONNECTs admitted on a pooled connection: no upstream handshake.
+        var hits = 0
+        /// CONNECTs that found none and opened a new connection.
+        var misses = 0
+        /// Connections put in the pool.
+        var parked = 0
+        /// Connections not kept when their tunnel ended, by reason.
+        var notPooled: [UpstreamNotPooledReason: Int] = [:]
+        /// Connections that left the pool without carrying another tunnel, by why.
+        var departed: [Departure: Int] = [:]
+    }
+
+    private struct Slot: Hashable {
+        let key: UpstreamPoolKey
+        let loop: EventLoopID
+    }
+
+    private struct Entry {
+        let id: PooledConnectionID
+        let connection: Connection
+        var generation: UInt64
+    }
+
+    /// The most idle connections one key may hold, over all loops.
+    let maximumIdlePerKey: Int
+    /// Idle connections by key and loop, the most recently parked last (taken first: the
+    /// warmest, the least likely to have been closed by its server meanwhile).
+    private var idle: [Slot: [Entry]] = [:]
+    private var slotByID: [PooledConnectionID: Slot] = [:]
+    private var idlePerKey: [UpstreamPoolKey: Int] = [:]
+    private var nextID: UInt64 = 1
+    private(set) var counters = Counters()
+
+    init(maximumIdlePerKey: Int) {
+        self.maximumIdlePerKey = maximumIdlePerKey
+    }
+
+    /// How many connections wait now.
+    var idleCount: Int { slotByID.count }
+
+    /// How many wait for `key`, over all loops.
+    func idleCount(for key: UpstreamPoolKey) -> Int { idlePerKey[key] ?? 0 }
+
+    /// The idle connections per key, for `/status`.
+    var idleByKey: [UpstreamPoolKey: Int] { idlePerKey }
+
+    /// A connection for `key` on `loop` verified under `generation`, counted as a hit; or
+    /// nil, counted as a miss. Entries of another generation met on the way (a list was put
+    /// in force between the caller's read of the generation and now) are handed back in
+    /// `stale`, to be closed.
+    mutating func take(_ key: UpstreamPoolKey, on loop: EventLoopID, generation: UInt64) -> (connection: Connection?, stale: [Connection]) {
+        let slot = Slot(key: key, loop: loop)
+        var stale: [Connection] = []
+        while let entry = idle[slot]?.popLast() {
+            forget(entry.id, slot: slot)
+            if entry.generation == generation {
+                counters.hits += 1
+                return (entry.connection, stale)
+            }
+            counters.departed[.listChanged, default: 0] += 1
+            stale.append(entry.connection)
+        }
+        counters.misses += 1
+        return (nil, stale)
+    }
+
+    /// Offers `connection`, whose tunnel ended with it reusable, for `key` on `loop`. It was
+    /// verified under `generation`; when another list is in force now (`currentGeneration`),
+    /// it is kept only if `trustedByCurrentList` (the list in force trusts it too).
+    mutating func park(_ connection: Connection, key: UpstreamPoolKey, on loop: EventLoopID, generation: UInt64,
+                       currentGeneration: UInt64, trustedByCurrentList: Bool) -> ParkOutcome {
+        if generation != currentGeneration && !trustedByCurrentList { return notPooled(.listChanged) }
+        if idleCount(for: key) >= maximumIdlePerKey { return notPooled(.full) }
+        let id = PooledConnectionID(rawValue: nextID)
+        nextID += 1
+        let slot = Slot(key: key, loop: loop)
+        idle[slot, default: []].append(Entry(id: id, connection: connection, generation: currentGeneration))
+        slotByID[id] = slot
+        idlePerKey[key, default: 0] += 1
+        counters.parked += 1
+        return .parked(id)
+    }
+
+    /// Counts a connection not kept when its tunnel ended, and says so.
+    @discardableResult
+    mutating func notPooled(_ reason: UpstreamNotPooledReason) -> ParkOutcome {
+        counters.notPooled[reason, default: 0] += 1
+        return .refused(reason)
+    }
+
+    /// Removes stay `id` for `departure` (its idle timer fired, its connection closed):
+    /// the connection to close, or nil when it had already left (taken, or closed another
+    /// way), which is not an error.
+    mutating func remove(_ id: PooledConnectionID, departure: Departure) -> Connection? {
+        guard let slot = slotByID[id], let index = idle[slot]?.firstIndex(where: { $0.id == id }),
+              let entry = idle[slot]?.remove(at: index) else { return nil }
+        forget(id, slot: slot)
+        counters.departed[departure, default: 0] += 1
+        return entry.connection
+    }
+
+    /// A new list is in force as `generation`: each idle connection it still trusts is
+    /// stamped with it; the others are handed back, to be closed.
+    mutating func listInstalled(generation: UInt64, trusts: (UpstreamPoolKey, Connection) -> Bool) -> [Connection] {
+        var dropped: [Connection] = []
+        for (slot, entries) in idle {
+            var kept: [Entry] = []
+            for var entry in entries {
+                if trusts(slot.key, entry.connection) {
+                    entry.generation = generation
+                    kept.append(entry)
+                } else {
+                    dropped.append(entry.connection)
+                    slotByID[entry.id] = nil
+                    idlePerKey[slot.key, default: 1] -= 1
+                    counters.departed[.listChanged, default: 0] += 1
+                }
+            }
+            idle[slot] = kept.isEmpty ? nil : kept
+        }
+        idlePerKey = idlePerKey.filter { $0.value > 0 }
+        return dropped
+    }
+
+    /// Empties the pool (shutdown): every idle connection, to be closed.
+    mutating func removeAll() -> [Connection] {
+        let all = idle.values.flatMap { $0.map(\.connection) }
+        counters.departed[.shutdown, default: 0] += all.count
+        idle = [:]
+        slotByID = [:]
+        idlePerKey = [:]
+        return all
+    }
+
+    /// The stay of the idle connection `matches` picks, if one is idle.
+    func stayID(of matches: (Connection) -> Bool) -> PooledConnectionID? {
+        for entries in idle.values {
+            if let entry = entries.first(where: { matches($0.connection) }) { return entry.id }
+        }
+        return nil
+    }
+
+    private mutating func forget(_ id: PooledConnectionID, slot: Slot) {
+        slotByID[id] = nil
+        if idle[slot]?.isEmpty == true { idle[slot] = nil }
+        let left = (idlePerKey[slot.key] ?? 0) - 1
+        idlePerKey[slot.key] = left > 0 ? left : nil
+    }
+}

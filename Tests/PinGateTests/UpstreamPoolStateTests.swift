@@ -1,0 +1,203 @@
+import NIOCore
+import NIOEmbedded
+import PinGateHTTP
+import PinGateNIO
+import PropertyBased
+import Testing
+@testable import PinGate
+
+/// The pool's logic on its own: no sockets, connections are numbers, loops are embedded.
+@Suite("The upstream pool's bookkeeping")
+struct UpstreamPoolStateTests {
+    typealias State = UpstreamPoolState<Int>
+
+    static let configuration = GateConfiguration()
+    static let pay = UpstreamPoolKey(host: "pay.example.test", port: 443, configuration: configuration, alpnOffer: ["h2", "http/1.1"])
+    static let shop = UpstreamPoolKey(host: "shop.example.test", port: 443, configuration: configuration, alpnOffer: ["h2", "http/1.1"])
+    static let loopA = EmbeddedEventLoop()
+    static let loopB = EmbeddedEventLoop()
+
+    @Test("a parked connection is taken by the next CONNECT with the same key on the same loop, once; another key or loop misses")
+    func takeMatchesKeyAndLoop() {
+        var state = State(maximumIdlePerKey: 4)
+        let a = EventLoopID(Self.loopA), b = EventLoopID(Self.loopB)
+        guard case .parked = state.park(1, key: Self.pay, on: a, generation: 1, currentGeneration: 1, trustedByCurrentList: false) else {
+            Issue.record("not parked")
+            return
+        }
+        #expect(state.take(Self.shop, on: a, generation: 1).connection == nil)
+        #expect(state.take(Self.pay, on: b, generation: 1).connection == nil)
+        #expect(state.take(Self.pay, on: a, generation: 1).connection == 1)
+        #expect(state.take(Self.pay, on: a, generation: 1).connection == nil)
+        #expect(state.counters.hits == 1 && state.counters.misses == 3)
+        #expect(state.idleCount == 0)
+    }
+
+    @Test("the key tells apart port, SNI, --resolve address, parent proxy and ALPN offer; host case and a trailing dot do not")
+    func keyFields() throws {
+        var configuration = GateConfiguration()
+        let base = UpstreamPoolKey(host: "Pay.Example.Test.", port: 443, configuration: configuration, alpnOffer: ["h2"])
+        #expect(base == UpstreamPoolKey(host: "pay.example.test", port: 443, configuration: configuration, alpnOffer: ["h2"]))
+        #expect(base.serverName == "pay.example.test")
+        #expect(UpstreamPoolKey(host: "192.0.2.7", port: 443, configuration: configuration, alpnOffer: ["h2"]).serverName == nil)
+        #expect(base != UpstreamPoolKey(host: "pay.example.test", port: 8443, configuration: configuration, alpnOffer: ["h2"]))
+        #expect(base != UpstreamPoolKey(host: "pay.example.test", port: 443, configuration: configuration, alpnOffer: ["http/1.1"]))
+        configuration.resolveOverrides = [try ResolveOverride(parsing: "pay.example.test:443:127.0.0.1")]
+        #expect(base != UpstreamPoolKey(host: "pay.example.test", port: 443, configuration: configuration, alpnOffer: ["h2"]))
+        configuration = GateConfiguration()
+        configuration.upstreamProxy = try ParentProxy(parsing: "http://proxy.corp:3128")
+        #expect(base != UpstreamPoolKey(host: "pay.example.test", port: 443, configuration: configuration, alpnOffer: ["h2"]))
+    }
+
+    @Test("a connection verified under an older list is kept only if the list in force trusts it; the cap per key holds over loops")
+    func parkRules() {
+        var state = State(maximumIdlePerKey: 2)
+        let a = EventLoopID(Self.loopA), b = EventLoopID(Self.loopB)
+        if case .refused(let reason) = state.park(1, key: Self.pay, on: a, generation: 1, currentGeneration: 2, trustedByCurrentList: false) {
+            #expect(reason == .listChanged)
+        } else {
+            Issue.record("a connection the new list does not trust was parked")
+        }
+        guard case .parked = state.park(2, key: Self.pay, on: a, generation: 1, currentGeneration: 2, trustedByCurrentList: true) else {
+            Issue.record("a connection the new list trusts was refused")
+            return
+        }
+        // Re-stamped with the generation in force.
+        #expect(state.take(Self.pay, on: a, generation: 1).connection == nil)
+        _ = state.park(2, key: Self.pay, on: a, generation: 2, currentGeneration: 2, trustedByCurrentList: false)
+        _ = state.park(3, key: Self.pay, on: b, generation: 2, currentGeneration: 2, trustedByCurrentList: false)
+        if case .refused(let reason) = state.park(4, key: Self.pay, on: b, generation: 2, currentGeneration: 2, trustedByCurrentList: false) {
+            #expect(reason == .full)
+        } else {
+            Issue.record("the per-key cap did not hold")
+        }
+        guard case .parked = state.park(5, key: Self.shop, on: b, generation: 2, currentGeneration: 2, trustedByCurrentList: false) else {
+            Issue.record("another key was refused")
+            return
+        }
+        #expect(state.counters.notPooled == [.listChanged: 1, .full: 1])
+        #expect(state.idleCount(for: Self.pay) == 2 && state.idleCount == 3)
+    }
+
+    @Test("the most recently parked connection is taken first; a timer or a close removes a stay once, and a stale id is no error")
+    func lifoAndRemoval() {
+        var state = State(maximumIdlePerKey: 8)
+        let a = EventLoopID(Self.loopA)
+        var ids: [PooledConnectionID] = []
+        for connection in 1...3 {
+            if case .parked(let id) = state.park(connection, key: Self.pay, on: a, generation: 1, currentGeneration: 1,
+                                                 trustedByCurrentList: false) { ids.append(id) }
+        }
+        #expect(state.remove(ids[0], departure: .idleTimeout) == 1)
+        #expect(state.remove(ids[0], departure: .idleTimeout) == nil)
+        #expect(state.take(Self.pay, on: a, generation: 1).connection == 3)
+        // Taken: its timer firing later finds nothing.
+        #expect(state.remove(ids[2], departure: .idleTimeout) == nil)
+        #expect(state.remove(ids[1], departure: .peerClosed) == 2)
+        #expect(state.idleCount == 0)
+        #expect(state.counters.departed == [.idleTimeout: 1, .peerClosed: 1])
+    }
+
+    @Test("a new list keeps (and re-stamps) what it trusts and hands back the rest; a take under the old generation finds stale entries and hands them back")
+    func listChange() {
+        var state = State(maximumIdlePerKey: 8)
+        let a = EventLoopID(Self.loopA)
+        _ = state.park(1, key: Self.pay, on: a, generation: 1, currentGeneration: 1, trustedByCurrentList: false)
+        _ = state.park(2, key: Self.shop, on: a, generation: 1, currentGeneration: 1, trustedByCurrentList: false)
+        let dropped = state.listInstalled(generation: 2) { key, _ in key == Self.pay }
+        #expect(dropped == [2])
+        #expect(state.idleCount == 1 && state.idleCount(for: Self.shop) == 0)
+        let taken = state.take(Self.pay, on: a, generation: 3)
+        #expect(taken.connection == nil && taken.stale == [1])
+        #expect(state.counters.departed[.listChanged] == 2)
+        #expect(state.idleCount == 0)
+    }
+
+    /// One random step over the pool.
+    enum Step {
+        case park(key: Int, loop: Int, verifiedBefore: Bool, trusted: Bool)
+        case take(key: Int, loop: Int)
+        case expireOne(pick: Int)
+        case closeOne(pick: Int)
+        case listChange(keepKey: Int)
+        case shutdown
+
+        init(_ code: Int) {
+            let pick = code / 8
+            switch code % 8 {
+            case 0, 1: self = .park(key: pick % 3, loop: (pick / 3) % 2, verifiedBefore: pick % 5 == 0, trusted: pick % 7 != 0)
+            case 2, 3: self = .take(key: pick % 3, loop: (pick / 3) % 2)
+            case 4: self = .expireOne(pick: pick)
+            case 5: self = .closeOne(pick: pick)
+            case 6: self = .listChange(keepKey: pick % 4)
+            default: self = pick % 10 == 0 ? .shutdown : .take(key: pick % 3, loop: 0)
+            }
+        }
+    }
+
+    @Test("over random sequences of parks, takes, timers, closes, list changes and shutdowns: each connection ends exactly once (taken, refused, or handed back), never above the cap, only on its own loop and key, and the counters add up")
+    func randomSequences() async {
+        await propertyCheck(count: 300, input: Gen.int(in: 0...1_000_000).array(of: 1...150)) { codes in
+            let keys = [Self.pay, Self.shop, UpstreamPoolKey(host: "api.example.test", port: 443, configuration: Self.configuration, alpnOffer: nil)]
+            let loops = [EventLoopID(Self.loopA), EventLoopID(Self.loopB)]
+            var state = State(maximumIdlePerKey: 3)
+            var generation: UInt64 = 1
+            var nextConnection = 0
+            // The model: where each parked connection is, and each one's end.
+            var idle: [Int: (key: Int, loop: Int, id: PooledConnectionID)] = [:]
+            var ended: [Int: String] = [:]
+            func end(_ connection: Int, _ how: String) {
+                #expect(ended[connection] == nil, "connection \(connection) ended twice: \(ended[connection] ?? "") then \(how)")
+                ended[connection] = how
+                idle[connection] = nil
+            }
+            for step in codes.map(Step.init) {
+                switch step {
+                case .park(let key, let loop, let verifiedBefore, let trusted):
+                    nextConnection += 1
+                    let connection = nextConnection
+                    let outcome = state.park(connection, key: keys[key], on: loops[loop],
+                                             generation: verifiedBefore ? generation - 1 : generation,
+                                             currentGeneration: generation, trustedByCurrentList: trusted)
+                    switch outcome {
+                    case .parked(let id): idle[connection] = (key, loop, id)
+                    case .refused: end(connection, "refused")
+                    }
+                case .take(let key, let loop):
+                    let taken = state.take(keys[key], on: loops[loop], generation: generation)
+                    for stale in taken.stale { end(stale, "stale") }
+                    if let connection = taken.connection {
+                        #expect(idle[connection]?.key == key && idle[connection]?.loop == loop, "handed out on another key or loop")
+                        end(connection, "taken")
+                    }
+                case .expireOne(let pick), .closeOne(let pick):
+                    guard !idle.isEmpty else { continue }
+                    let chosen = idle.keys.sorted()[pick % idle.count]
+                    let departure: State.Departure = if case .expireOne = step { .idleTimeout } else { .peerClosed }
+                    #expect(state.remove(idle[chosen]!.id, departure: departure) == chosen)
+                    end(chosen, departure.rawValue)
+                case .listChange(let keepKey):
+                    generation += 1
+                    for connection in state.listInstalled(generation: generation, trusts: { key, _ in key == keys[keepKey % 3] || keepKey == 3 }) {
+                        end(connection, "list")
+                    }
+                case .shutdown:
+                    for connection in state.removeAll() { end(connection, "shutdown") }
+                }
+                #expect(state.idleCount == idle.count)
+                for key in keys.indices {
+                    #expect(state.idleCount(for: keys[key]) == idle.values.filter { $0.key == key }.count)
+                    #expect(state.idleCount(for: keys[key]) <= 3)
+                }
+            }
+            for connection in state.removeAll() { end(connection, "final") }
+            // Every connection ever offered ended exactly once.
+            #expect(ended.count == nextConnection)
+            let counters = state.counters
+            let departed = counters.departed.values.reduce(0, +)
+            let refused = counters.notPooled.values.reduce(0, +)
+            #expect(counters.parked + refused == nextConnection)
+            #expect(counters.parked == counters.hits + departed)
+        }
+    }
+}
