@@ -432,9 +432,11 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             // The relayed protocol's connection ended: so does the client's stream.
             relaying = nil
             router?.responseEnd(id, trailers: nil)
-        } else if let id = active {
+        } else if let id = active, activeResponseHeadSeen {
             router?.responseCancelled(id)
         }
+        // An active exchange with no answer yet is the router's to fail or, on a reused
+        // connection, to retry (`upstreamClosed`).
         // Queued behind the active one: not one byte of them was sent.
         for entry in waiting { router?.responseNotProcessed(entry.id) }
         waiting = []

@@ -90,41 +90,21 @@ package enum RequestAwareTunnel {
 
         var http2Upstream: HTTP2UpstreamSide?
         var upstreamEarly: (reads: [ByteBuffer], inputEnded: Bool) = ([], false)
-        let http1Upstream: HTTP1UpstreamSide?
         switch upstreamLeg {
         case .fresh(let upstreamGlue):
             upstreamEarly = upstreamGlue.takeUnpaired()
             upstreamPipeline.removeHandler(upstreamGlue, promise: nil)
-            if upstreamProtocol == "h2" {
-                let upstreamSide = try HTTP2UpstreamSide(router: router, limits: limits)
-                router.upstream = upstreamSide
-                try upstreamPipeline.addHandler(upstreamSide)
-                http2Upstream = upstreamSide
-                http1Upstream = nil
-            } else {
-                // The side adds its codecs with the first request it sends.
-                let upstreamSide = HTTP1UpstreamSide(router: router)
-                try upstreamPipeline.addHandler(upstreamSide)
-                router.upstream = upstreamSide
-                http1Upstream = upstreamSide
-            }
+            http2Upstream = try addUpstreamSide(to: upstream, protocol: upstreamProtocol, router: router, limits: limits)
         case .pooled(let pooled):
             // Kept from an earlier tunnel: its side (codecs, or nghttp2 session with the
             // upstream's SETTINGS long in) serves this tunnel's router from now on.
             router.attach(pooled)
-            http1Upstream = pooled.side as? HTTP1UpstreamSide
         }
-        if let upstreamSide = http1Upstream {
-            // Only an HTTP/1.1 client asks for an upgrade (HTTP/2 has no `Upgrade`), and
-            // only an HTTP/1.1 upstream carries one (the router refuses it otherwise).
-            // The box is held strongly here (the sniffer that filled it is gone by then); it
-            // holds the client side weakly, so no cycle keeps a closed tunnel alive.
-            upstreamSide.onUpgrade = { [weak upstreamSide] in
-                guard let clientSide = upgradable.side, let upstreamSide else { return }
-                switchToByteRelay(client: client, clientSide: clientSide, upstream: upstream, upstreamSide: upstreamSide,
-                                  makeGlue: makeGlue)
-            }
+        if let upstreamSide = router.upstream as? HTTP1UpstreamSide {
+            wireUpgrade(upstreamSide, client: client, upstream: upstream, upgradable: upgradable, makeGlue: makeGlue)
         }
+        router.upgradableClient = upgradable
+        router.makeRelayGlue = makeGlue
         // The sides are held by their pipelines; the router by the sides. When either
         // channel closes, the router ends the other, and the pipelines let go of all.
 
@@ -180,6 +160,62 @@ package enum RequestAwareTunnel {
         client.read()
     }
 
+    /// Puts the HTTP side for `protocol` on a fresh upstream connection's pipeline, as
+    /// `router`'s upstream; returns it when it is an HTTP/2 side.
+    private static func addUpstreamSide(to upstream: Channel, protocol upstreamProtocol: String?, router: TunnelRouter,
+                                        limits: HTTP2Session.Limits) throws -> HTTP2UpstreamSide? {
+        let pipeline = upstream.pipeline.syncOperations
+        if upstreamProtocol == "h2" {
+            let upstreamSide = try HTTP2UpstreamSide(router: router, limits: limits)
+            router.upstream = upstreamSide
+            try pipeline.addHandler(upstreamSide)
+            return upstreamSide
+        }
+        // The side adds its codecs with the first request it sends.
+        let upstreamSide = HTTP1UpstreamSide(router: router)
+        try pipeline.addHandler(upstreamSide)
+        router.upstream = upstreamSide
+        return nil
+    }
+
+    /// Only an HTTP/1.1 client asks for an upgrade (HTTP/2 has no `Upgrade`), and only an
+    /// HTTP/1.1 upstream carries one (the router refuses it otherwise). The box is held
+    /// strongly (the sniffer that filled it is gone by then); it holds the client side
+    /// weakly, so no cycle keeps a closed tunnel alive.
+    private static func wireUpgrade(_ upstreamSide: HTTP1UpstreamSide, client: Channel, upstream: Channel,
+                                    upgradable: UpgradableClient, makeGlue: @escaping (_ clientSide: Bool) -> GlueHandler) {
+        upstreamSide.onUpgrade = { [weak upstreamSide] in
+            guard let clientSide = upgradable.side, let upstreamSide else { return }
+            switchToByteRelay(client: client, clientSide: clientSide, upstream: upstream, upstreamSide: upstreamSide,
+                              makeGlue: makeGlue)
+        }
+    }
+
+    /// Gives a tunnel whose upstream connection went a new one (`upstream`, fresh from its
+    /// verified handshake, its unpaired glue holding what it sent): the HTTP side for its
+    /// protocol goes in, under the tunnel's router, and what the glue held is replayed.
+    /// The router then sends it the requests that waited.
+    package static func replaceUpstream(router: TunnelRouter, upstream: Channel, upstreamGlue: GlueHandler,
+                                        upstreamProtocol: String?, limits: HTTP2Session.Limits) throws {
+        guard let client = router.clientChannel, let upgradable = router.upgradableClient, let makeGlue = router.makeRelayGlue else {
+            throw RequestAwareTunnelError.notInstalled
+        }
+        let early = upstreamGlue.takeUnpaired()
+        upstream.pipeline.syncOperations.removeHandler(upstreamGlue, promise: nil)
+        _ = try addUpstreamSide(to: upstream, protocol: upstreamProtocol, router: router, limits: limits)
+        if let upstreamSide = router.upstream as? HTTP1UpstreamSide {
+            wireUpgrade(upstreamSide, client: client, upstream: upstream, upgradable: upgradable, makeGlue: makeGlue)
+        }
+        replay(early, into: upstream)
+        upstream.read()
+    }
+
+    /// Why the layer could not be changed.
+    package enum RequestAwareTunnelError: Error {
+        /// `replaceUpstream` on a router that `install` never set up.
+        case notInstalled
+    }
+
     /// What a request-aware tunnel's upstream leg brings to the join.
     package enum UpstreamLeg {
         /// A connection fresh from its handshake, with the unpaired glue that holds what the
@@ -190,7 +226,7 @@ package enum RequestAwareTunnel {
     }
 
     /// The HTTP/1.1 client side, once the sniffer put one in: the side an upgrade switches.
-    private final class UpgradableClient {
+    final class UpgradableClient {
         weak var side: HTTP1ClientSide?
     }
 

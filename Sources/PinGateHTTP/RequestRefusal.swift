@@ -20,4 +20,25 @@ package enum RequestRefusal: String, Sendable, Hashable, CaseIterable {
     case upstreamTimeout = "upstream-timeout"
     /// The client's bytes are not HTTP at all: the tunnel is refused as a whole.
     case notHTTP = "not-http"
+
+    // A new upstream connection opened inside a tunnel (its pooled connection went) is
+    // verified like a CONNECT's, and refused for the same reasons, answered in the tunnel:
+    /// Its certificate matches none of the host's pins (502).
+    case pinMismatch = "pin-mismatch"
+    /// Its certificate or key was revoked by the list (502).
+    case revoked = "revoked"
+    /// The host has no unexpired pin any more (403).
+    case empty = "empty"
+    /// Its chain or host name failed validation (502).
+    case chainInvalid = "chain-invalid"
+    /// Its TLS handshake failed (502).
+    case upstreamTLSFailed = "upstream-tls-failed"
+    /// Its address is one the gate does not connect to (403).
+    case destinationNotAllowed = "destination-not-allowed"
+    /// No usable list is in force (503).
+    case listUnavailable = "list-unavailable"
+    /// The list in force has expired (503).
+    case listExpired = "list-expired"
+    /// The gate failed internally (500).
+    case internalError = "internal-error"
 }

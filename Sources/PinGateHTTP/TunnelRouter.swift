@@ -1,6 +1,7 @@
 import Foundation
 import NIOCore
 import NIOHTTP1
+import PinGateNIO
 
 /// The middle of a request-aware tunnel: every request the client side reads comes here,
 /// is checked against the tunnel's pinned authority, and is either refused on the spot
@@ -33,6 +34,8 @@ package final class TunnelRouter {
         package var cancelledByClient: () -> Void = {}
         /// The tunnel ended (both sides are done with the router).
         package var ended: () -> Void = {}
+        /// The upstream connection of a tunnel that reconnects went while the client's stayed.
+        package var upstreamLost: () -> Void = {}
 
         /// An observer calling these; the ones left out do nothing.
         package init(refused: @escaping (_ reason: RequestRefusal, _ authority: String, _ detail: String) -> Void,
@@ -80,6 +83,33 @@ package final class TunnelRouter {
         var responseEnded = false
         /// Holds the request body to the framing the gate chose (set once it went upstream).
         var meter: RequestBodyMeter?
+        /// Set while the request waits for a new upstream connection (`reconnectUpstream`).
+        var waitsForUpstream = false
+        /// The request as sent upstream, kept while it may be retried on a new connection:
+        /// an idempotent method, no body, sent on a reused connection (RFC 9110 §9.2.2,
+        /// RFC 9112 §9.3.1).
+        var retry: PendingRequest?
+    }
+
+    /// A request waiting for the tunnel's new upstream connection, with what the client
+    /// sent of it meanwhile (its credit withheld, so the client's own flow control bounds it).
+    struct PendingRequest {
+        let id: Int
+        let head: ExchangeRequestHead
+        let authority: RequestAuthority
+        let endStream: Bool
+        var body: [ByteBuffer] = []
+        var ended = false
+        var trailers: HTTPHeaders?
+    }
+
+    /// What came of opening a new upstream connection for the tunnel.
+    package enum UpstreamReconnect {
+        /// It is up, verified and trusted, and its side is this router's upstream now.
+        case connected
+        /// It was refused (its verdict, or it could not be reached): each waiting request is
+        /// answered `status` with `Pingate-Refusal: reason`.
+        case refused(status: Int, reason: RequestRefusal, detail: String)
     }
 
     private var binding: AuthorityBinding
@@ -99,10 +129,26 @@ package final class TunnelRouter {
     /// open, holding its half of the tunnel and answering nothing, until the idle timeout.
     /// Held strongly: the channel's pipeline holds the router only until the channel closes.
     var clientChannel: Channel?
+    /// Kept by `RequestAwareTunnel.install` for a new upstream connection's side (after a
+    /// reconnect): the client side an upgrade switches, and the glue maker of byte relays.
+    var upgradableClient: RequestAwareTunnel.UpgradableClient?
+    var makeRelayGlue: ((_ clientSide: Bool) -> GlueHandler)?
     /// Asked, when the client leaves, whether the upstream connection is kept for another
     /// tunnel (the gate's pool): handed the parked side, it says true when it took it; handed
     /// a reason, it counts it. Nil (no pool, a byte relay's tunnel): the connection closes.
     package var releaseUpstream: ((UpstreamRelease) -> Bool)?
+    /// Opens a new upstream connection for the tunnel, verified like the first, and calls
+    /// back on the tunnel's loop: set for a tunnel admitted on a pooled connection, whose
+    /// connection may go (the origin's keep-alive timeout) while the client's stays. Nil: the
+    /// tunnel ends with its upstream connection, as before the pool.
+    package var reconnectUpstream: ((_ done: @escaping (UpstreamReconnect) -> Void) -> Void)?
+    /// Requests waiting, in arrival order, for the new upstream connection being opened.
+    private var pending: [PendingRequest] = []
+    private var reconnecting = false
+    /// Whether the upstream connection now in use carried exchanges before the one now on
+    /// it (it came from the pool, or finished one in this tunnel): only such a connection's
+    /// failure before any response byte makes an idempotent request worth retrying.
+    private var upstreamReused = false
     /// Set once a request carried connection-bound authentication (NTLM, Negotiate): the
     /// server may take every later request on the connection for that user's, so it is
     /// never handed to another tunnel.
@@ -154,53 +200,76 @@ package final class TunnelRouter {
                 refuse(id, exchange, status: 400, reason: .malformedRequest, detail: text)
             }
         case .pass(let authority):
-            guard let upstream else { return }
-            if head.method == "CONNECT" && head.upgrade == nil {
-                // A classic CONNECT inside the tunnel would open a tunnel to any host:port,
-                // carrying bytes no check ever reads. Only RFC 8441's extended CONNECT (with
-                // `:protocol`) passes: its authority was checked above like any request's,
-                // and it reaches the same pinned upstream.
-                refuse(id, exchange, status: 405, reason: .methodNotAllowed,
-                       detail: "CONNECT inside a tunnel is not relayed (only an RFC 8441 extended CONNECT with :protocol is)")
+            guard upstream != nil || reconnectUpstream == nil else {
+                // The tunnel's upstream connection went between requests: this request waits
+                // for a new one, verified like the first.
+                exchange.waitsForUpstream = true
+                exchanges[id] = exchange
+                pending.append(PendingRequest(id: id, head: head, authority: authority, endStream: endStream, ended: endStream))
+                startReconnect()
                 return
             }
-            if let upgrade = head.upgrade, !WebSocketHandshake.isWebSocket(upgrade) {
-                // Only WebSocket is relayed as a switched protocol: its frames carry no
-                // requests. Another protocol's bytes would pass unread (an HTTP/1.1 client's
-                // other upgrade tokens are dropped before they get here).
-                refuse(id, exchange, status: 501, reason: .upgradeUnsupported,
-                       detail: "only the WebSocket protocol is relayed through a tunnel, not \(upgrade)")
-                return
-            }
-            if head.upgrade != nil, let detail = upstream.upgradeRefusal(for: head) {
-                refuse(id, exchange, status: 501, reason: .upgradeUnsupported, detail: detail)
-                return
-            }
-            var head = head
-            if head.upgrade == nil {
-                switch RequestBodyFraming.decide(method: head.method, headers: head.headers, endStream: endStream) {
-                case .success(let framing):
-                    head.framing = framing
-                    exchange.meter = RequestBodyMeter(framing)
-                case .failure(let refusal):
-                    refuse(id, exchange, status: 400, reason: .malformedRequest, detail: refusal.detail)
-                    return
-                }
-            } else if !head.isExtendedConnect && !endStream {
-                // RFC 6455's opening GET has no body; what follows a granted switch is the new
-                // protocol's, carried as the exchange's bytes (an extended CONNECT's stream
-                // DATA is that from the start), never as framed content.
-                refuse(id, exchange, status: 400, reason: .malformedRequest,
-                       detail: "a request asking for an upgrade carries no body through the gate")
-                return
-            }
-            exchanges[id] = exchange
-            observer.forwarded()
-            if !carriedConnectionAuthentication && Self.bindsConnection(head.headers) { carriedConnectionAuthentication = true }
-            let upstreamID = upstream.startRequest(head, authority: authority, endStream: endStream)
-            exchanges[id]?.upstreamID = upstreamID
-            clientIDByUpstreamID[upstreamID] = id
+            forward(id, exchange, head, authority: authority, endStream: endStream)
         }
+    }
+
+    /// Passes request `id`, whose authority passed, on to the upstream side (or refuses it
+    /// for what the upstream cannot carry).
+    private func forward(_ id: Int, _ started: Exchange, _ head: ExchangeRequestHead, authority: RequestAuthority, endStream: Bool) {
+        var exchange = started
+        guard let upstream else {
+            // No upstream and none to be had (the tunnel is ending): answered, not dropped.
+            refuse(id, exchange, status: 502, reason: .upstreamUnreachable, detail: "the tunnel's upstream connection is gone")
+            return
+        }
+        if head.method == "CONNECT" && head.upgrade == nil {
+            // A classic CONNECT inside the tunnel would open a tunnel to any host:port,
+            // carrying bytes no check ever reads. Only RFC 8441's extended CONNECT (with
+            // `:protocol`) passes: its authority was checked above like any request's,
+            // and it reaches the same pinned upstream.
+            refuse(id, exchange, status: 405, reason: .methodNotAllowed,
+                   detail: "CONNECT inside a tunnel is not relayed (only an RFC 8441 extended CONNECT with :protocol is)")
+            return
+        }
+        if let upgrade = head.upgrade, !WebSocketHandshake.isWebSocket(upgrade) {
+            // Only WebSocket is relayed as a switched protocol: its frames carry no
+            // requests. Another protocol's bytes would pass unread (an HTTP/1.1 client's
+            // other upgrade tokens are dropped before they get here).
+            refuse(id, exchange, status: 501, reason: .upgradeUnsupported,
+                   detail: "only the WebSocket protocol is relayed through a tunnel, not \(upgrade)")
+            return
+        }
+        if head.upgrade != nil, let detail = upstream.upgradeRefusal(for: head) {
+            refuse(id, exchange, status: 501, reason: .upgradeUnsupported, detail: detail)
+            return
+        }
+        var head = head
+        if head.upgrade == nil {
+            switch RequestBodyFraming.decide(method: head.method, headers: head.headers, endStream: endStream) {
+            case .success(let framing):
+                head.framing = framing
+                exchange.meter = RequestBodyMeter(framing)
+            case .failure(let refusal):
+                refuse(id, exchange, status: 400, reason: .malformedRequest, detail: refusal.detail)
+                return
+            }
+        } else if !head.isExtendedConnect && !endStream {
+            // RFC 6455's opening GET has no body; what follows a granted switch is the new
+            // protocol's, carried as the exchange's bytes (an extended CONNECT's stream
+            // DATA is that from the start), never as framed content.
+            refuse(id, exchange, status: 400, reason: .malformedRequest,
+                   detail: "a request asking for an upgrade carries no body through the gate")
+            return
+        }
+        if upstreamReused && endStream && head.upgrade == nil && Self.idempotentMethods.contains(head.method) {
+            exchange.retry = PendingRequest(id: id, head: head, authority: authority, endStream: true, ended: true)
+        }
+        exchanges[id] = exchange
+        observer.forwarded()
+        if !carriedConnectionAuthentication && Self.bindsConnection(head.headers) { carriedConnectionAuthentication = true }
+        let upstreamID = upstream.startRequest(head, authority: authority, endStream: endStream)
+        exchanges[id]?.upstreamID = upstreamID
+        clientIDByUpstreamID[upstreamID] = id
     }
 
     /// The client side refused request `id` itself before asking for a decision (a request
@@ -227,6 +296,11 @@ package final class TunnelRouter {
     /// Request body bytes arrived for exchange `id`.
     func requestBody(_ id: Int, _ bytes: ByteBuffer) {
         let count = bytes.readableBytes
+        if exchanges[id]?.waitsForUpstream == true, let index = pending.firstIndex(where: { $0.id == id }) {
+            // Held with its request; its credit is given when it is written to the new upstream.
+            pending[index].body.append(bytes)
+            return
+        }
         guard let upstreamID = exchanges[id]?.upstreamID else {
             // A refused request's body, or one whose exchange already ended: dropped, and
             // credited at once so the client's window does not shrink.
@@ -246,6 +320,11 @@ package final class TunnelRouter {
 
     /// The request of exchange `id` ended.
     func requestEnd(_ id: Int, trailers: HTTPHeaders?) {
+        if exchanges[id]?.waitsForUpstream == true, let index = pending.firstIndex(where: { $0.id == id }) {
+            pending[index].ended = true
+            pending[index].trailers = trailers
+            return
+        }
         guard let upstreamID = exchanges[id]?.upstreamID else { return }
         if let problem = exchanges[id]?.meter?.end() {
             abandonRequest(id, detail: problem)
@@ -263,6 +342,7 @@ package final class TunnelRouter {
     @discardableResult
     func abandonRequest(_ id: Int, detail: String) -> Bool {
         guard var exchange = exchanges[id] else { return false }
+        dropPending(id)
         // Detached first: cancelling an HTTP/1.1 upstream closes its connection, whose
         // going (reported at once) must not answer this exchange with a 502 of its own.
         let upstreamID = exchange.responseEnded ? nil : exchange.upstreamID
@@ -288,6 +368,7 @@ package final class TunnelRouter {
     /// The client abandoned exchange `id` (HTTP/2 RST_STREAM).
     func requestCancelled(_ id: Int) {
         guard let exchange = exchanges[id] else { return }
+        dropPending(id)
         // Counted as what it is, the client's own choice: not a refusal, not the upstream's
         // failure.
         if !exchange.responseEnded { observer.cancelledByClient() }
@@ -360,6 +441,7 @@ package final class TunnelRouter {
     /// The client's connection is gone: every exchange ends, and the upstream connection
     /// is either kept for another tunnel (`releaseUpstream`) or closed.
     func clientClosed() {
+        for request in pending { dropPending(request.id) }
         end()
         // Nothing handed to the client side will be written: its credit goes back (the
         // upstream connection may outlive this tunnel).
@@ -402,7 +484,60 @@ package final class TunnelRouter {
     package func attach(_ pooled: PooledUpstreamSide) {
         pooled.side.attach(to: self)
         upstream = pooled.side
+        upstreamReused = true
     }
+
+    /// Methods a client may repeat without a different effect (RFC 9110 §9.2.2).
+    static let idempotentMethods: Set<String> = ["GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"]
+
+    /// Drops request `id` from the requests waiting for a new upstream: what its client sent
+    /// of the body goes back as credit, never having been forwarded.
+    private func dropPending(_ id: Int) {
+        guard let index = pending.firstIndex(where: { $0.id == id }) else { return }
+        let request = pending.remove(at: index)
+        exchanges[id]?.waitsForUpstream = false
+        for bytes in request.body {
+            deliver(ledger.returnedUnforwarded(.request, sourceID: id, bytes: bytes.readableBytes))
+        }
+    }
+
+    /// Opens a new upstream connection for the waiting requests, unless one is being opened.
+    private func startReconnect() {
+        guard !reconnecting, !ended, let reconnect = reconnectUpstream else { return }
+        reconnecting = true
+        reconnect { [weak self] result in self?.reconnected(result) }
+    }
+
+    /// The new upstream connection is up (its side is `upstream`), or was refused: the
+    /// waiting requests go to it in order, or are each answered with the refusal.
+    private func reconnected(_ result: UpstreamReconnect) {
+        reconnecting = false
+        let waiting = pending
+        pending = []
+        switch result {
+        case .connected:
+            upstreamReused = false
+            for request in waiting {
+                guard var exchange = exchanges[request.id], exchange.waitsForUpstream else { continue }
+                exchange.waitsForUpstream = false
+                forward(request.id, exchange, request.head, authority: request.authority, endStream: request.endStream)
+                for bytes in request.body { requestBody(request.id, bytes) }
+                if request.ended && !request.endStream { requestEnd(request.id, trailers: request.trailers) }
+            }
+            upstream?.flush()
+        case .refused(let status, let reason, let detail):
+            for request in waiting {
+                guard var exchange = exchanges[request.id], exchange.waitsForUpstream else { continue }
+                exchange.waitsForUpstream = false
+                for bytes in request.body {
+                    deliver(ledger.returnedUnforwarded(.request, sourceID: request.id, bytes: bytes.readableBytes))
+                }
+                refuse(request.id, exchange, status: status, reason: reason, detail: detail)
+            }
+            client?.flush()
+        }
+    }
+
 
     // MARK: from the upstream side
 
@@ -546,6 +681,10 @@ package final class TunnelRouter {
         // then goes to a side that is gone, which is harmless, and nothing is unplaced.
         for credit in ledger.sinkGone(.request) { deliver(credit) }
         guard upstreamFailure == nil else { return }
+        if reconnectUpstream != nil && !ended {
+            upstreamClosedReconnecting()
+            return
+        }
         // Every response the upstream had not finished is cut: the client must hear it as a
         // cut (a 502 when nothing was answered yet; else RST_STREAM, or the HTTP/1.1
         // connection closing short of its length), never as an end. Without this an h2
@@ -557,6 +696,32 @@ package final class TunnelRouter {
         }
         end()
         closeClient(whenAnswered: true)
+    }
+
+    /// The upstream connection of a tunnel that reconnects went: what it had not started
+    /// answering and may be repeated waits for a new connection (a retry, once: only a
+    /// reused connection's failure is retried); every other unfinished response is cut as
+    /// in `upstreamClosed`. The client's connection stays; the next request, or the retry,
+    /// opens the new upstream connection.
+    private func upstreamClosedReconnecting() {
+        upstream = nil
+        observer.upstreamLost()
+        let unfinished = exchanges.values.compactMap { $0.responseEnded ? nil : $0.upstreamID }.sorted()
+        for upstreamID in unfinished {
+            guard let id = clientIDByUpstreamID[upstreamID], let exchange = exchanges[id] else { continue }
+            if let retry = exchange.retry, exchange.status == nil, exchange.bytesDown == 0 {
+                clientIDByUpstreamID[upstreamID] = nil
+                ledger.sinkFinishing(.request, sinkID: upstreamID)
+                exchanges[id]?.upstreamID = nil
+                exchanges[id]?.retry = nil
+                exchanges[id]?.waitsForUpstream = true
+                pending.append(retry)
+            } else {
+                responseFailed(upstreamID, detail: "the upstream's connection closed before the response ended")
+            }
+        }
+        pending.sort { $0.id < $1.id }
+        if !pending.isEmpty { startReconnect() }
     }
 
     /// Ends the client's connection: through its side when the client's first bytes chose
@@ -587,6 +752,8 @@ package final class TunnelRouter {
     /// dropped as it comes, and credited back at once.
     private func finishIfDone(_ id: Int) {
         guard let exchange = exchanges[id], exchange.responseEnded else { return }
+        // A response that ended on the upstream connection: it has carried an exchange.
+        if exchange.upstreamID != nil && exchange.refusal == nil { upstreamReused = true }
         finish(id)
     }
 

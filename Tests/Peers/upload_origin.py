@@ -7,7 +7,9 @@ its end (HTTP/1.1 `Content-Length` or chunked; HTTP/2 DATA until END_STREAM) and
 `200` with `text/plain` body `<hex sha256> <length>\n`. HTTP/1.1 connections are kept
 alive. Two paths misbehave on purpose, as an origin whose connection dies would:
 `/cut/N` answers `200` with `content-length: 2N`, sends N bytes and closes the TCP
-connection (no GOAWAY, no more bytes); `/die` closes it without answering. It prints `{"event": "listening", "port": N}` once it accepts connections, then one
+connection (no GOAWAY, no more bytes); `/die` closes it without answering, and
+`/die-once/TAG` does so the first time that path is asked (on any connection) and answers
+it normally after that. It prints `{"event": "listening", "port": N}` once it accepts connections, then one
 JSON line per request (`protocol`, `method`, `path`, `authority`, `length`, `sha256`).
 
 Only the `h2` library and the standard library are used. It runs until it is killed.
@@ -27,6 +29,8 @@ import h2.events
 import h2.exceptions
 
 LOCK = threading.Lock()
+# The `/die-once/` paths already asked once.
+DIED_ONCE = set()
 
 
 def emit(record):
@@ -45,6 +49,13 @@ def misbehave(path, send_half):
     if path == "/die":
         emit({"event": "died", "path": path})
         return True
+    if path.startswith("/die-once/"):
+        with LOCK:
+            first = path not in DIED_ONCE
+            DIED_ONCE.add(path)
+        if first:
+            emit({"event": "died", "path": path})
+        return first
     if path.startswith("/cut/"):
         send_half(int(path[len("/cut/"):]))
         emit({"event": "cut", "path": path})

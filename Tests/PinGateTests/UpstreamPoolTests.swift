@@ -33,12 +33,6 @@ struct UpstreamPoolTests {
 
     static func url(_ nginx: NginxOrigin) -> String { "https://\(host):\(nginx.port)/a.txt" }
 
-    /// The nginx connection serial number of every request logged so far, in order.
-    static func originConnections(_ nginx: NginxOrigin) -> [String] {
-        let text = (try? String(contentsOfFile: nginx.directory.file("access.log"), encoding: .utf8)) ?? ""
-        return text.split(separator: "\n").compactMap { $0.split(separator: " ").last.map(String.init) }
-    }
-
     /// Waits until the pool holds `count` idle connections (a tunnel's connection goes to
     /// the pool as the gate sees its client leave, a moment after curl exits).
     @discardableResult
@@ -61,7 +55,7 @@ struct UpstreamPoolTests {
                 #expect(result.httpVersion == (http2 ? "2" : "1.1"))
                 #expect(await Self.waitForIdle(gate, 1), "round \(round): the connection did not go back to the pool")
             }
-            let connections = Self.originConnections(nginx)
+            let connections = nginx.accessLogConnections()
             #expect(connections.count == 20)
             #expect(Set(connections).count == 1, "\(connections)")
             #expect(gate.statistics.upstreamConnections == 1)
@@ -80,7 +74,7 @@ struct UpstreamPoolTests {
                 // one's connection to be back, wherever it is.
                 await Self.waitUntilParked(gate)
             }
-            let connections = Set(Self.originConnections(nginx))
+            let connections = Set(nginx.accessLogConnections())
             #expect(connections.count <= 2, "\(connections)")
             #expect(gate.statistics.upstreamConnections <= 2)
             #expect((gate.server.upstreamPool?.hits ?? 0) >= 18)
@@ -99,7 +93,7 @@ struct UpstreamPoolTests {
     func poolOff() async throws {
         try await Self.withOrigin(configure: { $0.upstreamPoolEnabled = false; $0.eventLoopThreads = 1 }) { gate, nginx, _ in
             for _ in 0..<5 { try await Self.fetch(gate, nginx) }
-            #expect(Set(Self.originConnections(nginx)).count == 5)
+            #expect(Set(nginx.accessLogConnections()).count == 5)
             #expect(gate.statistics.upstreamConnections == 5)
             #expect(gate.server.upstreamPool == nil)
         }
@@ -114,7 +108,7 @@ struct UpstreamPoolTests {
             try await Self.fetch(gate, nginx)
             await Self.waitUntilParked(gate)
             try await Self.fetch(gate, nginx)
-            let connections = Self.originConnections(nginx)
+            let connections = nginx.accessLogConnections()
             #expect(connections.count == 3 && Set(connections).count == 2, "\(connections)")
             // The second and third tunnels shared the one without the authentication.
             #expect(connections[1] == connections[2] && connections[0] != connections[1], "\(connections)")
@@ -139,7 +133,7 @@ struct UpstreamPoolTests {
             let refused = try await curlThroughGate(gate, Self.url(nginx))
             #expect(refused.proxyHeaders["pingate-refusal"] == "pin-mismatch", "\(refused.stderr)")
             #expect(gate.statistics.upstreamConnections == 2)
-            #expect(Self.originConnections(nginx).count == 1, "nothing of the refused tunnel reached the origin")
+            #expect(nginx.accessLogConnections().count == 1, "nothing of the refused tunnel reached the origin")
         }
     }
 
@@ -150,7 +144,7 @@ struct UpstreamPoolTests {
             #expect(await Self.waitForIdle(gate, 1))
             gate.server.store.replace(with: gate.server.store.list)
             try await Self.fetch(gate, nginx)
-            #expect(Set(Self.originConnections(nginx)).count == 1)
+            #expect(Set(nginx.accessLogConnections()).count == 1)
             #expect(gate.server.upstreamPool?.hits == 1)
         }
     }
@@ -164,7 +158,7 @@ struct UpstreamPoolTests {
             #expect(await Self.waitForIdle(gate, 0, timeout: .seconds(5)))
             #expect(gate.server.upstreamPool?.closed["idle-timeout"] == 1)
             try await Self.fetch(gate, nginx)
-            #expect(Set(Self.originConnections(nginx)).count == 2)
+            #expect(Set(nginx.accessLogConnections()).count == 2)
         }
     }
 
@@ -177,7 +171,7 @@ struct UpstreamPoolTests {
             #expect(await Self.waitForIdle(gate, 0, timeout: .seconds(5)))
             #expect(gate.server.upstreamPool?.closed["peer-closed"] == 1, "\(String(describing: gate.server.upstreamPool))")
             try await Self.fetch(gate, nginx)
-            #expect(Set(Self.originConnections(nginx)).count == 2)
+            #expect(Set(nginx.accessLogConnections()).count == 2)
             #expect(gate.statistics.upstreamConnections == 2)
         }
     }
@@ -186,7 +180,7 @@ struct UpstreamPoolTests {
     func opaqueHostsNotPooled() async throws {
         try await Self.withOrigin(configure: { $0.eventLoopThreads = 1; $0.opaqueHosts = [Self.host] }) { gate, nginx, _ in
             for _ in 0..<3 { try await Self.fetch(gate, nginx) }
-            #expect(Set(Self.originConnections(nginx)).count == 3)
+            #expect(Set(nginx.accessLogConnections()).count == 3)
             let pool = try #require(gate.server.upstreamPool)
             #expect(pool.parked == 0 && pool.hits == 0 && pool.misses == 0, "\(pool)")
         }
@@ -198,9 +192,151 @@ struct UpstreamPoolTests {
             try await Self.fetch(gate, nginx)
             await Self.waitUntilParked(gate)
             try await Self.fetch(gate, nginx)
-            #expect(Set(Self.originConnections(nginx)).count == 2)
+            #expect(Set(nginx.accessLogConnections()).count == 2)
             let pool = try #require(gate.server.upstreamPool)
             #expect(pool.parked == 0 && (pool.notPooled["closing"] ?? 0) >= 1, "\(pool)")
         }
     }
+
+    // MARK: a pooled connection that goes
+
+    /// `Tests/Peers/upload_origin.py` for `host` (it answers each request with the SHA-256
+    /// of its body, logs each one, and closes the connection unanswered the first time a
+    /// `/die-once/` path is asked), and a gate on one event loop.
+    static func withDyingOrigin(http2: Bool, _ body: (GateFixture, H2EchoOrigin, TestPKI) async throws -> Void) async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
+        try await H2EchoOrigin.with(script: "upload_origin.py", [
+            "--cert", leaf.certificatePath, "--key", leaf.keyPath, "--alpn", http2 ? "h2" : "http/1.1",
+        ]) { origin in
+            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(host, leaf.fingerprint)]),
+                                       resolve: ["\(host):\(origin.port)"], configure: { $0.eventLoopThreads = 1 }) { gate in
+                try await body(gate, origin, pki)
+            }
+        }
+    }
+
+    /// The origin's records for `path`: answered requests, and unanswered closes ("died").
+    static func originSaw(_ origin: H2EchoOrigin, _ path: String) -> (answered: Int, died: Int) {
+        let events = origin.events.filter { $0["path"] as? String == path }
+        return (events.filter { $0["event"] == nil }.count, events.filter { $0["event"] as? String == "died" }.count)
+    }
+
+    @Test("the origin closes a pooled connection as a request arrives: an idempotent request is retried once on a new, verified connection and succeeds; a POST is not retried (502), over an h2 and an HTTP/1.1 origin",
+          arguments: [true, false])
+    func retryOnlyIdempotent(http2: Bool) async throws {
+        try await Self.withDyingOrigin(http2: http2) { gate, origin, _ in
+            let url = "https://\(Self.host):\(origin.port)"
+            #expect(try await curlThroughGate(gate, "\(url)/warm").httpCode == "200")
+            #expect(await eventually { gate.server.upstreamPool?.parked == 1 })
+
+            let get = try await curlThroughGate(gate, "\(url)/die-once/get")
+            #expect(get.httpCode == "200" && String(decoding: get.body, as: UTF8.self).hasSuffix(" 0\n"), "\(get.stderr.suffix(400))")
+            #expect(Self.originSaw(origin, "/die-once/get") == (answered: 1, died: 1))
+            #expect(gate.statistics.upstreamConnections == 2)
+            #expect(gate.server.upstreamPool?.hits == 1)
+            #expect(await eventually { gate.server.upstreamPool?.parked == 2 })
+
+            let post = try await curlThroughGate(gate, "\(url)/die-once/post", ["-i", "--data", "hello"])
+            #expect(post.httpCode == "502", "\(post.stderr.suffix(400))")
+            #expect(String(decoding: post.body, as: UTF8.self).lowercased().contains("pingate-refusal: upstream-unreachable"))
+            #expect(Self.originSaw(origin, "/die-once/post") == (answered: 0, died: 1), "a POST was sent twice")
+            #expect(gate.server.upstreamPool?.hits == 2)
+        }
+    }
+
+    @Test("on one tunnel admitted from the pool, the origin closes between requests: the next request opens a new, verified connection on the same client connection")
+    func reconnectBetweenRequests() async throws {
+        try await Self.withDyingOrigin(http2: false) { gate, origin, _ in
+            let url = "https://\(Self.host):\(origin.port)"
+            #expect(try await curlThroughGate(gate, "\(url)/warm").httpCode == "200")
+            #expect(await eventually { gate.server.upstreamPool?.parked == 1 })
+            // One curl, one tunnel (a pool hit), three requests; the second's connection dies
+            // unanswered (GET: retried), the third goes on the new connection.
+            let result = try await curlThroughGate(gate, urls: ["\(url)/one", "\(url)/die-once/two", "\(url)/three"])
+            #expect(result.transfers == ["200 1.1", "200 1.1", "200 1.1"], "\(result.transfers) \(result.stderr.suffix(400))")
+            #expect(result.stderr.components(separatedBy: "CONNECT \(Self.host)").count - 1 == 1, "curl opened one tunnel")
+            #expect(Self.originSaw(origin, "/three") == (answered: 1, died: 0))
+            #expect(gate.statistics.upstreamConnections == 2)
+        }
+    }
+
+    @Test("while a tunnel admitted from the pool is open, the origin changes to an unpinned certificate and closes the connection: the next request gets 502 Pingate-Refusal: pin-mismatch inside the tunnel, and nothing reaches the origin")
+    func reconnectRefusedInsideTheTunnel() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let pinned = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "pinned")
+        let unpinned = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "unpinned")
+        // The origin's certificate files are swapped on disk; nginx reloads them on HUP.
+        let certificate = directory.file("live.pem"), key = directory.file("live.key")
+        try FileManager.default.copyItem(atPath: pinned.certificatePath, toPath: certificate)
+        try FileManager.default.copyItem(atPath: pinned.keyPath, toPath: key)
+        try await NginxOrigin.with(certificatePath: certificate, keyPath: key, files: ["a.txt": Self.body], http2: false) { nginx in
+            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, pinned.fingerprint)]),
+                                       resolve: ["\(Self.host):\(nginx.port)"], configure: { $0.eventLoopThreads = 1 }) { gate in
+                try await Self.fetch(gate, nginx)
+                #expect(await Self.waitForIdle(gate, 1))
+                // A tunnel from the pool, held open by a client that sends a request, waits,
+                // and sends another (tunnel.py), across the swap.
+                let script = """
+                import socket, ssl, sys, time
+                proxy, target, ca, flag = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+                s = socket.create_connection(("127.0.0.1", int(proxy)))
+                s.sendall(f"CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode())
+                head = b""
+                while b"\\r\\n\\r\\n" not in head:
+                    head += s.recv(1)
+                ctx = ssl.create_default_context(cafile=ca)
+                t = ctx.wrap_socket(s, server_hostname=target.split(":")[0])
+                def ask():
+                    t.sendall(f"GET /a.txt HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode())
+                    data = b""
+                    while b"\\r\\n\\r\\n" not in data:
+                        data += t.recv(65536)
+                    head, _, rest = data.partition(b"\\r\\n\\r\\n")
+                    length = int([l.split(b":")[1] for l in head.split(b"\\r\\n") if l.lower().startswith(b"content-length")][0])
+                    while len(rest) < length:
+                        rest += t.recv(65536)
+                    lines = head.decode().split("\\r\\n")
+                    refusal = [l.split(":", 1)[1].strip() for l in lines if l.lower().startswith("pingate-refusal")]
+                    print(lines[0].split()[1], refusal[0] if refusal else "-", flush=True)
+                ask()
+                open(flag, "w").close()
+                while open(flag).read() != "go":
+                    time.sleep(0.05)
+                ask()
+                """
+                let flag = directory.file("flag")
+                let client = ChildProcess()
+                client.executableURL = URL(fileURLWithPath: try TestProcess.resolve("python3"))
+                client.arguments = ["-c", script, "\(gate.port)", "\(Self.host):\(nginx.port)", gate.caPath, flag]
+                let output = Pipe()
+                client.standardOutput = output
+                client.standardError = FileHandle.nullDevice
+                try client.run()
+                defer { if client.isRunning { client.terminate() } }
+                #expect(await eventually { FileManager.default.fileExists(atPath: flag) })
+                let before = nginx.accessLogConnections().count
+                // The origin now presents the unpinned certificate, and its keep-alive
+                // connections close (a graceful reload ends idle ones).
+                try FileManager.default.removeItem(atPath: certificate)
+                try FileManager.default.removeItem(atPath: key)
+                try FileManager.default.copyItem(atPath: unpinned.certificatePath, toPath: certificate)
+                try FileManager.default.copyItem(atPath: unpinned.keyPath, toPath: key)
+                nginx.reload()
+                #expect(await eventually(timeout: .seconds(10)) { gate.statistics.upstreamConnectionsLostInTunnels == 1 })
+                try "go".write(toFile: flag, atomically: false, encoding: .utf8)
+                client.waitUntilExit()
+                let lines = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self).split(separator: "\n")
+                #expect(lines == ["200 -", "502 pin-mismatch"], "\(lines)")
+                #expect(nginx.accessLogConnections().count == before, "a request reached the origin on the unpinned connection")
+                #expect(gate.statistics.requestsRefused(.pinMismatch) == 1)
+                #expect(gate.statistics.upstreamReconnects == ["pin-mismatch": 1])
+            }
+        }
+    }
 }
+

@@ -464,7 +464,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         // one object per tunnel instead of a context per closure, each with its own copies
         // (issue 12: they were 1.8 KiB of every idle tunnel).
         let binding = AuthorityBinding(connectHost: request.host, connectPort: request.port) { facts.trusts(otherHost: $0) }
-        let observer = TunnelRouter.Observer(
+        var observer = TunnelRouter.Observer(
             refused: { facts.refused(reason: DecisionReason($0), authority: $1, detail: $2) },
             forwarded: { facts.forwarded() },
             relayed: { facts.relayed(up: $0, down: $1) },
@@ -473,8 +473,18 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             refusedQuietly: { facts.refusedQuietly(reason: DecisionReason($0)) },
             cancelledByClient: { facts.cancelledByClient() },
             ended: { facts.ended() })
+        observer.upstreamLost = { facts.upstreamLost() }
         let router = TunnelRouter(binding: binding, clientUsesStreamIDs: clientALPN == "h2", observer: observer, now: environment.now)
         if environment.pool != nil { router.releaseUpstream = { facts.release($0) } }
+        if upstream.fromPool {
+            // Its connection may go (the origin's keep-alive timeout) while the client's
+            // stays: the next request gets a new one, verified like the first.
+            let clientChannel = context.channel
+            router.reconnectUpstream = { [weak router] done in
+                guard let router else { return }
+                facts.reconnect(router: router, client: clientChannel, done: done)
+            }
+        }
         try RequestAwareTunnel.install(
             client: context.channel, clientGlue: clientGlue, clientProtocol: clientALPN,
             upstream: upstream.channel, upstreamLeg: upstream.leg.value, upstreamProtocol: upstream.peer.alpn,
@@ -589,7 +599,8 @@ final class TunnelBytes: Sendable {
 private final class HTTPTunnelFacts {
     private let environment: GateEnvironment
     private let request: ConnectRequest
-    private let upstream: UpstreamConnection
+    /// The upstream connection the tunnel uses now (a reconnect replaces it).
+    private var upstream: UpstreamConnection
     private let client: String
     private let clientProtocol: String
     private let upstreamProtocol: String
@@ -598,7 +609,7 @@ private final class HTTPTunnelFacts {
     private var logLimiter = RepeatedLogLimiter()
 
     /// The list generation the tunnel's verdict was made under.
-    private let verdictGeneration: UInt64
+    private var verdictGeneration: UInt64
     /// Set when the tunnel's upstream connection went to the pool as the client left.
     private(set) var upstreamParked = false
 
@@ -654,6 +665,84 @@ private final class HTTPTunnelFacts {
         }
     }
 
+    /// Opens a new upstream connection for the tunnel (its pooled one went), checked as a
+    /// CONNECT's would be: the list in force, the host's pins, the chain and host name.
+    /// Trusted, it becomes the tunnel's upstream (`RequestAwareTunnel.replaceUpstream`);
+    /// refused, the waiting requests are answered with the refusal, inside the tunnel.
+    func reconnect(router: TunnelRouter, client clientChannel: Channel, done: @escaping (TunnelRouter.UpstreamReconnect) -> Void) {
+        let now = environment.now()
+        let host = request.host, port = request.port
+        let refuse = { (refusal: Refusal) in
+            self.environment.logger.notice("refused a new upstream connection inside a tunnel", metadata: [
+                "client": "\(self.client)", "host": "\(host)", "port": "\(port)", "reason": "\(refusal.reason.rawValue)",
+                "observed_fingerprint": "\(refusal.observedFingerprint ?? "-")",
+            ])
+            self.environment.statistics.upstreamReconnected(refusal.reason.rawValue)
+            done(.refused(status: refusal.status, reason: RequestRefusal(rawValue: refusal.reason.rawValue) ?? .internalError,
+                          detail: refusal.explanation(host: host, port: port)))
+        }
+        if let expired = environment.store.list?.expiryReason(at: now) {
+            refuse(.listExpired(expired))
+            return
+        }
+        guard environment.store.isUsable(at: now) || environment.updater == nil else {
+            refuse(.listUnavailable(environment.store.status.lastResult ?? "no list fetched yet"))
+            return
+        }
+        if let verdict = environment.decisionPolicy.refusalBeforeConnecting(host: host, port: port, list: environment.store.list, now: now) {
+            refuse(.verdict(verdict))
+            return
+        }
+        let generation = environment.store.generation
+        let offer = environment.decisionPolicy.upstreamALPNOffer(configured: environment.configuration.upstreamALPNOffer)
+        environment.connector.connect(host: host, port: port, alpnOffer: offer, on: clientChannel.eventLoop,
+                                      countRelayed: bytes.counter(clientSide: false))
+            .assumeIsolated().whenComplete { result in
+                switch result {
+                case .success(let upstream):
+                    self.environment.statistics.metrics.upstreamHandshake(nanoseconds: upstream.handshakeDuration.nanoseconds)
+                    let chain = ConnectHandler.chainCheck(upstream)
+                    let verdict = self.environment.decisionPolicy.verdict(host: host, leaf: upstream.leaf, chain: chain,
+                                                                          list: self.environment.store.list, now: self.environment.now())
+                    if upstream.peer.resumed { self.environment.statistics.upstreamSessionResumed() }
+                    guard verdict.isTrusted, let glue = upstream.glue else {
+                        upstream.discardSessions?()
+                        upstream.channel.close(promise: nil)
+                        refuse(.verdict(verdict))
+                        return
+                    }
+                    if case .trusted = verdict, upstream.peer.chainAndHostnameValid { upstream.keepSessions?() } else { upstream.discardSessions?() }
+                    do {
+                        try RequestAwareTunnel.replaceUpstream(router: router, upstream: upstream.channel, upstreamGlue: glue,
+                                                               upstreamProtocol: upstream.peer.alpn,
+                                                               limits: self.environment.configuration.http2Limits)
+                    } catch {
+                        upstream.channel.close(promise: nil)
+                        refuse(.internalError("cannot set up the new upstream connection: \(error)"))
+                        return
+                    }
+                    self.upstream = upstream
+                    self.verdictGeneration = generation
+                    if let leaf = upstream.leaf {
+                        self.environment.tunnels.replaceUpstream(of: clientChannel, leaf: leaf, chain: chain)
+                    }
+                    // The client leaving first closes it through the router; this covers a
+                    // tunnel torn down some other way.
+                    clientChannel.closeFuture.whenComplete { _ in
+                        if !self.upstreamParked { upstream.channel.close(promise: nil) }
+                    }
+                    self.environment.logger.info("opened a new upstream connection inside a tunnel", metadata: [
+                        "client": "\(self.client)", "host": "\(host)", "port": "\(port)",
+                        "upstream_handshake_ms": "\(upstream.handshakeDuration.nanoseconds / 1_000_000)",
+                    ])
+                    self.environment.statistics.upstreamReconnected("connected")
+                    done(.connected)
+                case .failure(let error):
+                    refuse((error as? TLSClientError).map(Refusal.init) ?? .upstreamUnreachable("\(error)"))
+                }
+            }
+    }
+
     /// Why this tunnel's upstream connection may not go to the pool whatever its HTTP state.
     private func notPoolable() -> UpstreamNotPooledReason? {
         if environment.isShuttingDown() { return .shuttingDown }
@@ -695,6 +784,8 @@ private final class HTTPTunnelFacts {
     }
 
     func forwarded() { environment.statistics.requestForwarded() }
+
+    func upstreamLost() { environment.statistics.upstreamLostInTunnel() }
 
     func cancelledByClient() { environment.statistics.requestCancelledByClient() }
 

@@ -106,6 +106,12 @@ public final class GateMetrics: Sendable {
         counter("pingate_upstream_pool_closed_total", ("reason", reason)).increment(by: count)
     }
 
+    /// A new upstream connection opened inside a tunnel whose pooled one went:
+    /// `pingate_upstream_reconnects_total{outcome}` ("connected" or the refusal's reason).
+    func upstreamReconnect(outcome: String) {
+        counter("pingate_upstream_reconnects_total", ("outcome", outcome)).increment()
+    }
+
     private func counter(_ label: String, _ dimension: (String, String)) -> Counter {
         let key = label + "|" + dimension.1
         return labelled.withLock { counters in

@@ -18,6 +18,13 @@ public final class GateStatistics: Sendable {
         public var upstreamConnections: Int = 0
         /// Upstream TLS handshakes that resumed a kept session (each decided on again).
         public var upstreamSessionsResumed: Int = 0
+        /// Upstream connections of tunnels admitted from the pool that went while the client's
+        /// connection stayed (the origin's keep-alive timeout, a reload): the tunnel's next
+        /// request opens a new, verified connection.
+        public var upstreamConnectionsLostInTunnels: Int = 0
+        /// New upstream connections opened inside such tunnels, by outcome ("connected", or
+        /// the refusal's reason token).
+        public var upstreamReconnects: [String: Int] = [:]
         /// Client-side TLS handshakes that failed after a 200.
         public var clientHandshakeFailures: Int = 0
         /// Client-side TLS handshakes that did not finish within the deadline after a 200.
@@ -111,6 +118,11 @@ public final class GateStatistics: Sendable {
     func creditUnplaced(_ bytes: Int) {
         state.withLock { $0.creditUnplacedBytes += bytes }
         metrics.creditUnplaced(bytes)
+    }
+    func upstreamLostInTunnel() { state.withLock { $0.upstreamConnectionsLostInTunnels += 1 } }
+    func upstreamReconnected(_ outcome: String) {
+        state.withLock { $0.upstreamReconnects[outcome, default: 0] += 1 }
+        metrics.upstreamReconnect(outcome: outcome)
     }
     func reportOnlyViolation() { state.withLock { $0.reportOnlyViolations += 1 } }
     func relayed(up: Int, down: Int) {

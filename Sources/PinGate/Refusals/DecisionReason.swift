@@ -102,6 +102,15 @@ extension DecisionReason {
         case .upstreamProtocolError: self = .upstreamProtocolError
         case .upstreamTimeout: self = .upstreamTimeout
         case .notHTTP: self = .notHTTP
+        case .pinMismatch: self = .pinMismatch
+        case .revoked: self = .revoked
+        case .empty: self = .empty
+        case .chainInvalid: self = .chainInvalid
+        case .upstreamTLSFailed: self = .upstreamTLSFailed
+        case .destinationNotAllowed: self = .destinationNotAllowed
+        case .listUnavailable: self = .listUnavailable
+        case .listExpired: self = .listExpired
+        case .internalError: self = .internalError
         }
     }
 }

@@ -27,6 +27,16 @@ final class TunnelRegistry: Sendable {
         }
     }
 
+    /// The tunnel of `channel` now relays on a new upstream connection (its pooled one
+    /// went): list updates are checked against that connection's leaf and chain.
+    func replaceUpstream(of channel: Channel, leaf: CertificateHashes, chain: PinPolicy.ChainCheck) {
+        let key = ObjectIdentifier(channel)
+        tunnels.withLock { tunnels in
+            guard let old = tunnels[key] else { return }
+            tunnels[key] = Tunnel(host: old.host, port: old.port, leaf: leaf, chain: chain, channel: channel)
+        }
+    }
+
     /// How many tunnels are tracked.
     var count: Int { tunnels.withLock { $0.count } }
 

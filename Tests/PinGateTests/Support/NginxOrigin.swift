@@ -103,6 +103,13 @@ final class NginxOrigin {
         return log.split(separator: "\n").compactMap { $0.split(separator: " ").last.map(String.init) }
     }
 
+    /// Reloads nginx (SIGHUP to the master we started): new workers with the files as they
+    /// are now (certificates among them), while the old ones close their idle keep-alive
+    /// connections and finish the rest.
+    func reload() {
+        kill(process.processIdentifier, SIGHUP)
+    }
+
     private func waitUntilListening() async -> Bool {
         await eventually(timeout: .seconds(5), interval: .milliseconds(50)) {
             !process.isRunning || LoopbackProbe.isListening(port: port)
