@@ -2,20 +2,22 @@ import NIOCore
 import NIOHTTP1
 import PinGateHTTP2
 
-/// The upstream side of a request-aware tunnel when the upstream negotiated `h2`.
+/// An `h2` upstream connection of request-aware tunnels: one nghttp2 client session that
+/// the streams of one or more tunnels share.
 ///
-/// Pipeline (upstream channel, behind the TLS handler): this handler alone, owning an
-/// nghttp2 client session on the one upstream connection the verdict was made on. Every
-/// exchange the router starts is a stream; an HTTP/1.1 client's requests are bridged onto
-/// it one after another (its pipelining keeps them in order), an HTTP/2 client's run side
-/// by side up to the upstream's SETTINGS_MAX_CONCURRENT_STREAMS (nghttp2 holds the rest
-/// until a stream closes).
+/// Pipeline (upstream channel, behind the TLS handler): this handler alone. Each tunnel on
+/// the connection has a lane (`HTTP2UpstreamLane`, its router's upstream side); every
+/// exchange a router starts is a stream, and what comes back for a stream goes to the lane
+/// that opened it. An HTTP/1.1 client's requests are bridged onto it one after another,
+/// an HTTP/2 client's run side by side up to the upstream's SETTINGS_MAX_CONCURRENT_STREAMS
+/// (nghttp2 holds the rest until a stream closes). Through the gate's pool, tunnels admitted
+/// later on the same event loop add lanes to it while it has streams to spare.
 ///
 /// Backpressure: response bodies are acknowledged to the upstream (WINDOW_UPDATE) only as
 /// the client side passes them on; request bodies leave as the upstream's windows allow,
 /// and the client side is credited only once they were written while this channel was
 /// writable.
-final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
+final class HTTP2UpstreamSide: ChannelDuplexHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundIn = Never
     typealias OutboundOut = ByteBuffer
@@ -26,11 +28,19 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         static let refusedStream: UInt32 = 0x7
     }
 
-    /// The tunnel this connection serves; nil while it is parked in the pool between tunnels.
-    private var router: TunnelRouter?
+    /// The tunnels on this connection, and which one opened each stream.
+    private var lanes: [HTTP2UpstreamLane] = []
+    private var laneByStream: [Int32: HTTP2UpstreamLane] = [:]
+    /// Set by the gate when the connection is shared through its pool: with no lane left,
+    /// it stays open for `timeout`, then `whenUnused` removes it from the pool and closes it.
+    var sharing: (timeout: TimeAmount, whenUnused: () -> Void)?
+    private var unusedTimer: Scheduled<Void>?
     private let wire: HTTP2Wire
     /// Set when the upstream sent GOAWAY: the connection takes no new streams.
     private var goAwayReceived = false
+    /// Set when a request on it carried connection-bound authentication (NTLM, Negotiate):
+    /// no other tunnel joins it, and it closes after its last.
+    private(set) var carriedConnectionAuthentication = false
     private var context: ChannelHandlerContext?
     /// Streams whose final response head arrived (a later block is trailers).
     private var answeredStreams: Set<Int32> = []
@@ -51,9 +61,8 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     /// True once the upstream's SETTINGS arrived (what it offers is then known).
     var peerSettingsReceived: Bool { wire.session.peerSettingsReceived }
 
-    /// A side on a fresh nghttp2 client session with `limits` (the preface is queued).
-    init(router: TunnelRouter, limits: HTTP2Session.Limits) throws(HTTP2Error) {
-        self.router = router
+    /// A connection on a fresh nghttp2 client session with `limits` (the preface is queued).
+    init(limits: HTTP2Session.Limits) throws(HTTP2Error) {
         self.wire = HTTP2Wire(session: try HTTP2Session(role: .client, limits: limits))
     }
 
@@ -67,24 +76,81 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         self.context = nil
     }
 
-    // MARK: reuse
+    // MARK: lanes
 
-    var reuseBlocker: UpstreamNotPooledReason? {
+    /// A lane for `router`'s tunnel on this connection.
+    func addLane(router: TunnelRouter) -> HTTP2UpstreamLane {
+        let lane = HTTP2UpstreamLane(connection: self, router: router)
+        lanes.append(lane)
+        unusedTimer?.cancel()
+        unusedTimer = nil
+        return lane
+    }
+
+    /// `lane`'s tunnel is done with the connection (its streams closed or reset). With no
+    /// lane left, a shared connection waits for the next tunnel; one that is not shared closes.
+    func removeLane(_ lane: HTTP2UpstreamLane) {
+        lanes.removeAll { $0 === lane }
+        for (streamID, owner) in laneByStream where owner === lane { laneByStream[streamID] = nil }
+        guard lanes.isEmpty else { return }
+        // Not shared, or good for nothing more (no SETTINGS yet, GOAWAY, bound to one user's
+        // authentication): it closes with its last tunnel.
+        guard let sharing, let context, connectionBlocker == nil else {
+            close()
+            return
+        }
+        unusedTimer = context.eventLoop.assumeIsolated().scheduleTask(in: sharing.timeout) { [weak self] in
+            guard let self, self.lanes.isEmpty else { return }
+            self.unusedTimer = nil
+            sharing.whenUnused()
+            self.close()
+        }
+    }
+
+    /// Stops sharing (the gate is shutting down): the tunnels on the connection finish,
+    /// and it closes after the last (at once when none is left).
+    func stopSharing() {
+        sharing = nil
+        unusedTimer?.cancel()
+        unusedTimer = nil
+        if lanes.isEmpty { close() }
+    }
+
+    /// A request on the connection carried connection-bound authentication.
+    func markConnectionAuthentication() {
+        carriedConnectionAuthentication = true
+        sharing = nil
+    }
+
+    /// Why the connection can carry no more tunnels, or nil when it can.
+    var connectionBlocker: UpstreamNotPooledReason? {
+        if carriedConnectionAuthentication { return .connectionAuthentication }
         if closing || context == nil || !wire.session.peerSettingsReceived { return .closing }
         if goAwayReceived || wire.goAwaySent || !wire.session.isAlive { return .goAway }
-        if !tunnelStreams.isEmpty { return .upgraded }
-        if !answeredStreams.isEmpty || !sendingStreams.isEmpty || wire.session.openStreamCount > 0 { return .inFlight }
         return nil
     }
 
-    func park() {
-        router = nil
-        onPeerSettings = nil
+    /// True while another tunnel may share the connection: it is healthy, and the upstream's
+    /// SETTINGS_MAX_CONCURRENT_STREAMS leaves a stream to spare.
+    var canTakeAnotherTunnel: Bool {
+        connectionBlocker == nil && UInt32(wire.session.openStreamCount) < wire.session.peerMaxConcurrentStreams
     }
 
-    func attach(to router: TunnelRouter) {
-        self.router = router
+    /// How many tunnels use the connection now.
+    var laneCount: Int { lanes.count }
+
+    /// Whether any of `lane`'s streams is open.
+    func hasOpenStreams(_ lane: HTTP2UpstreamLane) -> Bool {
+        laneByStream.values.contains { $0 === lane }
     }
+
+    /// Resets `lane`'s open streams (its tunnel is ending mid-exchange): the other lanes'
+    /// streams go on.
+    func resetStreams(of lane: HTTP2UpstreamLane) {
+        for (streamID, owner) in laneByStream where owner === lane { cancel(Int(streamID)) }
+    }
+
+    private func router(_ streamID: Int32) -> TunnelRouter? { laneByStream[streamID]?.router }
 
     // MARK: from the router
 
@@ -110,7 +176,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         return nil
     }
 
-    func startRequest(_ head: ExchangeRequestHead, authority: RequestAuthority, endStream: Bool) -> Int {
+    func startRequest(_ head: ExchangeRequestHead, authority: RequestAuthority, endStream: Bool, lane: HTTP2UpstreamLane) -> Int {
         // The authority sent is the checked one, never the client's own text.
         var fields: [HTTP2HeaderField]
         var headers = head.headers
@@ -138,6 +204,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         let endsNow = endStream && !tunnel
         do {
             let streamID = try wire.session.submitRequest(fields, endStream: endsNow)
+            laneByStream[streamID] = lane
             if !endsNow { sendingStreams.insert(streamID) }
             if tunnel { tunnelStreams[streamID] = (protocol: head.upgrade ?? "", requestEnded: endStream) }
             return Int(streamID)
@@ -148,25 +215,25 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             let id = nextRefusedID
             nextRefusedID -= 1
             let notStarted = error.isStreamNotStarted
-            context?.eventLoop.assumeIsolated().execute { [router] in
+            context?.eventLoop.assumeIsolated().execute { [weak router = lane.router] in
                 if notStarted { router?.responseNotProcessed(id) } else { router?.responseCancelled(id) }
             }
             return id
         }
     }
 
-    func sendRequestBody(_ id: Int, _ bytes: ByteBuffer) {
+    func sendRequestBody(_ id: Int, _ bytes: ByteBuffer, lane: HTTP2UpstreamLane) {
         let streamID = Int32(id)
         guard sendingStreams.contains(streamID), wire.sendBody(streamID, bytes) else {
             // The stream takes no more (reset, ended, or never opened): the bytes go nowhere,
             // and their credit back to the client.
-            router?.requestBodyDiscarded(id, bytes: bytes.readableBytes)
+            lane.router?.requestBodyDiscarded(id, bytes: bytes.readableBytes)
             if sendingStreams.contains(streamID) { cancel(id) }
             return
         }
     }
 
-    func endRequest(_ id: Int, trailers: HTTPHeaders?) {
+    func endRequest(_ id: Int, trailers: HTTPHeaders?, lane: HTTP2UpstreamLane) {
         let streamID = Int32(id)
         guard sendingStreams.remove(streamID) != nil else { return }
         if !wire.endBody(streamID, trailers: trailers) { cancel(id) }
@@ -179,10 +246,10 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         if !inReadBurst { writeOutput(flush: true) }
     }
 
-    func responseBodyPassedOn(_ id: Int, bytes: Int) {
+    func responseBodyPassedOn(_ id: Int, bytes: Int, lane: HTTP2UpstreamLane) {
         guard id > 0 else {
             // A refused exchange's id: no stream ever carried bytes for it.
-            router?.creditNotApplied(bytes: bytes, detail: "response credit for exchange \(id), which never had a stream")
+            lane.router?.creditNotApplied(bytes: bytes, detail: "response credit for exchange \(id), which never had a stream")
             return
         }
         // For a stream that closed meanwhile nghttp2 reopens the connection window alone,
@@ -190,7 +257,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         do {
             try wire.session.consumed(streamID: Int32(id), bytes: bytes)
         } catch {
-            router?.creditNotApplied(bytes: bytes, detail: "\(error)")
+            lane.router?.creditNotApplied(bytes: bytes, detail: "\(error)")
         }
         if !inReadBurst { writeOutput(flush: true) }
     }
@@ -230,7 +297,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         case .headers(let streamID, let fields, let endStream):
             let id = Int(streamID)
             if answeredStreams.contains(streamID) {
-                router?.responseEnd(id, trailers: HTTP2Wire.headers(fields))
+                router(streamID)?.responseEnd(id, trailers: HTTP2Wire.headers(fields))
                 return
             }
             let status = Int(HTTP2Wire.pseudo(":status", in: fields) ?? "") ?? 502
@@ -250,15 +317,24 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
                     }
                 }
             }
-            router?.responseHead(id, head, endStream: endStream)
+            router(streamID)?.responseHead(id, head, endStream: endStream)
         case .data(let streamID, let bytes, let endStream):
             let id = Int(streamID)
-            if bytes.count > 0 { router?.responseBody(id, HTTP2Wire.buffer(bytes, from: input)) }
-            if endStream { router?.responseEnd(id, trailers: nil) }
+            if bytes.count > 0 {
+                if let router = router(streamID) {
+                    router.responseBody(id, HTTP2Wire.buffer(bytes, from: input))
+                } else {
+                    // A stream whose tunnel left: its bytes are acknowledged at once, or they
+                    // would hold the connection window every other tunnel shares.
+                    try? wire.session.consumed(streamID: streamID, bytes: bytes.count)
+                }
+            }
+            if endStream { router(streamID)?.responseEnd(id, trailers: nil) }
         case .streamClosed(let streamID, let errorCode):
             answeredStreams.remove(streamID)
             sendingStreams.remove(streamID)
             tunnelStreams.removeValue(forKey: streamID)
+            let router = laneByStream.removeValue(forKey: streamID)?.router
             // Refused unprocessed (REFUSED_STREAM: by the upstream, or by nghttp2 for a stream
             // above its GOAWAY's last stream id), or reset: the exchange is abandoned.
             if errorCode == ErrorCode.refusedStream {
@@ -271,12 +347,12 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             // finish, and the session is done once they have. A parked connection has none:
             // it closes now, and the pool lets it go.
             goAwayReceived = true
-            if router == nil { close() }
+            if lanes.isEmpty { close() }
         }
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
-        router?.upstreamReadComplete()
+        for lane in lanes { lane.router?.upstreamReadComplete() }
         inReadBurst = false
         writeOutput(flush: true)
         context.fireChannelReadComplete()
@@ -287,7 +363,11 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             onPeerSettings = nil
             waiting(false)
         }
-        router?.upstreamClosed()
+        unusedTimer?.cancel()
+        let gone = lanes
+        lanes = []
+        laneByStream = [:]
+        for lane in gone { lane.router?.upstreamClosed() }
         context.fireChannelInactive()
     }
 
@@ -304,7 +384,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
-        if context.channel.isWritable { router?.upstreamDrained() }
+        if context.channel.isWritable { for lane in lanes { lane.router?.upstreamDrained() } }
         context.fireChannelWritabilityChanged()
     }
 
@@ -312,7 +392,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     /// for the upstream's window): their credit goes back to the client.
     private func reportDiscardedBodies() {
         for (streamID, bytes) in wire.session.takeDiscardedBodyBytes() {
-            router?.requestBodyDiscarded(Int(streamID), bytes: bytes)
+            router(streamID)?.requestBodyDiscarded(Int(streamID), bytes: bytes)
         }
     }
 
@@ -320,11 +400,67 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         guard let context else { return }
         let written = wire.write(context, flush: flush)
         let writable = context.channel.isWritable
-        for (streamID, bytes) in written { router?.requestBodyWritten(Int(streamID), bytes: bytes, writable: writable) }
+        for (streamID, bytes) in written { router(streamID)?.requestBodyWritten(Int(streamID), bytes: bytes, writable: writable) }
         reportDiscardedBodies()
         // Streams that closed as their last frame went out (only closes arise here).
         for event in wire.session.takeEvents() { handle(event) }
         // Once GOAWAY went out both ways and no stream is left, the connection is done.
         if flush && !wire.session.isAlive { close() }
+    }
+}
+
+/// One tunnel's use of a shared `h2` upstream connection: its router's upstream side. The
+/// streams it opens are its own; everything of the connection (its window, its SETTINGS,
+/// its end) is shared with the other lanes.
+final class HTTP2UpstreamLane: TunnelUpstreamSide {
+    /// Held strongly: the connection's pipeline may let go of its handler first, and a lane
+    /// must still answer its router.
+    let connection: HTTP2UpstreamSide
+    /// The tunnel; nil once the lane left the connection.
+    private(set) weak var router: TunnelRouter?
+
+    init(connection: HTTP2UpstreamSide, router: TunnelRouter) {
+        self.connection = connection
+        self.router = router
+    }
+
+    func upgradeRefusal(for head: ExchangeRequestHead) -> String? { connection.upgradeRefusal(for: head) }
+
+    func startRequest(_ head: ExchangeRequestHead, authority: RequestAuthority, endStream: Bool) -> Int {
+        connection.startRequest(head, authority: authority, endStream: endStream, lane: self)
+    }
+
+    func sendRequestBody(_ id: Int, _ bytes: ByteBuffer) { connection.sendRequestBody(id, bytes, lane: self) }
+
+    func endRequest(_ id: Int, trailers: HTTPHeaders?) { connection.endRequest(id, trailers: trailers, lane: self) }
+
+    func cancel(_ id: Int) { connection.cancel(id) }
+
+    func responseBodyPassedOn(_ id: Int, bytes: Int) { connection.responseBodyPassedOn(id, bytes: bytes, lane: self) }
+
+    func flush() { connection.flush() }
+
+    /// The tunnel is done with the connection: its open streams are reset, and the other
+    /// tunnels' go on (the connection itself closes only when no tunnel uses it and it is
+    /// not shared through the pool).
+    func close() {
+        connection.resetStreams(of: self)
+        leave()
+    }
+
+    var reuseBlocker: UpstreamNotPooledReason? {
+        if let blocker = connection.connectionBlocker { return blocker }
+        return connection.hasOpenStreams(self) ? .inFlight : nil
+    }
+
+    func park() { leave() }
+
+    /// A lane belongs to one tunnel: a later tunnel gets a lane of its own.
+    func attach(to router: TunnelRouter) { self.router = router }
+
+    private func leave() {
+        guard router != nil else { return }
+        router = nil
+        connection.removeLane(self)
     }
 }

@@ -140,6 +140,9 @@ package enum RequestAwareTunnel {
                 let closeClient = {
                     client.eventLoop.assumeIsolated().execute { router.closeClient() }
                 }
+                // The connection itself is closed (`upstreamFailed` ends only this tunnel's use
+                // of it): the pool may have been offered it, and it is good for nothing.
+                defer { http2Upstream.close() }
                 router.upstreamFailed(
                     status: 504, reason: .upstreamTimeout,
                     detail: "the upstream negotiated h2 but sent no SETTINGS (its connection preface, RFC 9113 §3.4) within \(seconds) s",
@@ -166,10 +169,10 @@ package enum RequestAwareTunnel {
                                         limits: HTTP2Session.Limits) throws -> HTTP2UpstreamSide? {
         let pipeline = upstream.pipeline.syncOperations
         if upstreamProtocol == "h2" {
-            let upstreamSide = try HTTP2UpstreamSide(router: router, limits: limits)
-            router.upstream = upstreamSide
-            try pipeline.addHandler(upstreamSide)
-            return upstreamSide
+            let connection = try HTTP2UpstreamSide(limits: limits)
+            try pipeline.addHandler(connection)
+            router.upstream = connection.addLane(router: router)
+            return connection
         }
         // The side adds its codecs with the first request it sends.
         let upstreamSide = HTTP1UpstreamSide(router: router)
@@ -191,18 +194,25 @@ package enum RequestAwareTunnel {
         }
     }
 
-    /// Gives a tunnel whose upstream connection went a new one (`upstream`, fresh from its
-    /// verified handshake, its unpaired glue holding what it sent): the HTTP side for its
-    /// protocol goes in, under the tunnel's router, and what the glue held is replayed.
+    /// Gives a tunnel whose upstream connection went a new one (`upstream`: fresh from its
+    /// verified handshake, its unpaired glue holding what it sent; or one from the pool):
+    /// the HTTP side for its protocol goes in (or a lane on a shared `h2` connection), under
+    /// the tunnel's router, and what the glue held is replayed.
     /// The router then sends it the requests that waited.
-    package static func replaceUpstream(router: TunnelRouter, upstream: Channel, upstreamGlue: GlueHandler,
+    package static func replaceUpstream(router: TunnelRouter, upstream: Channel, upstreamLeg: UpstreamLeg,
                                         upstreamProtocol: String?, limits: HTTP2Session.Limits) throws {
         guard let client = router.clientChannel, let upgradable = router.upgradableClient, let makeGlue = router.makeRelayGlue else {
             throw RequestAwareTunnelError.notInstalled
         }
-        let early = upstreamGlue.takeUnpaired()
-        upstream.pipeline.syncOperations.removeHandler(upstreamGlue, promise: nil)
-        _ = try addUpstreamSide(to: upstream, protocol: upstreamProtocol, router: router, limits: limits)
+        var early: (reads: [ByteBuffer], inputEnded: Bool) = ([], false)
+        switch upstreamLeg {
+        case .fresh(let upstreamGlue):
+            early = upstreamGlue.takeUnpaired()
+            upstream.pipeline.syncOperations.removeHandler(upstreamGlue, promise: nil)
+            _ = try addUpstreamSide(to: upstream, protocol: upstreamProtocol, router: router, limits: limits)
+        case .pooled(let pooled):
+            router.attach(pooled)
+        }
         if let upstreamSide = router.upstream as? HTTP1UpstreamSide {
             wireUpgrade(upstreamSide, client: client, upstream: upstream, upgradable: upgradable, makeGlue: makeGlue)
         }
@@ -223,6 +233,12 @@ package enum RequestAwareTunnel {
         case fresh(GlueHandler)
         /// A connection kept from an earlier tunnel, its HTTP side parked in its pipeline.
         case pooled(PooledUpstreamSide)
+
+        /// True for a shared `h2` connection (it stays in the pool while tunnels use it).
+        package var isShared: Bool {
+            if case .pooled(let side) = self { return side.isHTTP2 }
+            return false
+        }
     }
 
     /// The HTTP/1.1 client side, once the sniffer put one in: the side an upgrade switches.

@@ -266,7 +266,11 @@ package final class TunnelRouter {
         }
         exchanges[id] = exchange
         observer.forwarded()
-        if !carriedConnectionAuthentication && Self.bindsConnection(head.headers) { carriedConnectionAuthentication = true }
+        if !carriedConnectionAuthentication && Self.bindsConnection(head.headers) {
+            carriedConnectionAuthentication = true
+            // A shared h2 connection: no other tunnel joins it from now on.
+            (upstream as? HTTP2UpstreamLane)?.connection.markConnectionAuthentication()
+        }
         let upstreamID = upstream.startRequest(head, authority: authority, endStream: endStream)
         exchanges[id]?.upstreamID = upstreamID
         clientIDByUpstreamID[upstreamID] = id
@@ -482,9 +486,20 @@ package final class TunnelRouter {
     /// Puts a parked upstream side (a pooled connection) under this router, as the
     /// tunnel's upstream.
     package func attach(_ pooled: PooledUpstreamSide) {
-        pooled.side.attach(to: self)
-        upstream = pooled.side
+        switch pooled.kind {
+        case .http1(let side):
+            side.attach(to: self)
+            upstream = side
+        case .http2(let connection):
+            upstream = connection.addLane(router: self)
+        }
         upstreamReused = true
+    }
+
+    /// The tunnel's `h2` upstream connection, which other tunnels may share; nil for HTTP/1.1.
+    package var shareableUpstream: PooledUpstreamSide? {
+        guard let lane = upstream as? HTTP2UpstreamLane else { return nil }
+        return PooledUpstreamSide(http2: lane.connection)
     }
 
     /// Methods a client may repeat without a different effect (RFC 9110 §9.2.2).
@@ -696,6 +711,12 @@ package final class TunnelRouter {
         }
         end()
         closeClient(whenAnswered: true)
+    }
+
+    /// The tunnel's upstream connection was found closed as the tunnel was set up (a pooled
+    /// one that went before the join): as if it closed now.
+    package func upstreamWentAway() {
+        upstreamClosed()
     }
 
     /// The upstream connection of a tunnel that reconnects went: what it had not started

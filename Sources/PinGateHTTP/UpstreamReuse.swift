@@ -1,3 +1,5 @@
+import NIOCore
+
 /// Why an upstream connection was not kept for another tunnel when its tunnel ended. Each
 /// raw value is the token `/status` and `pingate_upstream_pool_not_pooled_total` count it
 /// under.
@@ -36,26 +38,73 @@ package enum UpstreamRelease {
     case notReusable(UpstreamNotPooledReason)
 }
 
-/// The HTTP side of an upstream connection that outlived its tunnel: kept in the
-/// connection's pipeline (with its codecs, or its nghttp2 session and HPACK state) while
-/// the connection is parked, and attached to the router of the next tunnel admitted on it.
+/// The HTTP side of an upstream connection kept for other tunnels: an HTTP/1.1 side that
+/// outlived its tunnel, parked in the connection's pipeline with its codecs until the next
+/// tunnel takes it over; or an `h2` connection (its nghttp2 session, HPACK state and the
+/// upstream's SETTINGS), which tunnels share, each on a lane of its own, while it has
+/// streams to spare.
 ///
-/// While parked nothing is expected from the upstream: an HTTP/1.1 response nobody asked
-/// for, an HTTP/2 GOAWAY or a protocol error closes the connection (the pool sees it go).
+/// While an HTTP/1.1 side is parked nothing is expected from the upstream: a response
+/// nobody asked for, or a protocol error, closes the connection (the pool sees it go), as
+/// does an HTTP/2 GOAWAY once no tunnel uses the connection.
 package final class PooledUpstreamSide {
-    let side: any TunnelUpstreamSide
-    /// True for an `h2` connection (an nghttp2 session), false for HTTP/1.1.
-    package let isHTTP2: Bool
-
-    init(_ side: any TunnelUpstreamSide) {
-        self.side = side
-        self.isHTTP2 = side is HTTP2UpstreamSide
+    enum Kind {
+        case http1(any TunnelUpstreamSide)
+        case http2(HTTP2UpstreamSide)
     }
 
-    /// Why it could not carry another tunnel now (it was closed or broken while parked),
-    /// or nil when it can.
-    package var reuseBlocker: UpstreamNotPooledReason? { side.reuseBlocker }
+    let kind: Kind
 
-    /// Closes the connection (idle too long, dropped by a list change, shutdown).
-    package func close() { side.close() }
+    init(_ side: any TunnelUpstreamSide) {
+        if let lane = side as? HTTP2UpstreamLane {
+            kind = .http2(lane.connection)
+        } else {
+            kind = .http1(side)
+        }
+    }
+
+    init(http2 connection: HTTP2UpstreamSide) {
+        kind = .http2(connection)
+    }
+
+    /// True for an `h2` connection (shared by tunnels), false for HTTP/1.1 (one at a time).
+    package var isHTTP2: Bool {
+        if case .http2 = kind { return true }
+        return false
+    }
+
+    /// Why it could not carry another tunnel now (it was closed or broken meanwhile, or an
+    /// `h2` one has no stream to spare), or nil when it can.
+    package var reuseBlocker: UpstreamNotPooledReason? {
+        switch kind {
+        case .http1(let side): return side.reuseBlocker
+        case .http2(let connection):
+            if let blocker = connection.connectionBlocker { return blocker }
+            return connection.canTakeAnotherTunnel ? nil : .full
+        }
+    }
+
+    /// For an `h2` connection shared through the pool: with no tunnel left on it, it waits
+    /// `timeout`, then `whenUnused` runs and it closes. Nil stops the sharing: it then
+    /// closes once no tunnel uses it.
+    package func share(timeout: TimeAmount, whenUnused: @escaping () -> Void) {
+        if case .http2(let connection) = kind { connection.sharing = (timeout, whenUnused) }
+    }
+
+    /// Ends the sharing of an `h2` connection (the gate is shutting down): its tunnels
+    /// finish, and it closes after the last. An HTTP/1.1 side closes now.
+    package func stopSharing() {
+        switch kind {
+        case .http1(let side): side.close()
+        case .http2(let connection): connection.stopSharing()
+        }
+    }
+
+    /// Closes the connection (idle too long, dropped by a list change).
+    package func close() {
+        switch kind {
+        case .http1(let side): side.close()
+        case .http2(let connection): connection.close()
+        }
+    }
 }

@@ -380,6 +380,12 @@ public final class HTTP2Session {
         activeStreams.allSatisfy { nghttp2_session_get_stream_local_close(session, $0) != 0 }
     }
 
+    /// The peer's SETTINGS_MAX_CONCURRENT_STREAMS (nghttp2's "unlimited" until its SETTINGS
+    /// arrive).
+    public var peerMaxConcurrentStreams: UInt32 {
+        nghttp2_session_get_remote_settings(session, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS)
+    }
+
     /// How many streams are open (not yet closed both ways, nor reset).
     public var openStreamCount: Int { activeStreams.count }
 

@@ -115,7 +115,7 @@ struct UpstreamPoolStateTests {
 
     /// One random step over the pool.
     enum Step {
-        case park(key: Int, loop: Int, verifiedBefore: Bool, trusted: Bool)
+        case park(key: Int, loop: Int, verifiedBefore: Bool, trusted: Bool, shared: Bool)
         case take(key: Int, loop: Int)
         case expireOne(pick: Int)
         case closeOne(pick: Int)
@@ -125,7 +125,8 @@ struct UpstreamPoolStateTests {
         init(_ code: Int) {
             let pick = code / 8
             switch code % 8 {
-            case 0, 1: self = .park(key: pick % 3, loop: (pick / 3) % 2, verifiedBefore: pick % 5 == 0, trusted: pick % 7 != 0)
+            case 0, 1: self = .park(key: pick % 3, loop: (pick / 3) % 2, verifiedBefore: pick % 5 == 0, trusted: pick % 7 != 0,
+                                    shared: pick % 11 < 4)
             case 2, 3: self = .take(key: pick % 3, loop: (pick / 3) % 2)
             case 4: self = .expireOne(pick: pick)
             case 5: self = .closeOne(pick: pick)
@@ -135,7 +136,7 @@ struct UpstreamPoolStateTests {
         }
     }
 
-    @Test("over random sequences of parks, takes, timers, closes, list changes and shutdowns: each connection ends exactly once (taken, refused, or handed back), never above the cap, only on its own loop and key, and the counters add up")
+    @Test("over random sequences of parks (idle and shared), takes, timers, closes, list changes and shutdowns: each connection ends exactly once (taken, refused, or handed back), shared ones stay while used and are handed out only with room, never above the cap, only on its own loop and key, no miss with a usable connection, and the counters add up")
     func randomSequences() async {
         await propertyCheck(count: 300, input: Gen.int(in: 0...1_000_000).array(of: 1...150)) { codes in
             let keys = [Self.pay, Self.shop, UpstreamPoolKey(host: "api.example.test", port: 443, configuration: Self.configuration, alpnOffer: nil)]
@@ -144,7 +145,10 @@ struct UpstreamPoolStateTests {
             var generation: UInt64 = 1
             var nextConnection = 0
             // The model: where each parked connection is, and each one's end.
-            var idle: [Int: (key: Int, loop: Int, id: PooledConnectionID)] = [:]
+            var idle: [Int: (key: Int, loop: Int, id: PooledConnectionID, shared: Bool)] = [:]
+            var idleTaken = 0
+            // Whether a shared connection has room: fixed per connection.
+            let hasRoom = { (connection: Int) in connection % 3 != 0 }
             var ended: [Int: String] = [:]
             func end(_ connection: Int, _ how: String) {
                 #expect(ended[connection] == nil, "connection \(connection) ended twice: \(ended[connection] ?? "") then \(how)")
@@ -153,22 +157,31 @@ struct UpstreamPoolStateTests {
             }
             for step in codes.map(Step.init) {
                 switch step {
-                case .park(let key, let loop, let verifiedBefore, let trusted):
+                case .park(let key, let loop, let verifiedBefore, let trusted, let shared):
                     nextConnection += 1
                     let connection = nextConnection
                     let outcome = state.park(connection, key: keys[key], on: loops[loop],
                                              generation: verifiedBefore ? generation - 1 : generation,
-                                             currentGeneration: generation, trustedByCurrentList: trusted)
+                                             currentGeneration: generation, trustedByCurrentList: trusted, shared: shared)
                     switch outcome {
-                    case .parked(let id): idle[connection] = (key, loop, id)
+                    case .parked(let id): idle[connection] = (key, loop, id, shared)
                     case .refused: end(connection, "refused")
                     }
                 case .take(let key, let loop):
-                    let taken = state.take(keys[key], on: loops[loop], generation: generation)
+                    let taken = state.take(keys[key], on: loops[loop], generation: generation, canShare: hasRoom)
                     for stale in taken.stale { end(stale, "stale") }
                     if let connection = taken.connection {
                         #expect(idle[connection]?.key == key && idle[connection]?.loop == loop, "handed out on another key or loop")
-                        end(connection, "taken")
+                        if idle[connection]?.shared == true {
+                            #expect(hasRoom(connection), "a shared connection without room was handed out")
+                        } else {
+                            idleTaken += 1
+                            end(connection, "taken")
+                        }
+                    } else {
+                        // A miss only when nothing on this key and loop could be handed out.
+                        #expect(!idle.contains { $0.value.key == key && $0.value.loop == loop && (!$0.value.shared || hasRoom($0.key)) },
+                                "a miss with a usable connection in the pool")
                     }
                 case .expireOne(let pick), .closeOne(let pick):
                     guard !idle.isEmpty else { continue }
@@ -197,7 +210,7 @@ struct UpstreamPoolStateTests {
             let departed = counters.departed.values.reduce(0, +)
             let refused = counters.notPooled.values.reduce(0, +)
             #expect(counters.parked + refused == nextConnection)
-            #expect(counters.parked == counters.hits + departed)
+            #expect(counters.parked == idleTaken + departed)
         }
     }
 }

@@ -60,7 +60,8 @@ struct UpstreamPoolTests {
             #expect(Set(connections).count == 1, "\(connections)")
             #expect(gate.statistics.upstreamConnections == 1)
             let pool = try #require(gate.server.upstreamPool)
-            #expect(pool.hits == 19 && pool.misses == 1 && pool.parked == 20, "\(pool)")
+            // HTTP/1.1: parked after each tunnel; h2: shared once, from the first tunnel on.
+            #expect(pool.hits == 19 && pool.misses == 1 && pool.parked == (http2 ? 1 : 20), "\(pool)")
             #expect(pool.notPooled.isEmpty, "\(pool)")
         }
     }
@@ -81,12 +82,9 @@ struct UpstreamPoolTests {
         }
     }
 
-    /// Waits until every tunnel that ended has offered its connection.
+    /// Waits until every tunnel has ended in the gate (and offered its connection to the pool).
     static func waitUntilParked(_ gate: GateFixture) async {
-        _ = await eventually(timeout: .seconds(5)) {
-            guard let pool = gate.server.upstreamPool else { return false }
-            return pool.parked + pool.notPooled.values.reduce(0, +) == pool.hits + pool.misses
-        }
+        _ = await eventually(timeout: .seconds(5)) { gate.statistics.openTunnels == 0 }
     }
 
     @Test("--no-upstream-pool gives today's behaviour: one upstream connection per tunnel, and no pool in /status")
@@ -99,10 +97,10 @@ struct UpstreamPoolTests {
         }
     }
 
-    @Test("a connection that carried Authorization: NTLM (or Negotiate) is never reused by another tunnel",
-          arguments: ["NTLM TlRMTVNTUAABAAAAB4IIogAAAAAAAAAAAAAAAAAAAAAKAGFKAAAADw==", "Negotiate YIIBhwYGKwYBBQUCoIIBezCCAXeg"])
-    func connectionBoundAuthentication(authorization: String) async throws {
-        try await Self.withOrigin(http2: false, configure: { $0.eventLoopThreads = 1 }) { gate, nginx, _ in
+    @Test("a connection that carried Authorization: NTLM (or Negotiate) is never reused by another tunnel, over an HTTP/1.1 and an h2 origin",
+          arguments: ["NTLM TlRMTVNTUAABAAAAB4IIogAAAAAAAAAAAAAAAAAAAAAKAGFKAAAADw==", "Negotiate YIIBhwYGKwYBBQUCoIIBezCCAXeg"], [false, true])
+    func connectionBoundAuthentication(authorization: String, http2: Bool) async throws {
+        try await Self.withOrigin(http2: http2, configure: { $0.eventLoopThreads = 1 }) { gate, nginx, _ in
             try await Self.fetch(gate, nginx, ["-H", "Authorization: \(authorization)"])
             await Self.waitUntilParked(gate)
             try await Self.fetch(gate, nginx)
@@ -112,8 +110,10 @@ struct UpstreamPoolTests {
             #expect(connections.count == 3 && Set(connections).count == 2, "\(connections)")
             // The second and third tunnels shared the one without the authentication.
             #expect(connections[1] == connections[2] && connections[0] != connections[1], "\(connections)")
-            let pool = try #require(gate.server.upstreamPool)
-            #expect(pool.notPooled == ["connection-auth": 1], "\(pool)")
+            if !http2 {
+                let pool = try #require(gate.server.upstreamPool)
+                #expect(pool.notPooled == ["connection-auth": 1], "\(pool)")
+            }
         }
     }
 
@@ -336,6 +336,108 @@ struct UpstreamPoolTests {
                 #expect(gate.statistics.requestsRefused(.pinMismatch) == 1)
                 #expect(gate.statistics.upstreamReconnects == ["pin-mismatch": 1])
             }
+        }
+    }
+
+    @Test("a revocation cuts live and pooled connections alike: the open tunnel closes, the pooled connection closes (over h2 the one both tunnels shared), and the next CONNECT is refused",
+          arguments: [false, true])
+    func revocationCutsLiveAndPooled(http2: Bool) async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
+        let first = try directory.write("pins.json", String(decoding: try pki.signedV2(sequence: 1, pins: [TestPKI.pin(Self.host, leaf)]),
+                                                            as: UTF8.self))
+        try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: ["a.txt": Self.body],
+                                   http2: http2) { nginx in
+            try await GateFixture.with(pki: pki, listPath: first, resolve: ["\(Self.host):\(nginx.port)"],
+                                       configure: { $0.eventLoopThreads = 1 }) { gate in
+                // A live tunnel first (its own connection), then one whose connection is pooled.
+                let holder = ChildProcess()
+                holder.executableURL = URL(fileURLWithPath: try TestProcess.resolve("python3"))
+                holder.arguments = ["-c", Self.holdingClient, "\(gate.port)", "\(Self.host):\(nginx.port)", gate.caPath]
+                let output = Pipe()
+                holder.standardOutput = output
+                holder.standardError = FileHandle.nullDevice
+                try holder.run()
+                defer { if holder.isRunning { holder.terminate() } }
+                #expect(await eventually { gate.statistics.requestsForwarded == 1 })
+                try await Self.fetch(gate, nginx)
+                #expect(await Self.waitForIdle(gate, 1))
+                // HTTP/1.1: the live tunnel's connection and the pooled one; h2: one, shared.
+                #expect(gate.statistics.upstreamConnections == (http2 ? 1 : 2))
+
+                let revoked = try pki.signedV2(sequence: 2, pins: [TestPKI.pin(Self.host, leaf)], revoked: [leaf.fingerprint])
+                _ = try gate.server.store.install(SignedListDocument(format: .pingateV2, source: "test", body: revoked),
+                                                  keys: [pki.signer.publicKey()], persistence: nil, now: Date()).get()
+                #expect(await Self.waitForIdle(gate, 0))
+                #expect(gate.server.upstreamPool?.closed["list-changed"] == 1)
+                #expect(await eventually { !holder.isRunning }, "the live tunnel was not cut")
+                let lines = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+                #expect(lines == "200\nclosed\n", "\(lines)")
+                #expect(gate.statistics.tunnelsClosedByUpdate["revoked"] == 1)
+                let refused = try await curlThroughGate(gate, Self.url(nginx))
+                #expect(refused.proxyHeaders["pingate-refusal"] == "revoked")
+            }
+        }
+    }
+
+    /// A client that opens a tunnel, makes one request, prints its status, then holds the
+    /// tunnel until the gate closes it, and prints `closed`.
+    static let holdingClient = """
+    import socket, ssl, sys
+    proxy, target, ca = sys.argv[1], sys.argv[2], sys.argv[3]
+    s = socket.create_connection(("127.0.0.1", int(proxy)))
+    s.sendall(f"CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode())
+    head = b""
+    while b"\\r\\n\\r\\n" not in head:
+        head += s.recv(1)
+    t = ssl.create_default_context(cafile=ca).wrap_socket(s, server_hostname=target.split(":")[0])
+    t.sendall(f"GET /a.txt HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode())
+    data = b""
+    while b"pooled" not in data:
+        data += t.recv(65536)
+    print(data.split(b" ")[1].decode(), flush=True)
+    try:
+        while t.recv(65536):
+            pass
+    except (ConnectionError, ssl.SSLError):
+        pass
+    print("closed", flush=True)
+    """
+
+    @Test("over h2, 8 concurrent tunnels share one upstream connection (one event loop): each opens its streams on the connection the first one verified")
+    func concurrentTunnelsShareH2() async throws {
+        try await Self.withOrigin(http2: true, configure: { $0.eventLoopThreads = 1 }) { gate, nginx, _ in
+            var holders: [ChildProcess] = []
+            var outputs: [Pipe] = []
+            defer { for holder in holders where holder.isRunning { holder.terminate() } }
+            func hold() throws {
+                let holder = ChildProcess()
+                holder.executableURL = URL(fileURLWithPath: try TestProcess.resolve("python3"))
+                holder.arguments = ["-c", Self.holdingClient, "\(gate.port)", "\(Self.host):\(nginx.port)", gate.caPath]
+                let output = Pipe()
+                holder.standardOutput = output
+                holder.standardError = FileHandle.nullDevice
+                try holder.run()
+                holders.append(holder)
+                outputs.append(output)
+            }
+            try hold()
+            #expect(await eventually { gate.statistics.requestsForwarded == 1 })
+            for _ in 0..<7 { try hold() }
+            #expect(await eventually { gate.statistics.requestsForwarded == 8 })
+            // All eight are open at once, and every request came on one connection.
+            #expect(gate.statistics.openTunnels == 8)
+            #expect(nginx.accessLogConnections().count == 8)
+            #expect(Set(nginx.accessLogConnections()).count == 1, "\(nginx.accessLogConnections())")
+            #expect(gate.statistics.upstreamConnections == 1)
+            #expect(gate.server.upstreamPool?.hits == 7)
+            for holder in holders { holder.terminate() }
+            #expect(await eventually { gate.statistics.openTunnels == 0 })
+            // The connection outlived them, in the pool, for the next tunnel.
+            try await Self.fetch(gate, nginx)
+            #expect(gate.statistics.upstreamConnections == 1)
         }
     }
 }

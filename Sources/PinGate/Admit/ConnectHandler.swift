@@ -125,7 +125,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         case .connectUpstream(let request):
             connectUpstream(request, context: context)
         case .refuse(let refusal, let request, let upstream):
-            upstream?.channel.close(promise: nil)
+            upstream.map(drop)
             refuse(refusal, request: request, upstream: upstream, context: context)
         case .admit(let request, let upstream, let verdict, let early):
             admit(request, upstream: upstream, verdict: verdict, early: early, context: context)
@@ -142,11 +142,19 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         case .closeEarly(let reason, let upstream):
             closeEarly(reason, upstream: upstream, context: context)
         case .closeUpstream(let upstream):
-            upstream.channel.close(promise: nil)
+            drop(upstream)
         }
     }
 
     // MARK: list and upstream
+
+    /// Lets go of an upstream connection the tunnel will not use (refused, the client went
+    /// before the join, or the tunnel ended without pooling it): closed, unless it is a
+    /// shared `h2` connection from the pool, which other tunnels may be using.
+    private func drop(_ upstream: UpstreamConnection) {
+        if upstream.fromPool && upstream.leg.value.isShared { return }
+        upstream.channel.close(promise: nil)
+    }
 
     private func listReadiness(for request: ConnectRequest) -> ConnectStateMachine<UpstreamConnection>.ListReadiness {
         let now = environment.now()
@@ -365,7 +373,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             let finalUpstream: UpstreamConnection?
             if case .relaying(_, let joined) = self.machine.state { finalUpstream = joined } else { finalUpstream = upstream }
             // Unless it went to the pool (the client left it at a message boundary).
-            if self.httpTunnel?.upstreamParked != true { finalUpstream?.channel.close(promise: nil) }
+            if let finalUpstream, self.httpTunnel?.upstreamParked != true { self.drop(finalUpstream) }
             self.logDecision(verdict: "allowed", reason: DecisionReason(verdict), observed: verdict.observedFingerprint,
                              pinVerdict: verdict, request: request, upstream: finalUpstream)
         }
@@ -398,6 +406,11 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     /// Until the join, an upstream that goes away takes the client with it.
     private func watchUntilJoined(_ upstream: UpstreamConnection, context: ChannelHandlerContext) {
+        // Not a pooled one: its close future outlives this tunnel by far (each tunnel's
+        // callback, and the handler it holds, would stay until the connection closes). One
+        // that goes before the join is noticed at the join (`installHTTPLayer`), and the
+        // tunnel's first request opens a new connection.
+        guard !upstream.fromPool else { return }
         upstream.channel.closeFuture.assumeIsolated().whenComplete { _ in
             self.perform(self.machine.upstreamClosed(upstream), context: context)
         }
@@ -492,12 +505,22 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             settingsTimeout: environment.configuration.upstreamHandshakeTimeout,
             router: router,
             makeGlue: { facts.makeGlue(clientSide: $0) })
+        // An h2 connection is shared: later tunnels to the same key (on this loop) open their
+        // streams on it while it has streams to spare, this one's among them.
+        if environment.pool != nil, let shareable = router.shareableUpstream {
+            facts.share(shareable, fresh: !upstream.fromPool)
+        }
+        if upstream.fromPool && !upstream.channel.isActive {
+            // It went between the pool and the join (nothing watched it meanwhile): the
+            // tunnel's first request opens a new one.
+            router.upstreamWentAway()
+        }
     }
 
     private func closeEarly(_ reason: ConnectStateMachine<UpstreamConnection>.EarlyClose, upstream: UpstreamConnection?,
                             context: ChannelHandlerContext) {
         cancelTimers()
-        upstream?.channel.close(promise: nil)
+        upstream.map(drop)
         let host = machine.request?.host ?? "-"
         switch reason {
         case .clientHandshakeFailed(let error):
@@ -647,6 +670,9 @@ private final class HTTPTunnelFacts {
             pool.notPooled(reason)
             return false
         case .reusable(let side):
+            // A lane of a shared h2 connection: the connection stays where it is (in the
+            // pool, or closing with its last tunnel when the pool did not take it).
+            if side.isHTTP2 { return true }
             if let reason = notPoolable() {
                 pool.notPooled(reason)
                 return false
@@ -695,6 +721,22 @@ private final class HTTPTunnelFacts {
         }
         let generation = environment.store.generation
         let offer = environment.decisionPolicy.upstreamALPNOffer(configured: environment.configuration.upstreamALPNOffer)
+        let key = UpstreamPoolKey(host: host, port: port, configuration: environment.configuration, alpnOffer: offer)
+        if let pooled = environment.pool?.take(key, on: clientChannel.eventLoop, generation: generation) {
+            // Another verified connection is at hand (an h2 one other tunnels share, or an
+            // idle one): decided on as a pooled CONNECT is.
+            let chain = ConnectHandler.chainCheck(pooled)
+            let verdict = environment.decisionPolicy.verdict(host: host, leaf: pooled.leaf, chain: chain, list: environment.store.list, now: now)
+            if verdict.isTrusted, (try? RequestAwareTunnel.replaceUpstream(router: router, upstream: pooled.channel, upstreamLeg: pooled.leg.value,
+                                                                           upstreamProtocol: pooled.peer.alpn,
+                                                                           limits: environment.configuration.http2Limits)) != nil {
+                adopt(pooled, generation: generation, chain: chain, client: clientChannel, parked: pooled.leg.value.isShared)
+                environment.statistics.upstreamReconnected("pooled")
+                done(.connected)
+                return
+            }
+            pooled.channel.close(promise: nil)
+        }
         environment.connector.connect(host: host, port: port, alpnOffer: offer, on: clientChannel.eventLoop,
                                       countRelayed: bytes.counter(clientSide: false))
             .assumeIsolated().whenComplete { result in
@@ -713,7 +755,7 @@ private final class HTTPTunnelFacts {
                     }
                     if case .trusted = verdict, upstream.peer.chainAndHostnameValid { upstream.keepSessions?() } else { upstream.discardSessions?() }
                     do {
-                        try RequestAwareTunnel.replaceUpstream(router: router, upstream: upstream.channel, upstreamGlue: glue,
+                        try RequestAwareTunnel.replaceUpstream(router: router, upstream: upstream.channel, upstreamLeg: .fresh(glue),
                                                                upstreamProtocol: upstream.peer.alpn,
                                                                limits: self.environment.configuration.http2Limits)
                     } catch {
@@ -721,16 +763,8 @@ private final class HTTPTunnelFacts {
                         refuse(.internalError("cannot set up the new upstream connection: \(error)"))
                         return
                     }
-                    self.upstream = upstream
-                    self.verdictGeneration = generation
-                    if let leaf = upstream.leaf {
-                        self.environment.tunnels.replaceUpstream(of: clientChannel, leaf: leaf, chain: chain)
-                    }
-                    // The client leaving first closes it through the router; this covers a
-                    // tunnel torn down some other way.
-                    clientChannel.closeFuture.whenComplete { _ in
-                        if !self.upstreamParked { upstream.channel.close(promise: nil) }
-                    }
+                    self.adopt(upstream, generation: generation, chain: chain, client: clientChannel, parked: false)
+                    if let shareable = router.shareableUpstream { self.share(shareable, fresh: true) }
                     self.environment.logger.info("opened a new upstream connection inside a tunnel", metadata: [
                         "client": "\(self.client)", "host": "\(host)", "port": "\(port)",
                         "upstream_handshake_ms": "\(upstream.handshakeDuration.nanoseconds / 1_000_000)",
@@ -741,6 +775,45 @@ private final class HTTPTunnelFacts {
                     refuse((error as? TLSClientError).map(Refusal.init) ?? .upstreamUnreachable("\(error)"))
                 }
             }
+    }
+
+    /// Makes `upstream` the tunnel's connection after a reconnect: list updates check its
+    /// leaf, and it closes with the tunnel unless it went to the pool.
+    private func adopt(_ upstream: UpstreamConnection, generation: UInt64, chain: PinPolicy.ChainCheck, client clientChannel: Channel,
+                       parked: Bool) {
+        self.upstream = upstream
+        verdictGeneration = generation
+        upstreamParked = parked
+        if let leaf = upstream.leaf {
+            environment.tunnels.replaceUpstream(of: clientChannel, leaf: leaf, chain: chain)
+        }
+        // The client leaving first closes it through the router; this covers a tunnel torn
+        // down some other way.
+        clientChannel.closeFuture.whenComplete { _ in
+            if !self.upstreamParked { upstream.channel.close(promise: nil) }
+        }
+    }
+
+    /// The tunnel's `h2` connection is shared: one fresh from its handshake goes into the
+    /// pool now (if the pool takes it), one from the pool is there already. Either way the
+    /// tunnel no longer owns it, and does not close it when it ends.
+    func share(_ shareable: PooledUpstreamSide, fresh: Bool) {
+        guard let pool = environment.pool else { return }
+        guard fresh else {
+            upstreamParked = true
+            return
+        }
+        if let reason = notPoolable() {
+            pool.notPooled(reason)
+            return
+        }
+        let offer = environment.decisionPolicy.upstreamALPNOffer(configured: environment.configuration.upstreamALPNOffer)
+        let key = UpstreamPoolKey(host: request.host, port: request.port, configuration: environment.configuration, alpnOffer: offer)
+        upstreamParked = pool.park(UpstreamConnection(pooling: upstream, side: shareable), key: key, generation: verdictGeneration,
+                                   currentGeneration: environment.store.generation, shared: true) {
+            environment.decisionPolicy.verdict(host: request.host, leaf: upstream.leaf, chain: ConnectHandler.chainCheck(upstream),
+                                               list: environment.store.list, now: environment.now()).isTrusted
+        }
     }
 
     /// Why this tunnel's upstream connection may not go to the pool whatever its HTTP state.

@@ -61,8 +61,12 @@ final class UpstreamPool: Sendable {
     func take(_ key: UpstreamPoolKey, on eventLoop: any EventLoop, generation: UInt64) -> UpstreamConnection? {
         let loop = EventLoopID(eventLoop)
         while true {
+            // On this loop, so a shared connection's room can be asked of its side.
             let (connection, stale, idle) = state.withLock { state in
-                let taken = state.take(key, on: loop, generation: generation)
+                let taken = state.take(key, on: loop, generation: generation) { connection in
+                    guard case .pooled(let side) = connection.leg.value else { return false }
+                    return side.reuseBlocker == nil
+                }
                 return (taken.connection, taken.stale, state.idleCount)
             }
             metrics.upstreamPoolIdle(idle)
@@ -81,24 +85,31 @@ final class UpstreamPool: Sendable {
         }
     }
 
-    /// Offers `connection` (its side parked) for `key`; true when the pool kept it, false
-    /// when the caller must close it. Runs on the connection's event loop.
+    /// Offers `connection` (its side parked, or, `shared`, an `h2` connection that tunnels
+    /// share while it has streams to spare) for `key`; true when the pool kept it, false
+    /// when the caller must close it (or, shared, keep it to its own tunnel). Runs on the
+    /// connection's event loop.
     func park(_ connection: UpstreamConnection, key: UpstreamPoolKey, generation: UInt64, currentGeneration: UInt64,
-              stillTrusted: () -> Bool) -> Bool {
+              shared: Bool = false, stillTrusted: () -> Bool) -> Bool {
         let eventLoop = connection.channel.eventLoop
         // Decided outside the lock: it runs the pin policy.
         let trusted = generation == currentGeneration || stillTrusted()
         let (outcome, idle) = state.withLock {
             ($0.park(connection, key: key, on: EventLoopID(eventLoop), generation: generation,
-                     currentGeneration: currentGeneration, trustedByCurrentList: trusted), $0.idleCount)
+                     currentGeneration: currentGeneration, trustedByCurrentList: trusted, shared: shared), $0.idleCount)
         }
         guard case .parked(let id) = outcome else {
             if case .refused(let reason) = outcome { metrics.upstreamPoolNotPooled(reason: reason.rawValue) }
             return false
         }
         metrics.upstreamPoolIdle(idle)
-        _ = eventLoop.assumeIsolated().scheduleTask(in: settings.idleTimeout) { [self] in
-            if let expired = remove(id, departure: .idleTimeout) { close(expired) }
+        if shared, case .pooled(let side) = connection.leg.value {
+            // Its own timer: it is idle only once its last tunnel left.
+            side.share(timeout: settings.idleTimeout) { [self] in _ = remove(id, departure: .idleTimeout) }
+        } else {
+            _ = eventLoop.assumeIsolated().scheduleTask(in: settings.idleTimeout) { [self] in
+                if let expired = remove(id, departure: .idleTimeout) { close(expired) }
+            }
         }
         let channelID = ObjectIdentifier(connection.channel)
         if watched.withLock({ $0.insert(channelID).inserted }) {
@@ -140,12 +151,18 @@ final class UpstreamPool: Sendable {
         dropped.forEach(close)
     }
 
-    /// Closes every idle connection (the gate is shutting down).
+    /// Empties the pool (the gate is shutting down): idle connections close now; shared
+    /// ones close once the tunnels on them have finished.
     func closeAll() {
         let all = state.withLock { $0.removeAll() }
         metrics.upstreamPoolIdle(0)
         if !all.isEmpty { metrics.upstreamPoolClosed(reason: UpstreamPoolState<UpstreamConnection>.Departure.shutdown.rawValue, count: all.count) }
-        all.forEach(close)
+        for connection in all {
+            let leg = connection.leg
+            connection.channel.eventLoop.execute {
+                if case .pooled(let side) = leg.value { side.stopSharing() } else { connection.channel.close(promise: nil) }
+            }
+        }
     }
 
     private func close(_ connection: UpstreamConnection) {

@@ -5,9 +5,13 @@ import PinGateHTTP
 /// each one. It does no I/O and keeps no clock: the gate's `UpstreamPool` closes what it
 /// says to close, and runs the idle timers. `Connection` is whatever the caller pools.
 ///
+/// Two kinds of entry: an idle connection, which carries one tunnel at a time and leaves
+/// the pool when taken (HTTP/1.1); and a shared one, which stays in the pool while tunnels
+/// use it, handed out as long as `canShare` says it has room (`h2`: streams to spare).
+///
 /// Invariants (checked by `UpstreamPoolStateTests` over random sequences):
-/// - every connection parked is, exactly once, taken, refused at its park, or given back
-///   to be closed (idle timeout, peer close, list change, shutdown);
+/// - every connection parked is, exactly once, taken (idle ones), refused at its park, or
+///   given back to be closed (idle timeout, peer close, list change, shutdown);
 /// - no key holds more than `maximumIdlePerKey` idle connections across the loops;
 /// - a connection is handed out only on its own loop, and only under the generation it
 ///   was verified (or re-verified) under.
@@ -55,6 +59,8 @@ struct UpstreamPoolState<Connection> {
         let id: PooledConnectionID
         let connection: Connection
         var generation: UInt64
+        /// Stays in the pool when taken (tunnels share it).
+        let shared: Bool
     }
 
     /// The most idle connections one key may hold, over all loops.
@@ -71,7 +77,7 @@ struct UpstreamPoolState<Connection> {
         self.maximumIdlePerKey = maximumIdlePerKey
     }
 
-    /// How many connections wait now.
+    /// How many connections are in the pool now (idle ones, and shared ones in use or not).
     var idleCount: Int { slotByID.count }
 
     /// How many wait for `key`, over all loops.
@@ -81,20 +87,31 @@ struct UpstreamPoolState<Connection> {
     var idleByKey: [UpstreamPoolKey: Int] { idlePerKey }
 
     /// A connection for `key` on `loop` verified under `generation`, counted as a hit; or
-    /// nil, counted as a miss. Entries of another generation met on the way (a list was put
-    /// in force between the caller's read of the generation and now) are handed back in
-    /// `stale`, to be closed.
-    mutating func take(_ key: UpstreamPoolKey, on loop: EventLoopID, generation: UInt64) -> (connection: Connection?, stale: [Connection]) {
+    /// nil, counted as a miss. The most recently parked entry that fits is chosen: an idle
+    /// one leaves the pool, a shared one stays (if `canShare` says it has room). Entries of
+    /// another generation met on the way (a list was put in force between the caller's read
+    /// of the generation and now) leave the pool and are handed back in `stale`, to be closed.
+    mutating func take(_ key: UpstreamPoolKey, on loop: EventLoopID, generation: UInt64,
+                       canShare: (Connection) -> Bool = { _ in true }) -> (connection: Connection?, stale: [Connection]) {
         let slot = Slot(key: key, loop: loop)
         var stale: [Connection] = []
-        while let entry = idle[slot]?.popLast() {
-            forget(entry.id, slot: slot)
-            if entry.generation == generation {
+        var index = (idle[slot]?.count ?? 0) - 1
+        while index >= 0, let entry = idle[slot]?[index] {
+            if entry.generation != generation {
+                idle[slot]?.remove(at: index)
+                forget(entry.id, slot: slot)
+                counters.departed[.listChanged, default: 0] += 1
+                stale.append(entry.connection)
+            } else if !entry.shared {
+                idle[slot]?.remove(at: index)
+                forget(entry.id, slot: slot)
+                counters.hits += 1
+                return (entry.connection, stale)
+            } else if canShare(entry.connection) {
                 counters.hits += 1
                 return (entry.connection, stale)
             }
-            counters.departed[.listChanged, default: 0] += 1
-            stale.append(entry.connection)
+            index -= 1
         }
         counters.misses += 1
         return (nil, stale)
@@ -104,13 +121,13 @@ struct UpstreamPoolState<Connection> {
     /// verified under `generation`; when another list is in force now (`currentGeneration`),
     /// it is kept only if `trustedByCurrentList` (the list in force trusts it too).
     mutating func park(_ connection: Connection, key: UpstreamPoolKey, on loop: EventLoopID, generation: UInt64,
-                       currentGeneration: UInt64, trustedByCurrentList: Bool) -> ParkOutcome {
+                       currentGeneration: UInt64, trustedByCurrentList: Bool, shared: Bool = false) -> ParkOutcome {
         if generation != currentGeneration && !trustedByCurrentList { return notPooled(.listChanged) }
         if idleCount(for: key) >= maximumIdlePerKey { return notPooled(.full) }
         let id = PooledConnectionID(rawValue: nextID)
         nextID += 1
         let slot = Slot(key: key, loop: loop)
-        idle[slot, default: []].append(Entry(id: id, connection: connection, generation: currentGeneration))
+        idle[slot, default: []].append(Entry(id: id, connection: connection, generation: currentGeneration, shared: shared))
         slotByID[id] = slot
         idlePerKey[key, default: 0] += 1
         counters.parked += 1
