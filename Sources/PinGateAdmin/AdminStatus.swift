@@ -98,6 +98,12 @@ public struct AdminSnapshot: Sendable, Codable {
         /// Flow-control credit (bytes) the HTTP layer could not place: 0 unless a miscount,
         /// which would stall a connection.
         public var creditUnplacedBytes: Int = 0
+        /// Upstream connections of tunnels admitted from the pool that went while the
+        /// client's connection stayed.
+        public var upstreamConnectionsLostInTunnels: Int = 0
+        /// New upstream connections opened inside such tunnels, by outcome (`connected`,
+        /// `pooled`, or the refusal's reason token).
+        public var upstreamReconnects: [String: Int] = [:]
     }
 
     /// One pin in `/pins`.
@@ -170,7 +176,8 @@ public struct AdminSnapshot: Sendable, Codable {
                 tunnelsClosedByUpdate: stats.tunnelsClosedByUpdate,
                 reportOnlyViolations: stats.reportOnlyViolations, requestsForwarded: stats.requestsForwarded,
                 requestsRefusedByReason: stats.requestsRefusedByReason,
-                requestsCancelledByClient: stats.requestsCancelledByClient, creditUnplacedBytes: stats.creditUnplacedBytes),
+                requestsCancelledByClient: stats.requestsCancelledByClient, creditUnplacedBytes: stats.creditUnplacedBytes,
+                upstreamConnectionsLostInTunnels: stats.upstreamConnectionsLostInTunnels, upstreamReconnects: stats.upstreamReconnects),
             upstreamPool: gate.upstreamPool)
         var reason: String?
         if !usable {

@@ -451,6 +451,12 @@ package final class TunnelRouter {
         // upstream connection may outlive this tunnel).
         for credit in ledger.sinkGone(.response) { deliver(credit) }
         guard let upstream else { return }
+        if upstream is HTTP2UpstreamLane {
+            // A lane of a shared h2 connection: the tunnel leaves it (resetting what it still
+            // had open); the connection stays with the other tunnels, or in the pool.
+            if reuseBlocker(upstream) == nil { upstream.park() } else { upstream.close() }
+            return
+        }
         if let release = releaseUpstream {
             releaseUpstream = nil
             if let reason = reuseBlocker(upstream) {

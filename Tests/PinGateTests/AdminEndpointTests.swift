@@ -83,6 +83,11 @@ struct AdminEndpointTests {
                     let caStatus = try #require(status["ca"] as? [String: Any])
                     #expect(caStatus["sha256"] as? String == ca.certificate.sha256Fingerprint)
                     #expect(status["listen"] as? [String] == ["127.0.0.1:\(gate.port)"])
+                    // The one allowed CONNECT looked in the pool and found nothing.
+                    let pool = try #require(status["upstream_pool"] as? [String: Any], "\(status)")
+                    #expect(pool["misses"] as? Int == 1 && pool["hits"] as? Int == 0, "\(pool)")
+                    #expect(pool["maximum_idle_per_host"] as? Int == 16)
+                    #expect(counters["upstream_reconnects"] as? [String: Int] == [:])
 
                     let pins = try #require(try JSONSerialization.jsonObject(with: (try await curl(["\(base)/pins"])).stdoutData) as? [[String: Any]])
                     #expect(pins.count == 1)
@@ -110,6 +115,8 @@ struct AdminEndpointTests {
                     #expect((samples["pingate_pin_list_earliest_expiry_seconds{}"] ?? 0) > Date().timeIntervalSince1970)
                     #expect(samples["pingate_pin_list_updates_total{result=ok}"] == 1)
                     #expect(samples["pingate_upstream_handshake_seconds_count{}"] == 1)
+                    #expect(samples["pingate_upstream_pool_checkouts_total{result=miss}"] == 1)
+                    #expect(samples["pingate_upstream_pool_checkouts_total{result=hit}"] == 0)
 
                     let noToken = try await curl(["-i", "-X", "POST", "\(base)/pins/update"])
                     #expect(noToken.stdout.hasPrefix("HTTP/1.1 401"))

@@ -670,9 +670,6 @@ private final class HTTPTunnelFacts {
             pool.notPooled(reason)
             return false
         case .reusable(let side):
-            // A lane of a shared h2 connection: the connection stays where it is (in the
-            // pool, or closing with its last tunnel when the pool did not take it).
-            if side.isHTTP2 { return true }
             if let reason = notPoolable() {
                 pool.notPooled(reason)
                 return false
