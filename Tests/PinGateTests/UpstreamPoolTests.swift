@@ -440,5 +440,35 @@ struct UpstreamPoolTests {
             #expect(gate.statistics.upstreamConnections == 1)
         }
     }
+
+    @Test("on a shared h2 connection, a tunnel whose client leaves mid-download resets only its own stream: the other tunnel's download arrives whole, and the connection stays for the next tunnel")
+    func laneLeavesMidDownload() async throws {
+        var generator = SeededGenerator(seed: 23)
+        let big = Data((0..<(4 << 20)).map { _ in UInt8.random(in: 0...255, using: &generator) })
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
+        try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath,
+                                   files: ["a.txt": Self.body, "big.bin": big], http2: true,
+                                   serverDirectives: "location /big.bin { limit_rate 2m; }") { nginx in
+            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
+                                       resolve: ["\(Self.host):\(nginx.port)"], configure: { $0.eventLoopThreads = 1 }) { gate in
+                try await Self.fetch(gate, nginx)
+                let url = "https://\(Self.host):\(nginx.port)/big.bin"
+                // The one that leaves: curl gives up after 0.5 s, mid-body.
+                async let leaver = curlThroughGate(gate, url, ["--max-time", "0.5"])
+                async let keeper = curlThroughGate(gate, url)
+                let (left, kept) = try await (leaver, keeper)
+                #expect(left.exitStatus == 28, "curl exit \(left.exitStatus): \(left.stderr.suffix(300))")
+                #expect(left.body.count < big.count)
+                #expect(kept.exitStatus == 0 && kept.httpCode == "200", "\(kept.stderr.suffix(300))")
+                #expect(kept.body == big, "the other tunnel's download was disturbed: \(kept.body.count) bytes")
+                #expect(Set(nginx.accessLogConnections()).count == 1, "\(nginx.accessLogConnections())")
+                try await Self.fetch(gate, nginx)
+                #expect(gate.statistics.upstreamConnections == 1)
+            }
+        }
+    }
 }
 
