@@ -141,7 +141,11 @@ struct HoldTests {
             // the rest 503 over-capacity at once; no connection is reset, none waits.
             #expect(outcomes["HTTP/1.1 200 Connection established"] == 96, "\(burst)")
             #expect(outcomes["HTTP/1.1 503 Service Unavailable over-capacity"] == 304, "\(burst)")
-            #expect((burst["gate_fds_during"] as? Int ?? 999) <= 256 - 64 + baseline, "\(burst)")
+            // At most the cap's descriptors, plus the few connections accepted only to be
+            // answered 503 at that moment (each exists until its answer is written: one was
+            // caught in flight on a loaded CI machine); never the limit itself.
+            let during = burst["gate_fds_during"] as? Int ?? 999
+            #expect(during <= 256 - 64 + baseline + 8 && during < 256, "\(burst)")
             // Held at its cap, the gate is idle. Before the cap it ran out of descriptors
             // and spun a whole core (libdispatch retrying what it could not open, NIO
             // retrying accept): a ceiling on CPU used, not a measure of speed.
