@@ -143,6 +143,9 @@ final class StubUpstream: TunnelUpstreamSide {
     func responseBodyPassedOn(_ id: Int, bytes: Int) {}
     func flush() {}
     func close() { started = [:]; ended = [] }
+    var reuseBlocker: UpstreamNotPooledReason? { started.isEmpty ? nil : .inFlight }
+    func park() { router = nil }
+    func attach(to router: TunnelRouter) { self.router = router }
 
     /// Passes on the body credits and answers every request whose body has ended.
     func answerPending() {
