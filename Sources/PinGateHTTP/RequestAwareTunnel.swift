@@ -210,6 +210,8 @@ package enum RequestAwareTunnel {
             early = upstreamGlue.takeUnpaired()
             upstream.pipeline.syncOperations.removeHandler(upstreamGlue, promise: nil)
             _ = try addUpstreamSide(to: upstream, protocol: upstreamProtocol, router: router, limits: limits)
+            // A fresh connection: its failure before an answer is not a reused one's.
+            router.upstreamReused = false
         case .pooled(let pooled):
             router.attach(pooled)
         }

@@ -83,8 +83,6 @@ package final class TunnelRouter {
         var responseEnded = false
         /// Holds the request body to the framing the gate chose (set once it went upstream).
         var meter: RequestBodyMeter?
-        /// Set while the request waits for a new upstream connection (`reconnectUpstream`).
-        var waitsForUpstream = false
         /// The request as sent upstream, kept while it may be retried on a new connection:
         /// an idempotent method, no body, sent on a reused connection (RFC 9110 §9.2.2,
         /// RFC 9112 §9.3.1).
@@ -148,7 +146,7 @@ package final class TunnelRouter {
     /// Whether the upstream connection now in use carried exchanges before the one now on
     /// it (it came from the pool, or finished one in this tunnel): only such a connection's
     /// failure before any response byte makes an idempotent request worth retrying.
-    private var upstreamReused = false
+    var upstreamReused = false
     /// Set once a request carried connection-bound authentication (NTLM, Negotiate): the
     /// server may take every later request on the connection for that user's, so it is
     /// never handed to another tunnel.
@@ -203,7 +201,6 @@ package final class TunnelRouter {
             guard upstream != nil || reconnectUpstream == nil else {
                 // The tunnel's upstream connection went between requests: this request waits
                 // for a new one, verified like the first.
-                exchange.waitsForUpstream = true
                 exchanges[id] = exchange
                 pending.append(PendingRequest(id: id, head: head, authority: authority, endStream: endStream, ended: endStream))
                 startReconnect()
@@ -300,7 +297,7 @@ package final class TunnelRouter {
     /// Request body bytes arrived for exchange `id`.
     func requestBody(_ id: Int, _ bytes: ByteBuffer) {
         let count = bytes.readableBytes
-        if exchanges[id]?.waitsForUpstream == true, let index = pending.firstIndex(where: { $0.id == id }) {
+        if !pending.isEmpty, let index = pending.firstIndex(where: { $0.id == id }) {
             // Held with its request; its credit is given when it is written to the new upstream.
             pending[index].body.append(bytes)
             return
@@ -324,7 +321,7 @@ package final class TunnelRouter {
 
     /// The request of exchange `id` ended.
     func requestEnd(_ id: Int, trailers: HTTPHeaders?) {
-        if exchanges[id]?.waitsForUpstream == true, let index = pending.firstIndex(where: { $0.id == id }) {
+        if !pending.isEmpty, let index = pending.firstIndex(where: { $0.id == id }) {
             pending[index].ended = true
             pending[index].trailers = trailers
             return
@@ -515,10 +512,14 @@ package final class TunnelRouter {
     /// of the body goes back as credit, never having been forwarded.
     private func dropPending(_ id: Int) {
         guard let index = pending.firstIndex(where: { $0.id == id }) else { return }
-        let request = pending.remove(at: index)
-        exchanges[id]?.waitsForUpstream = false
+        returnCredit(of: pending.remove(at: index))
+    }
+
+    /// What the client sent of `request`'s body while it waited: never forwarded, its
+    /// credit goes back.
+    private func returnCredit(of request: PendingRequest) {
         for bytes in request.body {
-            deliver(ledger.returnedUnforwarded(.request, sourceID: id, bytes: bytes.readableBytes))
+            deliver(ledger.returnedUnforwarded(.request, sourceID: request.id, bytes: bytes.readableBytes))
         }
     }
 
@@ -537,10 +538,8 @@ package final class TunnelRouter {
         pending = []
         switch result {
         case .connected:
-            upstreamReused = false
             for request in waiting {
-                guard var exchange = exchanges[request.id], exchange.waitsForUpstream else { continue }
-                exchange.waitsForUpstream = false
+                guard let exchange = exchanges[request.id] else { continue }
                 forward(request.id, exchange, request.head, authority: request.authority, endStream: request.endStream)
                 for bytes in request.body { requestBody(request.id, bytes) }
                 if request.ended && !request.endStream { requestEnd(request.id, trailers: request.trailers) }
@@ -548,11 +547,8 @@ package final class TunnelRouter {
             upstream?.flush()
         case .refused(let status, let reason, let detail):
             for request in waiting {
-                guard var exchange = exchanges[request.id], exchange.waitsForUpstream else { continue }
-                exchange.waitsForUpstream = false
-                for bytes in request.body {
-                    deliver(ledger.returnedUnforwarded(.request, sourceID: request.id, bytes: bytes.readableBytes))
-                }
+                guard let exchange = exchanges[request.id] else { continue }
+                returnCredit(of: request)
                 refuse(request.id, exchange, status: status, reason: reason, detail: detail)
             }
             client?.flush()
@@ -741,7 +737,6 @@ package final class TunnelRouter {
                 ledger.sinkFinishing(.request, sinkID: upstreamID)
                 exchanges[id]?.upstreamID = nil
                 exchanges[id]?.retry = nil
-                exchanges[id]?.waitsForUpstream = true
                 pending.append(retry)
             } else {
                 responseFailed(upstreamID, detail: "the upstream's connection closed before the response ended")

@@ -87,7 +87,8 @@ struct LongBodiesTests {
           arguments: [("http/1.1", false), ("http/1.1", true), ("h2", false), ("h2", true)])
     func sequentialUploads(client: String, originH2: Bool) async throws {
         // upload_origin.py, which answers each upload with the SHA-256 it received.
-        try await UpstreamCutTests.withOrigin(http2: originH2) { gate, port in
+        try await UpstreamCutTests.withOrigin(http2: originH2) { gate, origin in
+            let port = origin.port
             let report = try await Self.transfers(gate, port: port, [
                 "--protocol", client, "--count", "\(Self.count)", "--path", "/upload", "--upload", "\(Self.bodySize)"])
             let transfers = report.transfers ?? []
@@ -105,7 +106,8 @@ struct LongBodiesTests {
           arguments: [false, true])
     func concurrentUploads(originH2: Bool) async throws {
         // upload_origin.py, which answers each upload with the SHA-256 it received.
-        try await UpstreamCutTests.withOrigin(http2: originH2) { gate, port in
+        try await UpstreamCutTests.withOrigin(http2: originH2) { gate, origin in
+            let port = origin.port
             let report = try await Self.transfers(gate, port: port, [
                 "--protocol", "h2", "--count", "8", "--concurrency", "8", "--path", "/upload", "--upload", "\(2 << 20)",
                 "--stall", "20"])

@@ -12,7 +12,10 @@ import Testing
 struct UpstreamCutTests {
     static let host = "pay.example.test"
 
-    static func withOrigin(http2: Bool, _ body: (GateFixture, Int) async throws -> Void) async throws {
+    /// `Tests/Peers/upload_origin.py` for `host` (offering only `h2` or only HTTP/1.1) and a
+    /// gate with its leaf pinned; `body` gets the origin itself (its log of what it served).
+    static func withOrigin(http2: Bool, configure: (inout GateConfiguration) -> Void = { _ in },
+                           _ body: (GateFixture, H2EchoOrigin) async throws -> Void) async throws {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
         let pki = try TestPKI(directory: directory)
@@ -21,8 +24,8 @@ struct UpstreamCutTests {
             "--cert", leaf.certificatePath, "--key", leaf.keyPath, "--alpn", http2 ? "h2" : "http/1.1",
         ]) { origin in
             try await GateFixture.with(pki: pki, listPath: try pki.signedList([(host, leaf.fingerprint)]),
-                                       resolve: ["\(host):\(origin.port)"]) { gate in
-                try await body(gate, origin.port)
+                                       resolve: ["\(host):\(origin.port)"], configure: configure) { gate in
+                try await body(gate, origin)
             }
         }
     }
@@ -41,7 +44,8 @@ struct UpstreamCutTests {
     @Test("the origin's connection dies mid-body: an h2 client gets RST_STREAM with an error code within 2 s, an HTTP/1.1 client a close short of the length; over an h2 and an HTTP/1.1 origin",
           arguments: [false, true])
     func cutMidBody(originH2: Bool) async throws {
-        try await Self.withOrigin(http2: originH2) { gate, port in
+        try await Self.withOrigin(http2: originH2) { gate, origin in
+            let port = origin.port
             // The client waits at most 3 s for the stream's end or reset: the reset must come
             // by then (it goes out as the upstream's close is read, in milliseconds).
             let output = try await Self.h2Get(gate, port: port, path: "/cut/30000", wait: 3)
@@ -63,7 +67,8 @@ struct UpstreamCutTests {
     @Test("the origin's connection dies before answering: 502 upstream-unreachable to an h2 and to an HTTP/1.1 client, over an h2 and an HTTP/1.1 origin",
           arguments: [false, true])
     func diesBeforeAnswering(originH2: Bool) async throws {
-        try await Self.withOrigin(http2: originH2) { gate, port in
+        try await Self.withOrigin(http2: originH2) { gate, origin in
+            let port = origin.port
             let output = try await Self.h2Get(gate, port: port, path: "/die")
             let stream = HTTP2InsideTunnelTests.stream(output, "1")
             #expect(stream["status"] as? Int == 502, "\(output)")

@@ -138,7 +138,7 @@ struct UpstreamPoolStateTests {
         }
     }
 
-    @Test("over random sequences of parks (idle and shared), takes, timers, closes, list changes and shutdowns: each connection ends exactly once (taken, refused, or handed back), shared ones stay while used and are handed out only with room, never above the cap, only on its own loop and key, no miss with a usable connection, and the counters add up")
+    @Test("over random sequences of parks (idle and shared), takes, timers, closes (reported or not yet), list changes and shutdowns: each connection ends exactly once (taken, refused, or handed back), a closed one is never handed out, shared ones stay while used and are handed out only with room, never above the cap, only on its own loop and key, no miss with a usable connection, and the counters add up")
     func randomSequences() async {
         await propertyCheck(count: 300, input: Gen.int(in: 0...1_000_000).array(of: 1...150)) { codes in
             let keys = [Self.pay, Self.shop, UpstreamPoolKey(host: "api.example.test", port: 443, configuration: Self.configuration, alpnOffer: nil)]
@@ -151,6 +151,8 @@ struct UpstreamPoolStateTests {
             var idleTaken = 0
             // Whether a shared connection has room: fixed per connection.
             let hasRoom = { (connection: Int) in connection % 3 != 0 }
+            // Closed, their close not yet reported to the pool: a take must not hand them out.
+            var dead = Set<Int>()
             var ended: [Int: String] = [:]
             func end(_ connection: Int, _ how: String) {
                 #expect(ended[connection] == nil, "connection \(connection) ended twice: \(ended[connection] ?? "") then \(how)")
@@ -170,9 +172,11 @@ struct UpstreamPoolStateTests {
                     case .refused: end(connection, "refused")
                     }
                 case .take(let key, let loop):
-                    let taken = state.take(keys[key], on: loops[loop], generation: generation, canShare: hasRoom)
+                    let taken = state.take(keys[key], on: loops[loop], generation: generation,
+                                           isAlive: { !dead.contains($0) }, canShare: hasRoom)
                     for stale in taken.stale { end(stale, "stale") }
                     if let connection = taken.connection {
+                        #expect(!dead.contains(connection), "a closed connection was handed out")
                         #expect(idle[connection]?.key == key && idle[connection]?.loop == loop, "handed out on another key or loop")
                         if idle[connection]?.shared == true {
                             #expect(hasRoom(connection), "a shared connection without room was handed out")
@@ -182,12 +186,18 @@ struct UpstreamPoolStateTests {
                         }
                     } else {
                         // A miss only when nothing on this key and loop could be handed out.
-                        #expect(!idle.contains { $0.value.key == key && $0.value.loop == loop && (!$0.value.shared || hasRoom($0.key)) },
+                        #expect(!idle.contains { $0.value.key == key && $0.value.loop == loop && !dead.contains($0.key)
+                                                 && (!$0.value.shared || hasRoom($0.key)) },
                                 "a miss with a usable connection in the pool")
                     }
                 case .expireOne(let pick), .closeOne(let pick):
                     guard !idle.isEmpty else { continue }
                     let chosen = idle.keys.sorted()[pick % idle.count]
+                    if case .closeOne = step, pick % 2 == 0 {
+                        // Closed, but the pool has not heard yet.
+                        dead.insert(chosen)
+                        continue
+                    }
                     let departure: State.Departure = if case .expireOne = step { .idleTimeout } else { .peerClosed }
                     #expect(state.remove(idle[chosen]!.id, departure: departure) == chosen)
                     end(chosen, departure.rawValue)

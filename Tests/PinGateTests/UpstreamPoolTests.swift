@@ -200,24 +200,6 @@ struct UpstreamPoolTests {
 
     // MARK: a pooled connection that goes
 
-    /// `Tests/Peers/upload_origin.py` for `host` (it answers each request with the SHA-256
-    /// of its body, logs each one, and closes the connection unanswered the first time a
-    /// `/die-once/` path is asked), and a gate on one event loop.
-    static func withDyingOrigin(http2: Bool, _ body: (GateFixture, H2EchoOrigin, TestPKI) async throws -> Void) async throws {
-        let directory = try TemporaryDirectory()
-        defer { directory.remove() }
-        let pki = try TestPKI(directory: directory)
-        let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
-        try await H2EchoOrigin.with(script: "upload_origin.py", [
-            "--cert", leaf.certificatePath, "--key", leaf.keyPath, "--alpn", http2 ? "h2" : "http/1.1",
-        ]) { origin in
-            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(host, leaf.fingerprint)]),
-                                       resolve: ["\(host):\(origin.port)"], configure: { $0.eventLoopThreads = 1 }) { gate in
-                try await body(gate, origin, pki)
-            }
-        }
-    }
-
     /// The origin's records for `path`: answered requests, and unanswered closes ("died").
     static func originSaw(_ origin: H2EchoOrigin, _ path: String) -> (answered: Int, died: Int) {
         let events = origin.events.filter { $0["path"] as? String == path }
@@ -227,7 +209,7 @@ struct UpstreamPoolTests {
     @Test("the origin closes a pooled connection as a request arrives: an idempotent request is retried once on a new, verified connection and succeeds; a POST is not retried (502), over an h2 and an HTTP/1.1 origin",
           arguments: [true, false])
     func retryOnlyIdempotent(http2: Bool) async throws {
-        try await Self.withDyingOrigin(http2: http2) { gate, origin, _ in
+        try await UpstreamCutTests.withOrigin(http2: http2, configure: { $0.eventLoopThreads = 1 }) { gate, origin in
             let url = "https://\(Self.host):\(origin.port)"
             #expect(try await curlThroughGate(gate, "\(url)/warm").httpCode == "200")
             #expect(await eventually { gate.server.upstreamPool?.parked == 1 })
@@ -249,7 +231,7 @@ struct UpstreamPoolTests {
 
     @Test("on one tunnel admitted from the pool, the origin closes between requests: the next request opens a new, verified connection on the same client connection")
     func reconnectBetweenRequests() async throws {
-        try await Self.withDyingOrigin(http2: false) { gate, origin, _ in
+        try await UpstreamCutTests.withOrigin(http2: false, configure: { $0.eventLoopThreads = 1 }) { gate, origin in
             let url = "https://\(Self.host):\(origin.port)"
             #expect(try await curlThroughGate(gate, "\(url)/warm").httpCode == "200")
             #expect(await eventually { gate.server.upstreamPool?.parked == 1 })
@@ -310,13 +292,7 @@ struct UpstreamPoolTests {
                 ask()
                 """
                 let flag = directory.file("flag")
-                let client = ChildProcess()
-                client.executableURL = URL(fileURLWithPath: try TestProcess.resolve("python3"))
-                client.arguments = ["-c", script, "\(gate.port)", "\(Self.host):\(nginx.port)", gate.caPath, flag]
-                let output = Pipe()
-                client.standardOutput = output
-                client.standardError = FileHandle.nullDevice
-                try client.run()
+                let (client, output) = try Self.python(script, ["\(gate.port)", "\(Self.host):\(nginx.port)", gate.caPath, flag])
                 defer { if client.isRunning { client.terminate() } }
                 #expect(await eventually { FileManager.default.fileExists(atPath: flag) })
                 let before = nginx.accessLogConnections().count
@@ -353,13 +329,7 @@ struct UpstreamPoolTests {
             try await GateFixture.with(pki: pki, listPath: first, resolve: ["\(Self.host):\(nginx.port)"],
                                        configure: { $0.eventLoopThreads = 1 }) { gate in
                 // A live tunnel first (its own connection), then one whose connection is pooled.
-                let holder = ChildProcess()
-                holder.executableURL = URL(fileURLWithPath: try TestProcess.resolve("python3"))
-                holder.arguments = ["-c", Self.holdingClient, "\(gate.port)", "\(Self.host):\(nginx.port)", gate.caPath]
-                let output = Pipe()
-                holder.standardOutput = output
-                holder.standardError = FileHandle.nullDevice
-                try holder.run()
+                let (holder, output) = try Self.python(Self.holdingClient, ["\(gate.port)", "\(Self.host):\(nginx.port)", gate.caPath])
                 defer { if holder.isRunning { holder.terminate() } }
                 #expect(await eventually { gate.statistics.requestsForwarded == 1 })
                 try await Self.fetch(gate, nginx)
@@ -380,6 +350,19 @@ struct UpstreamPoolTests {
                 #expect(refused.proxyHeaders["pingate-refusal"] == "revoked")
             }
         }
+    }
+
+    /// Starts `python3 -c script arguments…`, its stdout on the returned pipe; the caller
+    /// ends it (these clients run until the gate or the test ends their tunnel).
+    static func python(_ script: String, _ arguments: [String]) throws -> (ChildProcess, Pipe) {
+        let process = ChildProcess()
+        process.executableURL = URL(fileURLWithPath: try TestProcess.resolve("python3"))
+        process.arguments = ["-c", script] + arguments
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        return (process, output)
     }
 
     /// A client that opens a tunnel, makes one request, prints its status, then holds the
@@ -413,13 +396,7 @@ struct UpstreamPoolTests {
             var outputs: [Pipe] = []
             defer { for holder in holders where holder.isRunning { holder.terminate() } }
             func hold() throws {
-                let holder = ChildProcess()
-                holder.executableURL = URL(fileURLWithPath: try TestProcess.resolve("python3"))
-                holder.arguments = ["-c", Self.holdingClient, "\(gate.port)", "\(Self.host):\(nginx.port)", gate.caPath]
-                let output = Pipe()
-                holder.standardOutput = output
-                holder.standardError = FileHandle.nullDevice
-                try holder.run()
+                let (holder, output) = try Self.python(Self.holdingClient, ["\(gate.port)", "\(Self.host):\(nginx.port)", gate.caPath])
                 holders.append(holder)
                 outputs.append(output)
             }

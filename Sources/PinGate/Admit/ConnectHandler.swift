@@ -152,7 +152,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     /// before the join, or the tunnel ended without pooling it): closed, unless it is a
     /// shared `h2` connection from the pool, which other tunnels may be using.
     private func drop(_ upstream: UpstreamConnection) {
-        if upstream.fromPool && upstream.leg.value.isShared { return }
+        if upstream.leg.value.isShared { return }
         upstream.channel.close(promise: nil)
     }
 
@@ -208,12 +208,9 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             // A verified connection kept from an earlier tunnel: no handshake, and the
             // verdict from the chain its own handshake verified, under the list in force.
             let generation = environment.store.generation
-            let key = UpstreamPoolKey(host: request.host, port: request.port, configuration: environment.configuration, alpnOffer: offer)
-            if let pooled = pool.take(key, on: context.eventLoop, generation: generation) {
+            if let pooled = pool.take(environment.poolKey(for: request), on: context.eventLoop, generation: generation) {
                 verdictGeneration = generation
-                let verdict = environment.decisionPolicy.verdict(
-                    host: request.host, leaf: pooled.leaf, chain: Self.chainCheck(pooled), list: environment.store.list, now: environment.now())
-                perform(machine.upstreamConnected(pooled, verdict: verdict), context: context)
+                perform(machine.upstreamConnected(pooled, verdict: environment.verdict(host: request.host, on: pooled)), context: context)
                 return
             }
         }
@@ -633,6 +630,8 @@ private final class HTTPTunnelFacts {
 
     /// The list generation the tunnel's verdict was made under.
     private var verdictGeneration: UInt64
+    /// The tunnel's key in the upstream pool, made once.
+    private lazy var poolKey = environment.poolKey(for: request)
     /// Set when the tunnel's upstream connection went to the pool as the client left.
     private(set) var upstreamParked = false
 
@@ -664,27 +663,30 @@ private final class HTTPTunnelFacts {
     /// The client left: the router offers the upstream connection for the pool (or says why
     /// it cannot be reused). True when the pool kept it.
     func release(_ release: UpstreamRelease) -> Bool {
-        guard let pool = environment.pool else { return false }
         switch release {
         case .notReusable(let reason):
-            pool.notPooled(reason)
+            environment.pool?.notPooled(reason)
             return false
         case .reusable(let side):
-            if let reason = notPoolable() {
-                pool.notPooled(reason)
-                return false
-            }
-            let offer = environment.decisionPolicy.upstreamALPNOffer(configured: environment.configuration.upstreamALPNOffer)
-            let key = UpstreamPoolKey(host: request.host, port: request.port, configuration: environment.configuration, alpnOffer: offer)
-            let kept = pool.park(UpstreamConnection(pooling: upstream, side: side), key: key, generation: verdictGeneration,
-                                 currentGeneration: environment.store.generation) {
-                // Another list came into force while the tunnel was open: kept only if it
-                // trusts this connection too (a revocation that closed the tunnel does not).
-                environment.decisionPolicy.verdict(host: request.host, leaf: upstream.leaf, chain: ConnectHandler.chainCheck(upstream),
-                                                   list: environment.store.list, now: environment.now()).isTrusted
-            }
-            upstreamParked = kept
-            return kept
+            upstreamParked = offerToPool(side, shared: false)
+            return upstreamParked
+        }
+    }
+
+    /// Offers the tunnel's upstream connection, `side` its parked HTTP side (or its shared
+    /// h2 session), to the pool; true when the pool took it.
+    private func offerToPool(_ side: PooledUpstreamSide, shared: Bool) -> Bool {
+        guard let pool = environment.pool else { return false }
+        if let reason = notPoolable() {
+            pool.notPooled(reason)
+            return false
+        }
+        let upstream = self.upstream
+        return pool.park(UpstreamConnection(pooling: upstream, side: side), key: poolKey, generation: verdictGeneration,
+                         currentGeneration: environment.store.generation, shared: shared) {
+            // Another list came into force while the tunnel was open: kept only if it trusts
+            // this connection too (a revocation that closed the tunnel does not).
+            environment.verdict(host: request.host, on: upstream).isTrusted
         }
     }
 
@@ -718,13 +720,11 @@ private final class HTTPTunnelFacts {
         }
         let generation = environment.store.generation
         let offer = environment.decisionPolicy.upstreamALPNOffer(configured: environment.configuration.upstreamALPNOffer)
-        let key = UpstreamPoolKey(host: host, port: port, configuration: environment.configuration, alpnOffer: offer)
-        if let pooled = environment.pool?.take(key, on: clientChannel.eventLoop, generation: generation) {
+        if let pooled = environment.pool?.take(poolKey, on: clientChannel.eventLoop, generation: generation) {
             // Another verified connection is at hand (an h2 one other tunnels share, or an
             // idle one): decided on as a pooled CONNECT is.
             let chain = ConnectHandler.chainCheck(pooled)
-            let verdict = environment.decisionPolicy.verdict(host: host, leaf: pooled.leaf, chain: chain, list: environment.store.list, now: now)
-            if verdict.isTrusted, (try? RequestAwareTunnel.replaceUpstream(router: router, upstream: pooled.channel, upstreamLeg: pooled.leg.value,
+            if environment.verdict(host: host, on: pooled).isTrusted, (try? RequestAwareTunnel.replaceUpstream(router: router, upstream: pooled.channel, upstreamLeg: pooled.leg.value,
                                                                            upstreamProtocol: pooled.peer.alpn,
                                                                            limits: environment.configuration.http2Limits)) != nil {
                 adopt(pooled, generation: generation, chain: chain, client: clientChannel, parked: pooled.leg.value.isShared)
@@ -741,8 +741,7 @@ private final class HTTPTunnelFacts {
                 case .success(let upstream):
                     self.environment.statistics.metrics.upstreamHandshake(nanoseconds: upstream.handshakeDuration.nanoseconds)
                     let chain = ConnectHandler.chainCheck(upstream)
-                    let verdict = self.environment.decisionPolicy.verdict(host: host, leaf: upstream.leaf, chain: chain,
-                                                                          list: self.environment.store.list, now: self.environment.now())
+                    let verdict = self.environment.verdict(host: host, on: upstream)
                     if upstream.peer.resumed { self.environment.statistics.upstreamSessionResumed() }
                     guard verdict.isTrusted, let glue = upstream.glue else {
                         upstream.discardSessions?()
@@ -786,7 +785,7 @@ private final class HTTPTunnelFacts {
         }
         // The client leaving first closes it through the router; this covers a tunnel torn
         // down some other way.
-        clientChannel.closeFuture.whenComplete { _ in
+        clientChannel.closeFuture.assumeIsolated().whenComplete { _ in
             if !self.upstreamParked { upstream.channel.close(promise: nil) }
         }
     }
@@ -795,22 +794,7 @@ private final class HTTPTunnelFacts {
     /// pool now (if the pool takes it), one from the pool is there already. Either way the
     /// tunnel no longer owns it, and does not close it when it ends.
     func share(_ shareable: PooledUpstreamSide, fresh: Bool) {
-        guard let pool = environment.pool else { return }
-        guard fresh else {
-            upstreamParked = true
-            return
-        }
-        if let reason = notPoolable() {
-            pool.notPooled(reason)
-            return
-        }
-        let offer = environment.decisionPolicy.upstreamALPNOffer(configured: environment.configuration.upstreamALPNOffer)
-        let key = UpstreamPoolKey(host: request.host, port: request.port, configuration: environment.configuration, alpnOffer: offer)
-        upstreamParked = pool.park(UpstreamConnection(pooling: upstream, side: shareable), key: key, generation: verdictGeneration,
-                                   currentGeneration: environment.store.generation, shared: true) {
-            environment.decisionPolicy.verdict(host: request.host, leaf: upstream.leaf, chain: ConnectHandler.chainCheck(upstream),
-                                               list: environment.store.list, now: environment.now()).isTrusted
-        }
+        upstreamParked = fresh ? offerToPool(shareable, shared: true) : true
     }
 
     /// Why this tunnel's upstream connection may not go to the pool whatever its HTTP state.
@@ -884,5 +868,19 @@ private final class HTTPTunnelFacts {
 
     func makeGlue(clientSide: Bool) -> GlueHandler {
         GlueHandler(countRelayed: bytes.counter(clientSide: clientSide))
+    }
+}
+
+extension GateEnvironment {
+    /// The verdict on `upstream`'s own handshake (its leaf and verified chain) for `host`,
+    /// under the list in force now: a pooled connection's, at each tunnel it serves.
+    func verdict(host: String, on upstream: UpstreamConnection) -> Verdict {
+        decisionPolicy.verdict(host: host, leaf: upstream.leaf, chain: ConnectHandler.chainCheck(upstream), list: store.list, now: now())
+    }
+
+    /// `request`'s key in the upstream pool.
+    func poolKey(for request: ConnectRequest) -> UpstreamPoolKey {
+        UpstreamPoolKey(host: request.host, port: request.port, configuration: configuration,
+                        alpnOffer: decisionPolicy.upstreamALPNOffer(configured: configuration.upstreamALPNOffer))
     }
 }

@@ -15,6 +15,8 @@ import Synchronization
 /// idle timer runs and where it is closed. Pooled per loop, as nginx keeps one keep-alive
 /// cache per worker: a tunnel's legs and router share one loop, and a channel cannot move.
 final class UpstreamPool: Sendable {
+    typealias Departure = UpstreamPoolState<UpstreamConnection>.Departure
+
     /// How long a connection may wait, and how many may wait per key.
     struct Settings: Sendable, Equatable {
         /// Idle connections close after this long (default 30 s: below the keep-alive
@@ -56,33 +58,24 @@ final class UpstreamPool: Sendable {
     }
 
     /// A pooled connection for `key` on `eventLoop` (called there), verified under
-    /// `generation`; nil when none is waiting. Connections found closed on the way are
-    /// dropped.
+    /// `generation`; nil when none is waiting. Connections found closed or stale on the
+    /// way are dropped (and counted as such, not as hits).
     func take(_ key: UpstreamPoolKey, on eventLoop: any EventLoop, generation: UInt64) -> UpstreamConnection? {
-        let loop = EventLoopID(eventLoop)
-        while true {
-            // On this loop, so a shared connection's room can be asked of its side.
-            let (connection, stale, idle) = state.withLock { state in
-                let taken = state.take(key, on: loop, generation: generation) { connection in
-                    guard case .pooled(let side) = connection.leg.value else { return false }
-                    return side.reuseBlocker == nil
-                }
-                return (taken.connection, taken.stale, state.idleCount)
+        // On this loop, so each connection's channel and side can be asked.
+        let (connection, stale, idle, departed) = state.withLock { state in
+            let before = state.counters.departed
+            let taken = state.take(key, on: EventLoopID(eventLoop), generation: generation,
+                                   isAlive: { $0.channel.isActive }) { connection in
+                guard case .pooled(let side) = connection.leg.value else { return false }
+                return side.reuseBlocker == nil
             }
-            metrics.upstreamPoolIdle(idle)
-            if !stale.isEmpty { metrics.upstreamPoolClosed(reason: UpstreamPoolState<UpstreamConnection>.Departure.listChanged.rawValue, count: stale.count) }
-            for connection in stale { close(connection) }
-            guard let connection else {
-                metrics.upstreamPoolCheckout(hit: false)
-                return nil
-            }
-            metrics.upstreamPoolCheckout(hit: true)
-            // Its close may be on its way to the loop's queue: a channel that is no longer
-            // active goes, and the next one is tried (counted a hit then a departure, since
-            // the state cannot know; rare).
-            if connection.channel.isActive { return connection }
-            close(connection)
+            return (taken.connection, taken.stale, state.idleCount, state.counters.departed.merging(before) { $0 - $1 })
         }
+        metrics.upstreamPoolIdle(idle)
+        for (departure, count) in departed where count > 0 { metrics.upstreamPoolClosed(reason: departure.rawValue, count: count) }
+        stale.forEach(close)
+        metrics.upstreamPoolCheckout(hit: connection != nil)
+        return connection
     }
 
     /// Offers `connection` (its side parked, or, `shared`, an `h2` connection that tunnels
@@ -131,7 +124,7 @@ final class UpstreamPool: Sendable {
     }
 
     /// Ends stay `id` for `departure`, counted; the connection to close, if it was still idle.
-    private func remove(_ id: PooledConnectionID, departure: UpstreamPoolState<UpstreamConnection>.Departure) -> UpstreamConnection? {
+    private func remove(_ id: PooledConnectionID, departure: Departure) -> UpstreamConnection? {
         let (removed, idle) = state.withLock { ($0.remove(id, departure: departure), $0.idleCount) }
         guard let removed else { return nil }
         metrics.upstreamPoolIdle(idle)
@@ -145,7 +138,7 @@ final class UpstreamPool: Sendable {
         let (dropped, idle) = state.withLock { ($0.listInstalled(generation: generation, trusts: trusts), $0.idleCount) }
         metrics.upstreamPoolIdle(idle)
         if !dropped.isEmpty {
-            metrics.upstreamPoolClosed(reason: UpstreamPoolState<UpstreamConnection>.Departure.listChanged.rawValue, count: dropped.count)
+            metrics.upstreamPoolClosed(reason: Departure.listChanged.rawValue, count: dropped.count)
             logger.notice("closing pooled upstream connections after a list update", metadata: ["connections": "\(dropped.count)"])
         }
         dropped.forEach(close)
@@ -156,7 +149,7 @@ final class UpstreamPool: Sendable {
     func closeAll() {
         let all = state.withLock { $0.removeAll() }
         metrics.upstreamPoolIdle(0)
-        if !all.isEmpty { metrics.upstreamPoolClosed(reason: UpstreamPoolState<UpstreamConnection>.Departure.shutdown.rawValue, count: all.count) }
+        if !all.isEmpty { metrics.upstreamPoolClosed(reason: Departure.shutdown.rawValue, count: all.count) }
         for connection in all {
             let leg = connection.leg
             connection.channel.eventLoop.execute {

@@ -88,19 +88,23 @@ struct UpstreamPoolState<Connection> {
 
     /// A connection for `key` on `loop` verified under `generation`, counted as a hit; or
     /// nil, counted as a miss. The most recently parked entry that fits is chosen: an idle
-    /// one leaves the pool, a shared one stays (if `canShare` says it has room). Entries of
-    /// another generation met on the way (a list was put in force between the caller's read
-    /// of the generation and now) leave the pool and are handed back in `stale`, to be closed.
+    /// one leaves the pool, a shared one stays (if `canShare` says it has room). Entries met
+    /// on the way that cannot serve leave the pool and are handed back in `stale`, to be
+    /// closed: those of another generation (a list was put in force between the caller's
+    /// read of the generation and now) and those `isAlive` finds closed (their close is on
+    /// its way to the loop).
     mutating func take(_ key: UpstreamPoolKey, on loop: EventLoopID, generation: UInt64,
+                       isAlive: (Connection) -> Bool = { _ in true },
                        canShare: (Connection) -> Bool = { _ in true }) -> (connection: Connection?, stale: [Connection]) {
         let slot = Slot(key: key, loop: loop)
         var stale: [Connection] = []
         var index = (idle[slot]?.count ?? 0) - 1
         while index >= 0, let entry = idle[slot]?[index] {
-            if entry.generation != generation {
+            let departure: Departure? = entry.generation != generation ? .listChanged : (isAlive(entry.connection) ? nil : .peerClosed)
+            if let departure {
                 idle[slot]?.remove(at: index)
                 forget(entry.id, slot: slot)
-                counters.departed[.listChanged, default: 0] += 1
+                counters.departed[departure, default: 0] += 1
                 stale.append(entry.connection)
             } else if !entry.shared {
                 idle[slot]?.remove(at: index)
