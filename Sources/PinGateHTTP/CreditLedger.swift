@@ -25,6 +25,12 @@
 /// Anything that cannot be placed (a write reported for an account that has no such
 /// bytes outstanding) is counted in `unplaced`, never silently dropped: every test expects
 /// it to stay 0.
+///
+/// A sink that is gone was settled whole by `sinkGone`, and may still report on its way
+/// out: a write that fails inside the flush closes its channel re-entrantly (the router
+/// hears `clientClosed` and settles), and only then does the write return and report the
+/// bytes it took. Those reports are counted apart (`reportedAfterSinkGone`), not as
+/// unplaced: their credit went back once already, with everything else the sink held.
 struct CreditLedger {
     /// Which way body bytes go.
     enum Direction: Int, CaseIterable, Sendable {
@@ -63,6 +69,11 @@ struct CreditLedger {
     /// Bytes reported to the ledger that no account had outstanding: always 0 unless a
     /// side miscounts. Exported as a metric and asserted in tests.
     private(set) var unplaced = 0
+    /// Directions whose sink is gone, until a new one is attached (`sinkAttached`).
+    private var goneSinks: Set<Direction> = []
+    /// Bytes a gone sink reported after `sinkGone` had settled them: expected, harmless,
+    /// and kept apart from `unplaced` so a real miscount still shows.
+    private(set) var reportedAfterSinkGone = 0
     /// Body bytes taken and given back over the ledger's life, per direction (for tests
     /// and the soak: at quiescence the two are equal).
     private(set) var taken: [Direction: Int] = [.request: 0, .response: 0]
@@ -140,7 +151,11 @@ struct CreditLedger {
         guard bytes > 0 else { return nil }
         let key = Key(direction: direction, sinkID: sinkID)
         guard let account = accounts[key] else {
-            unplaced += bytes
+            if goneSinks.contains(direction) {
+                reportedAfterSinkGone += bytes
+            } else {
+                unplaced += bytes
+            }
             return nil
         }
         let available = account.outstanding - account.held
@@ -166,6 +181,7 @@ struct CreditLedger {
     /// The sink's connection is gone: nothing it took will be written, held bytes included.
     /// Every account of `direction` gives back all it has outstanding, and closes.
     mutating func sinkGone(_ direction: Direction) -> [Credit] {
+        goneSinks.insert(direction)
         var credits: [Credit] = []
         for (key, account) in accounts where key.direction == direction {
             var account = account
@@ -175,6 +191,12 @@ struct CreditLedger {
             accounts[key] = nil
         }
         return credits.sorted { $0.sourceID < $1.sourceID }
+    }
+
+    /// A new sink took over `direction` (a tunnel's new upstream connection): what it
+    /// reports is placed against its own accounts again.
+    mutating func sinkAttached(_ direction: Direction) {
+        goneSinks.remove(direction)
     }
 
     private mutating func give(_ bytes: Int, of account: inout Account, key: Key) -> Credit? {

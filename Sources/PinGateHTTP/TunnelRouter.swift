@@ -120,7 +120,11 @@ package final class TunnelRouter {
     /// Set by the tunnel's set-up once both sides exist; cleared when the tunnel ends,
     /// which is what breaks the sides' references back to the router.
     weak var client: (any TunnelClientSide)?
-    weak var upstream: (any TunnelUpstreamSide)?
+    weak var upstream: (any TunnelUpstreamSide)? {
+        // A new upstream connection is a new sink for request bodies: its reports count
+        // again, after the old one's were settled by `sinkGone`.
+        didSet { if let upstream, upstream !== oldValue { ledger.sinkAttached(.request) } }
+    }
     /// The client's connection, for when the upstream goes before the client's first bytes
     /// chose a client side (an origin that closes a connection nobody used yet, or answers
     /// before being asked): no side exists then to end it, and the client's leg stayed

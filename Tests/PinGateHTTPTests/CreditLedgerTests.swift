@@ -46,6 +46,28 @@ struct CreditLedgerTests {
         #expect(ledger.unplaced == 0)
     }
 
+    @Test("a sink that reports on its way out, after it was settled as gone (a write that failed and closed its channel inside the flush): nothing more is given back, it is counted apart from unplaced; a new sink's reports are placed again")
+    func reportsAfterTheSinkWentAway() {
+        var ledger = CreditLedger()
+        ledger.forwarded(.response, sourceID: 3, sinkID: 1, bytes: 65_536)
+        #expect(ledger.sinkGone(.response) == [Credit(direction: .response, sourceID: 3, bytes: 65_536)])
+        // The write returns and reports what it took: settled already.
+        #expect(ledger.wrote(.response, sinkID: 1, bytes: 65_536, writable: false) == nil)
+        #expect(ledger.discarded(.response, sinkID: 1, bytes: 10) == nil)
+        #expect(ledger.unplaced == 0)
+        #expect(ledger.reportedAfterSinkGone == 65_546)
+        #expect(ledger.given[.response] == 65_536)
+        // The other direction's sink is not gone: a report for no account is a miscount.
+        _ = ledger.wrote(.request, sinkID: 1, bytes: 5, writable: true)
+        #expect(ledger.unplaced == 5)
+        // A new upstream connection for requests after the old one went.
+        ledger.forwarded(.request, sourceID: 7, sinkID: 1, bytes: 20)
+        _ = ledger.sinkGone(.request)
+        ledger.sinkAttached(.request)
+        _ = ledger.wrote(.request, sinkID: 2, bytes: 4, writable: true)
+        #expect(ledger.unplaced == 9, "a report against the new sink with no account is a miscount again")
+    }
+
     @Test("what cannot be placed is counted, never dropped silently: a write for no account, or past what is outstanding")
     func unplaced() {
         var ledger = CreditLedger()
