@@ -7,8 +7,9 @@ Listens on LISTEN; for each connection it opens one to TARGET, waits one round t
 far TCP handshake a real client would wait for), then relays bytes both ways, each chunk
 released RTT/2 after it arrived: every exchange across it costs one more RTT, as over a
 real path of that round-trip time, with the order kept and throughput not capped. An end
-of stream is passed on, delayed the same. Prints `ready` once it listens. Standard library
-only; it runs until killed.
+of stream is passed on, delayed the same. Prints `{"event": "listening", "port": N}` and
+then `ready` once it listens (LISTEN's port may be 0: the line says which it got). Standard
+library only; it runs until killed.
 """
 
 import asyncio
@@ -64,6 +65,7 @@ async def main():
 
     host, port = listen.rsplit(":", 1)
     server = await asyncio.start_server(handle, host, int(port), backlog=1024)
+    print('{"event": "listening", "port": %d}' % server.sockets[0].getsockname()[1], flush=True)
     print("ready", flush=True)
     async with server:
         await server.serve_forever()

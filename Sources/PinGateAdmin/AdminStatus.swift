@@ -104,6 +104,16 @@ public struct AdminSnapshot: Sendable, Codable {
         /// New upstream connections opened inside such tunnels, by outcome (`connected`,
         /// `pooled`, or the refusal's reason token).
         public var upstreamReconnects: [String: Int] = [:]
+        /// Times an `h2` upstream stream's receive window grew past 64 KiB because its
+        /// client took the bytes faster than one window per round trip.
+        public var upstreamStreamWindowGrowths: Int = 0
+        /// The largest receive window an `h2` upstream stream reached (0: none grew).
+        public var upstreamStreamWindowLargestBytes: Int = 0
+        /// Times the gate gave its heap's free memory back to the system after a busy
+        /// spell, and the resident bytes released.
+        public var heapTrims: Int = 0
+        /// See `heapTrims`.
+        public var heapTrimReleasedBytes: Int = 0
     }
 
     /// One pin in `/pins`.
@@ -177,7 +187,10 @@ public struct AdminSnapshot: Sendable, Codable {
                 reportOnlyViolations: stats.reportOnlyViolations, requestsForwarded: stats.requestsForwarded,
                 requestsRefusedByReason: stats.requestsRefusedByReason,
                 requestsCancelledByClient: stats.requestsCancelledByClient, creditUnplacedBytes: stats.creditUnplacedBytes,
-                upstreamConnectionsLostInTunnels: stats.upstreamConnectionsLostInTunnels, upstreamReconnects: stats.upstreamReconnects),
+                upstreamConnectionsLostInTunnels: stats.upstreamConnectionsLostInTunnels, upstreamReconnects: stats.upstreamReconnects,
+                upstreamStreamWindowGrowths: stats.upstreamStreamWindowGrowths,
+                upstreamStreamWindowLargestBytes: stats.upstreamStreamWindowLargestBytes,
+                heapTrims: stats.heapTrims, heapTrimReleasedBytes: stats.heapTrimReleasedBytes),
             upstreamPool: gate.upstreamPool)
         var reason: String?
         if !usable {

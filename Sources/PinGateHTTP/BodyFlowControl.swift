@@ -6,7 +6,7 @@
 /// are the same bound.
 struct BodyFlowControl {
     /// How many body bytes may be handed over and not yet passed on before reading stops.
-    static let bytesInFlightLimit = 256 * 1024
+    static let bytesInFlightLimit = 64 * 1024
 
     private(set) var bytesInFlight = 0
     private var readHeld = false

@@ -61,15 +61,53 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler {
     /// True once the upstream's SETTINGS arrived (what it offers is then known).
     var peerSettingsReceived: Bool { wire.session.peerSettingsReceived }
 
+    /// Sizes each stream's receive window by what its client takes (`StreamWindowTuner`).
+    private var windows = StreamWindowTuner()
+    /// When the SETTINGS or PING now awaiting its acknowledgement went out, and the
+    /// acknowledgement count that will mark its return.
+    private var roundTripProbe: (sentAt: NIODeadline, settings: Bool, acknowledgedBefore: Int)?
+    private var lastRoundTripSample: NIODeadline?
+    private let roundTripSource: UpstreamRoundTripSource
+    /// The largest window a stream of this connection has had so far, and how often one
+    /// grew (the gate's statistics read these through the lanes' routers).
+    var largestStreamWindow: Int { windows.largestWindow }
+
     /// A connection on a fresh nghttp2 client session with `limits` (the preface is queued).
-    init(limits: HTTP2Session.Limits) throws(HTTP2Error) {
-        self.wire = HTTP2Wire(session: try HTTP2Session(role: .client, limits: limits))
+    /// Its streams start at `StreamWindowTuner.minimumWindow` whatever `limits` says (they
+    /// grow from there); the connection's window is large enough for many grown streams,
+    /// which the streams' own windows bound.
+    init(limits: HTTP2Session.Limits, roundTrip: UpstreamRoundTripSource) throws(HTTP2Error) {
+        self.roundTripSource = roundTrip
+        var upstreamLimits = limits
+        upstreamLimits.initialWindowSize = UInt32(StreamWindowTuner.minimumWindow)
+        upstreamLimits.connectionWindowSize = max(limits.connectionWindowSize, Int32(Self.connectionWindow))
+        self.wire = HTTP2Wire(session: try HTTP2Session(role: .client, limits: upstreamLimits))
     }
+
+    /// The connection's receive window: four streams at the largest window.
+    static let connectionWindow = 4 * StreamWindowTuner.maximumWindow
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
-        // The connection preface and SETTINGS go out at once (RFC 9113 §3.4).
+        // The connection preface and SETTINGS go out at once (RFC 9113 §3.4); through a
+        // parent proxy, their acknowledgement times the first round trip.
+        switch roundTripSource {
+        case .tcp: sampleTCPRoundTrip(context)
+        case .http2Ping: roundTripProbe = (context.eventLoop.now, true, wire.session.settingsAcknowledged)
+        }
         writeOutput(flush: true)
+    }
+
+    /// Reads the kernel's smoothed round trip for the connection (a system call, answered
+    /// on this loop).
+    private func sampleTCPRoundTrip(_ context: ChannelHandlerContext) {
+        #if os(Linux)
+        guard let provider = context.channel as? any SocketOptionProvider else { return }
+        provider.getTCPInfo().assumeIsolated().whenSuccess { [weak self] info in
+            // tcpi_rtt is in microseconds; 0 before any sample.
+            self?.windows.roundTripMeasured(Int64(info.tcpi_rtt) * 1_000)
+        }
+        #endif
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
@@ -254,13 +292,47 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler {
         }
         // For a stream that closed meanwhile nghttp2 reopens the connection window alone,
         // which is what the upstream is waiting for.
+        let streamID = Int32(id)
         do {
-            try wire.session.consumed(streamID: Int32(id), bytes: bytes)
+            try wire.session.consumed(streamID: streamID, bytes: bytes)
         } catch {
             lane.router?.creditNotApplied(bytes: bytes, detail: "\(error)")
         }
+        if let context, let window = windows.credited(streamID, bytes: bytes, now: Int64(clamping: context.eventLoop.now.uptimeNanoseconds)) {
+            // The client takes the bytes faster than one window per round trip: the window
+            // is what holds the stream back, so it grows (a WINDOW_UPDATE for the difference).
+            try? wire.session.setStreamReceiveWindow(streamID, bytes: window)
+            lane.router?.upstreamStreamWindowGrew(to: window)
+        }
         if !inReadBurst { writeOutput(flush: true) }
     }
+
+    /// Keeps the round trip measured while streams are open, at most every `pingInterval`:
+    /// the kernel's again, or (through a parent proxy) a PING, timed when the acknowledgement
+    /// awaited has come. The smallest round trip seen is the one used.
+    private func timeRoundTrip(now: NIODeadline) {
+        if roundTripSource == .tcp {
+            guard windows.meteredStreams > 0, lastRoundTripSample.map({ now - $0 >= Self.pingInterval }) ?? true, let context else { return }
+            lastRoundTripSample = now
+            sampleTCPRoundTrip(context)
+            return
+        }
+        if let probe = roundTripProbe {
+            let count = probe.settings ? wire.session.settingsAcknowledged : wire.session.pingsAcknowledged
+            guard count > probe.acknowledgedBefore else { return }
+            windows.roundTripMeasured((now - probe.sentAt).nanoseconds)
+            roundTripProbe = nil
+        }
+        guard windows.meteredStreams > 0, lastRoundTripSample.map({ now - $0 >= Self.pingInterval }) ?? true else { return }
+        let before = wire.session.pingsAcknowledged
+        guard (try? wire.session.ping()) != nil else { return }
+        lastRoundTripSample = now
+        roundTripProbe = (now, false, before)
+    }
+
+    /// How often a PING (or a TCP_INFO read) re-measures the round trip while streams are
+    /// open.
+    static let pingInterval = TimeAmount.seconds(2)
 
     func flush() {
         writeOutput(flush: true)
@@ -281,6 +353,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler {
         switch wire.receive(buffer) {
         case .success(let events):
             reportDiscardedBodies()
+            timeRoundTrip(now: context.eventLoop.now)
             for event in events { handle(event, input: buffer) }
             if wire.session.peerSettingsReceived, let waiting = onPeerSettings {
                 onPeerSettings = nil
@@ -304,6 +377,8 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler {
             var head = ExchangeResponseHead(status: status, headers: HTTP2Wire.headers(fields))
             if status >= 200 {
                 answeredStreams.insert(streamID)
+                // The stream exists on both ends now: its window is measured from here.
+                windows.streamOpened(streamID)
                 if let tunnel = tunnelStreams.removeValue(forKey: streamID) {
                     if (200..<300).contains(status) {
                         // RFC 8441 §4: a 2xx opens the tunnel; the stream's DATA is the protocol.
@@ -331,6 +406,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler {
             }
             if endStream { router(streamID)?.responseEnd(id, trailers: nil) }
         case .streamClosed(let streamID, let errorCode):
+            windows.streamClosed(streamID)
             answeredStreams.remove(streamID)
             sendingStreams.remove(streamID)
             tunnelStreams.removeValue(forKey: streamID)

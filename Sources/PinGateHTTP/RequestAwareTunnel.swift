@@ -42,6 +42,7 @@ package enum RequestAwareTunnel {
         client: Channel, clientGlue: GlueHandler, clientProtocol: String?,
         upstream: Channel, upstreamLeg: UpstreamLeg, upstreamProtocol: String?,
         limits: HTTP2Session.Limits,
+        roundTrip: UpstreamRoundTripSource,
         settingsTimeout: TimeAmount,
         router: TunnelRouter,
         makeGlue: @escaping (_ clientSide: Bool) -> GlueHandler
@@ -94,7 +95,8 @@ package enum RequestAwareTunnel {
         case .fresh(let upstreamGlue):
             upstreamEarly = upstreamGlue.takeUnpaired()
             upstreamPipeline.removeHandler(upstreamGlue, promise: nil)
-            http2Upstream = try addUpstreamSide(to: upstream, protocol: upstreamProtocol, router: router, limits: limits)
+            http2Upstream = try addUpstreamSide(to: upstream, protocol: upstreamProtocol, router: router, limits: limits,
+                                                roundTrip: roundTrip)
         case .pooled(let pooled):
             // Kept from an earlier tunnel: its side (codecs, or nghttp2 session with the
             // upstream's SETTINGS long in) serves this tunnel's router from now on.
@@ -166,10 +168,10 @@ package enum RequestAwareTunnel {
     /// Puts the HTTP side for `protocol` on a fresh upstream connection's pipeline, as
     /// `router`'s upstream; returns it when it is an HTTP/2 side.
     private static func addUpstreamSide(to upstream: Channel, protocol upstreamProtocol: String?, router: TunnelRouter,
-                                        limits: HTTP2Session.Limits) throws -> HTTP2UpstreamSide? {
+                                        limits: HTTP2Session.Limits, roundTrip: UpstreamRoundTripSource) throws -> HTTP2UpstreamSide? {
         let pipeline = upstream.pipeline.syncOperations
         if upstreamProtocol == "h2" {
-            let connection = try HTTP2UpstreamSide(limits: limits)
+            let connection = try HTTP2UpstreamSide(limits: limits, roundTrip: roundTrip)
             try pipeline.addHandler(connection)
             router.upstream = connection.addLane(router: router)
             return connection
@@ -200,7 +202,8 @@ package enum RequestAwareTunnel {
     /// the tunnel's router, and what the glue held is replayed.
     /// The router then sends it the requests that waited.
     package static func replaceUpstream(router: TunnelRouter, upstream: Channel, upstreamLeg: UpstreamLeg,
-                                        upstreamProtocol: String?, limits: HTTP2Session.Limits) throws {
+                                        upstreamProtocol: String?, limits: HTTP2Session.Limits,
+                                        roundTrip: UpstreamRoundTripSource) throws {
         guard let client = router.clientChannel, let upgradable = router.upgradableClient, let makeGlue = router.makeRelayGlue else {
             throw RequestAwareTunnelError.notInstalled
         }
@@ -209,7 +212,7 @@ package enum RequestAwareTunnel {
         case .fresh(let upstreamGlue):
             early = upstreamGlue.takeUnpaired()
             upstream.pipeline.syncOperations.removeHandler(upstreamGlue, promise: nil)
-            _ = try addUpstreamSide(to: upstream, protocol: upstreamProtocol, router: router, limits: limits)
+            _ = try addUpstreamSide(to: upstream, protocol: upstreamProtocol, router: router, limits: limits, roundTrip: roundTrip)
             // A fresh connection: its failure before an answer is not a reused one's.
             router.upstreamReused = false
         case .pooled(let pooled):

@@ -36,6 +36,9 @@ package final class TunnelRouter {
         package var ended: () -> Void = {}
         /// The upstream connection of a tunnel that reconnects went while the client's stayed.
         package var upstreamLost: () -> Void = {}
+        /// An `h2` upstream stream's receive window grew to `window` bytes, because its
+        /// client took the bytes faster than one window per round trip (`StreamWindowTuner`).
+        package var upstreamStreamWindowGrew: (_ window: Int) -> Void = { _ in }
 
         /// An observer calling these; the ones left out do nothing.
         package init(refused: @escaping (_ reason: RequestRefusal, _ authority: String, _ detail: String) -> Void,
@@ -665,6 +668,11 @@ package final class TunnelRouter {
             return
         }
         client?.requestBodyQueued(id, bytes: bytes)
+    }
+
+    /// One of this tunnel's `h2` upstream streams was given a larger receive window.
+    func upstreamStreamWindowGrew(to window: Int) {
+        observer.upstreamStreamWindowGrew(window)
     }
 
     /// The upstream's channel is writable again.

@@ -164,6 +164,13 @@ public final class HTTP2Session {
     /// reports RFC 9113's defaults, not what the peer chose).
     public private(set) var peerSettingsReceived = false
 
+    /// How many SETTINGS acknowledgements (of this session's own SETTINGS) and PING
+    /// acknowledgements (of its own PINGs) have arrived: the owner times the round trips
+    /// between sending and these counts moving.
+    public private(set) var settingsAcknowledged = 0
+    /// See `settingsAcknowledged`.
+    public private(set) var pingsAcknowledged = 0
+
     /// True when the peer advertised SETTINGS_ENABLE_CONNECT_PROTOCOL = 1 (RFC 8441 §3):
     /// only then may this client session open extended CONNECT streams toward it.
     public var peerEnablesConnectProtocol: Bool {
@@ -511,6 +518,28 @@ public final class HTTP2Session {
         }
     }
 
+    /// Sets `streamID`'s receive window to `bytes`: a larger one is opened with a
+    /// WINDOW_UPDATE for the difference, a smaller one takes effect as credit comes back.
+    /// A stream that is not open (not sent yet, or closed) is left alone.
+    public func setStreamReceiveWindow(_ streamID: Int32, bytes: Int) throws(HTTP2Error) {
+        let size = Int32(clamping: bytes)
+        let result = nghttp2_session_set_local_window_size(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID, size)
+        guard result == 0 else { throw HTTP2Error(code: result, operation: "setting stream \(streamID)'s receive window to \(bytes) bytes") }
+    }
+
+    /// The receive window `streamID` is set to (not what is left of it), or nil when the
+    /// stream is not open.
+    public func streamReceiveWindowSize(_ streamID: Int32) -> Int? {
+        let size = nghttp2_session_get_stream_effective_local_window_size(session, streamID)
+        return size < 0 ? nil : Int(size)
+    }
+
+    /// Queues a PING (its acknowledgement moves `pingsAcknowledged`).
+    public func ping() throws(HTTP2Error) {
+        let result = nghttp2_submit_ping(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), nil)
+        guard result == 0 else { throw HTTP2Error(code: result, operation: "sending PING") }
+    }
+
     /// Sends GOAWAY with `errorCode` (0: no error) and stops accepting new streams.
     public func goAway(errorCode: UInt32) throws(HTTP2Error) {
         let last = nghttp2_session_get_last_proc_stream_id(session)
@@ -642,6 +671,10 @@ public final class HTTP2Session {
                 owner.events.append(.data(streamID: header.stream_id, bytes: .copied([]), endStream: true))
             case Int(NGHTTP2_SETTINGS.rawValue) where header.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) == 0:
                 owner.peerSettingsReceived = true
+            case Int(NGHTTP2_SETTINGS.rawValue):
+                owner.settingsAcknowledged += 1
+            case Int(NGHTTP2_PING.rawValue) where header.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) != 0:
+                owner.pingsAcknowledged += 1
             case Int(NGHTTP2_GOAWAY.rawValue):
                 let goAway = frame.pointee.goaway
                 owner.events.append(.goAway(lastStreamID: goAway.last_stream_id, errorCode: goAway.error_code))

@@ -212,6 +212,7 @@ struct RunCommand: AsyncParsableCommand {
             server.onStopping { await adminServer.close() }
         }
         services.append(server)
+        services.append(HeapTrimmer(statistics: server.statistics))
         if let updater = server.updater { services.append(updater) }
         services.append(ListReloadOnHangup(signals: hangups, updater: server.updater, logger: logger))
         let group = ServiceGroup(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)

@@ -299,6 +299,17 @@ async def load(args):
         limit = asyncio.Semaphore(args.parallel or args.count)
         opened = asyncio.Event()
         ready = 0
+        # The gate's RSS: before, at its peak during the phase (sampled every 50 ms), right
+        # after every tunnel closed, and the least it came down to over --settle seconds
+        # after (memory given back, e.g. the gate's heap trim after a busy spell).
+        rss = {"before": rss_kib(args.gate_pid) if args.gate_pid else 0, "peak": 0}
+        done = asyncio.Event()
+
+        async def sample():
+            while not done.is_set():
+                rss["peak"] = max(rss["peak"], rss_kib(args.gate_pid))
+                await asyncio.sleep(0.05)
+        sampler = asyncio.ensure_future(sample()) if args.gate_pid else None
 
         async def one():
             nonlocal ready
@@ -323,9 +334,24 @@ async def load(args):
             finally:
                 close(writer)
         results = await asyncio.gather(*[one() for _ in range(args.count)])
+        seconds = round(time.monotonic() - started, 2)
+        done.set()
+        memory = {}
+        if sampler:
+            await sampler
+            await asyncio.sleep(0.5)  # the gate hears the last closes
+            memory = {"gate_rss_kib_before": rss["before"], "gate_rss_kib_peak": rss["peak"],
+                      "gate_rss_kib_after_close": rss_kib(args.gate_pid)}
+            settled = memory["gate_rss_kib_after_close"]
+            deadline = time.monotonic() + args.settle
+            while time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
+                settled = min(settled, rss_kib(args.gate_pid))
+            memory["gate_rss_kib_settled"] = settled
+            memory["settle_seconds"] = args.settle
         print(json.dumps({"phase": "concurrent", "tunnels": args.count, "parallel_opens": args.parallel or args.count,
                           "bytes_each": args.size, "exact": sum(results), "errors": len(errors),
-                          "error_kinds": sorted(set(errors))[:5], "seconds": round(time.monotonic() - started, 2)}), flush=True)
+                          "error_kinds": sorted(set(errors))[:5], "seconds": seconds, **memory}), flush=True)
     elif args.phase == "idle":
         baseline_rss = rss_kib(args.gate_pid)
         baseline_smaps = smaps_rollup(args.gate_pid)
@@ -451,6 +477,8 @@ def main():
     sub.choices["load"].add_argument("--size", type=int, default=16384)
     sub.choices["load"].add_argument("--parallel", type=int, default=0, help="connections opened at a time (0: all)")
     sub.choices["load"].add_argument("--mark", default="")
+    sub.choices["load"].add_argument("--settle", type=float, default=0,
+                                     help="concurrent: seconds to watch the gate's RSS come down after the tunnels closed")
     args = parser.parse_args()
     asyncio.run({"origin": origin, "fault": fault, "load": load}[args.command](args))
 

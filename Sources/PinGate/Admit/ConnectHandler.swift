@@ -484,6 +484,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             cancelledByClient: { facts.cancelledByClient() },
             ended: { facts.ended() })
         observer.upstreamLost = { facts.upstreamLost() }
+        observer.upstreamStreamWindowGrew = { facts.upstreamStreamWindowGrew(to: $0) }
         let router = TunnelRouter(binding: binding, clientUsesStreamIDs: clientALPN == "h2", observer: observer, now: environment.now)
         if environment.pool != nil { router.releaseUpstream = { facts.release($0) } }
         if upstream.fromPool {
@@ -498,7 +499,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         try RequestAwareTunnel.install(
             client: context.channel, clientGlue: clientGlue, clientProtocol: clientALPN,
             upstream: upstream.channel, upstreamLeg: upstream.leg.value, upstreamProtocol: upstream.peer.alpn,
-            limits: environment.configuration.http2Limits,
+            limits: environment.configuration.http2Limits, roundTrip: environment.configuration.upstreamRoundTripSource,
             settingsTimeout: environment.configuration.upstreamHandshakeTimeout,
             router: router,
             makeGlue: { facts.makeGlue(clientSide: $0) })
@@ -726,7 +727,8 @@ private final class HTTPTunnelFacts {
             let chain = ConnectHandler.chainCheck(pooled)
             if environment.verdict(host: host, on: pooled).isTrusted, (try? RequestAwareTunnel.replaceUpstream(router: router, upstream: pooled.channel, upstreamLeg: pooled.leg.value,
                                                                            upstreamProtocol: pooled.peer.alpn,
-                                                                           limits: environment.configuration.http2Limits)) != nil {
+                                                                           limits: environment.configuration.http2Limits,
+                                                                           roundTrip: environment.configuration.upstreamRoundTripSource)) != nil {
                 adopt(pooled, generation: generation, chain: chain, client: clientChannel, parked: pooled.leg.value.isShared)
                 environment.statistics.upstreamReconnected("pooled")
                 done(.connected)
@@ -753,7 +755,8 @@ private final class HTTPTunnelFacts {
                     do {
                         try RequestAwareTunnel.replaceUpstream(router: router, upstream: upstream.channel, upstreamLeg: .fresh(glue),
                                                                upstreamProtocol: upstream.peer.alpn,
-                                                               limits: self.environment.configuration.http2Limits)
+                                                               limits: self.environment.configuration.http2Limits,
+                                                               roundTrip: self.environment.configuration.upstreamRoundTripSource)
                     } catch {
                         upstream.channel.close(promise: nil)
                         refuse(.internalError("cannot set up the new upstream connection: \(error)"))
@@ -840,6 +843,8 @@ private final class HTTPTunnelFacts {
     func forwarded() { environment.statistics.requestForwarded() }
 
     func upstreamLost() { environment.statistics.upstreamLostInTunnel() }
+
+    func upstreamStreamWindowGrew(to window: Int) { environment.statistics.upstreamStreamWindowGrew(to: window) }
 
     func cancelledByClient() { environment.statistics.requestCancelledByClient() }
 

@@ -25,6 +25,7 @@ public final class GateMetrics: Sendable {
     private let poolHits: Counter
     private let poolMisses: Counter
     private let poolIdle: Gauge
+    private let streamWindowGrowths: Counter
     /// Counters with labels made as they are first needed, by label and dimension values.
     private let labelled = Mutex<[String: Counter]>([:])
 
@@ -46,6 +47,7 @@ public final class GateMetrics: Sendable {
         poolHits = Counter(label: "pingate_upstream_pool_checkouts_total", dimensions: [("result", "hit")], factory: factory)
         poolMisses = Counter(label: "pingate_upstream_pool_checkouts_total", dimensions: [("result", "miss")], factory: factory)
         poolIdle = Gauge(label: "pingate_upstream_pool_idle_connections", factory: factory)
+        streamWindowGrowths = Counter(label: "pingate_upstream_stream_window_growths_total", factory: factory)
         requestsForwarded = Counter(label: "pingate_requests_total", dimensions: [("outcome", "forwarded"), ("reason", "trusted")],
                                     factory: factory)
     }
@@ -90,6 +92,8 @@ public final class GateMetrics: Sendable {
     func upstreamSessionResumed() { upstreamResumptions.increment() }
     /// Flow-control credit (bytes) the HTTP layer could not place.
     func creditUnplaced(_ bytes: Int) { creditUnplacedBytes.increment(by: bytes) }
+    /// `pingate_upstream_stream_window_growths_total`: an `h2` upstream stream's window grew.
+    func upstreamStreamWindowGrew() { streamWindowGrowths.increment() }
     func clientHandshakeFailed() { clientHandshakeFailures.increment() }
     func clientHandshakeTimedOut() { clientHandshakeTimeouts.increment() }
 

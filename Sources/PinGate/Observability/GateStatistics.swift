@@ -25,6 +25,16 @@ public final class GateStatistics: Sendable {
         /// New upstream connections opened inside such tunnels, by outcome ("connected", or
         /// the refusal's reason token).
         public var upstreamReconnects: [String: Int] = [:]
+        /// Times an `h2` upstream stream's receive window grew past its starting 64 KiB
+        /// because its client kept up (`StreamWindowTuner`), and the largest it reached.
+        public var upstreamStreamWindowGrowths: Int = 0
+        /// See `upstreamStreamWindowGrowths`; 0 while none grew.
+        public var upstreamStreamWindowLargestBytes: Int = 0
+        /// Times the heap's free memory was given back after a busy spell (`HeapTrimmer`),
+        /// and the resident bytes those trims released.
+        public var heapTrims: Int = 0
+        /// See `heapTrims`.
+        public var heapTrimReleasedBytes: Int = 0
         /// Client-side TLS handshakes that failed after a 200.
         public var clientHandshakeFailures: Int = 0
         /// Client-side TLS handshakes that did not finish within the deadline after a 200.
@@ -119,7 +129,20 @@ public final class GateStatistics: Sendable {
         state.withLock { $0.creditUnplacedBytes += bytes }
         metrics.creditUnplaced(bytes)
     }
+    func heapTrimmed(released: Int) {
+        state.withLock {
+            $0.heapTrims += 1
+            $0.heapTrimReleasedBytes += released
+        }
+    }
     func upstreamLostInTunnel() { state.withLock { $0.upstreamConnectionsLostInTunnels += 1 } }
+    func upstreamStreamWindowGrew(to window: Int) {
+        state.withLock {
+            $0.upstreamStreamWindowGrowths += 1
+            $0.upstreamStreamWindowLargestBytes = max($0.upstreamStreamWindowLargestBytes, window)
+        }
+        metrics.upstreamStreamWindowGrew()
+    }
     func upstreamReconnected(_ outcome: String) {
         state.withLock { $0.upstreamReconnects[outcome, default: 0] += 1 }
         metrics.upstreamReconnect(outcome: outcome)

@@ -1,3 +1,4 @@
+import PinGateHTTP
 import Foundation
 import NIOCore
 import PinGateHTTP2
@@ -51,6 +52,10 @@ public struct GateConfiguration: Sendable {
     /// A parent HTTP proxy that upstream connections go through (CONNECT), as in
     /// corporate networks. The pin check still applies end to end.
     public var upstreamProxy: ParentProxy?
+
+    /// Where an `h2` upstream's round trip is read from for sizing its streams' windows:
+    /// the TCP connection's own, unless a parent proxy is its peer.
+    var upstreamRoundTripSource: UpstreamRoundTripSource { upstreamProxy == nil ? .tcp : .http2Ping }
     /// Where pin-failure reports are POSTed (TrustKit-style JSON); empty: no reports.
     public var reportURIs: [URL] = []
     /// Roots the report collectors' chains must reach.
