@@ -293,12 +293,17 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler {
         // For a stream that closed meanwhile nghttp2 reopens the connection window alone,
         // which is what the upstream is waiting for.
         let streamID = Int32(id)
+        // Read before the credit reopens it: whether the upstream had (nearly) run out.
+        let upstreamWaiting = windows.window(of: streamID).map { window in
+            (wire.session.streamReceiveWindowRemaining(streamID) ?? window) < window / 4
+        } ?? false
         do {
             try wire.session.consumed(streamID: streamID, bytes: bytes)
         } catch {
             lane.router?.creditNotApplied(bytes: bytes, detail: "\(error)")
         }
-        if let context, let window = windows.credited(streamID, bytes: bytes, now: Int64(clamping: context.eventLoop.now.uptimeNanoseconds)) {
+        if let context, let window = windows.credited(streamID, bytes: bytes, now: Int64(clamping: context.eventLoop.now.uptimeNanoseconds),
+                                                      upstreamWaiting: upstreamWaiting) {
             // The client takes the bytes faster than one window per round trip: the window
             // is what holds the stream back, so it grows (a WINDOW_UPDATE for the difference).
             try? wire.session.setStreamReceiveWindow(streamID, bytes: window)

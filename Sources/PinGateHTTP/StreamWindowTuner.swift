@@ -30,6 +30,9 @@ struct StreamWindowTuner {
     static let minimumWindow = 64 * 1024
     /// The largest window a stream grows to: 200 MB/s at a 20 ms round trip.
     static let maximumWindow = 4 << 20
+    /// The largest window a stream grows to on a short path whose upstream still waits for
+    /// credit while the client keeps up (the gate's own cycle is the round trip).
+    static let busyLoopWindow = 256 << 10
     /// A rate is measured over at least this long, and over at least two round trips:
     /// shorter, it would measure one burst.
     static let minimumPeriodNanoseconds: Int64 = 5_000_000
@@ -45,6 +48,7 @@ struct StreamWindowTuner {
         var window: Int
         var periodStart: Int64?
         var credited = 0
+        var upstreamWaited = false
     }
 
     private var meters: [Int32: Meter] = [:]
@@ -73,7 +77,10 @@ struct StreamWindowTuner {
 
     /// `bytes` of `streamID`'s response were taken by the client at `now`. Returns the
     /// stream's new window when it should grow, else nil.
-    mutating func credited(_ streamID: Int32, bytes: Int, now: Int64) -> Int? {
+    ///   - upstreamWaiting: whether, before this credit, the upstream had less than a
+    ///     quarter of the stream's window left to send with (it was, or was about to be,
+    ///     waiting for this credit).
+    mutating func credited(_ streamID: Int32, bytes: Int, now: Int64, upstreamWaiting: Bool = false) -> Int? {
         guard bytes > 0, var meter = meters[streamID] else { return nil }
         defer { meters[streamID] = meter }
         guard let start = meter.periodStart else {
@@ -82,19 +89,33 @@ struct StreamWindowTuner {
             return nil
         }
         meter.credited += bytes
-        guard let roundTrip = roundTripNanoseconds else { return nil }
+        meter.upstreamWaited = meter.upstreamWaited || upstreamWaiting
         let elapsed = now - start
-        guard elapsed >= max(Self.minimumPeriodNanoseconds, 2 * roundTrip) else { return nil }
+        guard elapsed >= max(Self.minimumPeriodNanoseconds, 2 * (roundTripNanoseconds ?? 0)) else { return nil }
         meter.periodStart = now
         let credited = meter.credited
+        let upstreamWaited = meter.upstreamWaited
         meter.credited = 0
-        // What the client took per round trip at the rate just measured: the bytes that must
-        // be in flight for that rate. Once that is most of the window (three quarters, as
-        // gRPC's estimator has it: a window-bound stream measures close to all of it), the
-        // window is what holds the stream back, and it doubles; short of that it stays.
-        let inFlight = Double(credited) * Double(roundTrip) / Double(elapsed)
-        guard inFlight * 4 >= Double(meter.window * 3), meter.window < Self.maximumWindow else { return nil }
-        meter.window = min(Self.maximumWindow, 2 * meter.window)
+        meter.upstreamWaited = false
+        var limit = 0
+        if let roundTrip = roundTripNanoseconds {
+            // What the client took per round trip at the rate just measured: the bytes that
+            // must be in flight for that rate. Once that is most of the window (three
+            // quarters, as gRPC's estimator has it: a window-bound stream measures close to
+            // all of it), the window is what holds the stream back on this path.
+            let inFlight = Double(credited) * Double(roundTrip) / Double(elapsed)
+            if inFlight * 4 >= Double(meter.window * 3) { limit = Self.maximumWindow }
+        }
+        if upstreamWaited && credited >= meter.window {
+            // The path is short, but the loop is not: the upstream ran out of window while
+            // the client took a whole window or more in the period. The gate's own
+            // processing is the round trip then, and a window per cycle makes a cycle per
+            // 64 KiB (about 1 s more CPU per GB, bridged, in `scripts/bench`). Up to
+            // `busyLoopWindow`, which amortises that and no more.
+            limit = max(limit, Self.busyLoopWindow)
+        }
+        guard meter.window < limit else { return nil }
+        meter.window = min(limit, 2 * meter.window)
         growths += 1
         largestWindow = max(largestWindow, meter.window)
         return meter.window

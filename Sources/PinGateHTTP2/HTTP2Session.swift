@@ -527,6 +527,13 @@ public final class HTTP2Session {
         guard result == 0 else { throw HTTP2Error(code: result, operation: "setting stream \(streamID)'s receive window to \(bytes) bytes") }
     }
 
+    /// What the peer may still send on `streamID` before it needs a WINDOW_UPDATE, or nil
+    /// when the stream is not open.
+    public func streamReceiveWindowRemaining(_ streamID: Int32) -> Int? {
+        let size = nghttp2_session_get_stream_local_window_size(session, streamID)
+        return size < 0 ? nil : Int(size)
+    }
+
     /// The receive window `streamID` is set to (not what is left of it), or nil when the
     /// stream is not open.
     public func streamReceiveWindowSize(_ streamID: Int32) -> Int? {

@@ -61,6 +61,29 @@ struct StreamWindowTunerTests {
         #expect(tuner.growths == 0)
     }
 
+    @Test("on a short path where the upstream still runs out of window while the client takes a window or more per period (the gate's own loop is the round trip), the window doubles up to 256 KiB and no further; without the upstream waiting, or with a client that takes less, it stays")
+    func busyLoop() {
+        func run(waiting: Bool, bytesPerMillisecond: Int) -> StreamWindowTuner {
+            var tuner = StreamWindowTuner()
+            tuner.roundTripMeasured(40_000)
+            tuner.streamOpened(1)
+            var now: Int64 = 0
+            for _ in 0..<2_000 {
+                now += Self.millisecond
+                _ = tuner.credited(1, bytes: bytesPerMillisecond, now: now, upstreamWaiting: waiting)
+            }
+            return tuner
+        }
+        // 300 MB/s, the upstream waiting: 64 -> 128 -> 256 KiB, then no more.
+        let busy = run(waiting: true, bytesPerMillisecond: 300_000)
+        #expect(busy.window(of: 1) == StreamWindowTuner.busyLoopWindow)
+        #expect(busy.growths == 2)
+        // The same rate with the upstream never short of window: nothing to gain.
+        #expect(run(waiting: false, bytesPerMillisecond: 300_000).window(of: 1) == Self.minimum)
+        // A client that takes 10 KB a millisecond (50 KB per 5 ms period, less than a window).
+        #expect(run(waiting: true, bytesPerMillisecond: 10_000).window(of: 1) == Self.minimum)
+    }
+
     @Test("a client slower than one window per round trip (1 MB/s at 20 ms), one that stops, and a stream with no round trip measured yet keep 64 KiB")
     func slowStoppedOrUnmeasured() {
         var slow = StreamWindowTuner()
@@ -118,7 +141,7 @@ struct StreamWindowTunerTests {
                 default:
                     now += Int64(code % 20_000) * 1_000
                     let bytes = code % 300_000
-                    if let grown = tuner.credited(stream, bytes: bytes, now: now) {
+                    if let grown = tuner.credited(stream, bytes: bytes, now: now, upstreamWaiting: code % 11 < 5) {
                         let before = windows[stream] ?? 0
                         #expect(windows[stream] != nil, "a window for a stream that is not open")
                         #expect(grown == min(2 * before, Self.maximum), "\(before) -> \(grown)")

@@ -63,11 +63,21 @@ public enum TestProcess {
     public static func resolve(_ name: String) throws -> String {
         if name.hasPrefix("/") { return name }
         let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"
-        for directory in path.split(separator: ":").map(String.init) + ["/usr/sbin", "/sbin"] {
+        // The virtual environment scripts/bootstrap made, when the python3 on PATH lacked
+        // the peers' modules, comes first (as scripts/python-env.sh puts it first).
+        for directory in [virtualEnvironmentBin] + path.split(separator: ":").map(String.init) + ["/usr/sbin", "/sbin"] {
             let candidate = "\(directory)/\(name)"
             if FileManager.default.isExecutableFile(atPath: candidate) { return candidate }
         }
         throw TestFailure("\(name) is not installed (run scripts/bootstrap)")
+    }
+
+    /// `bin` of the virtual environment for the Python peers: `PINGATE_VENV`, else `.venv`
+    /// in the project root.
+    public static var virtualEnvironmentBin: String {
+        if let venv = ProcessInfo.processInfo.environment["PINGATE_VENV"], !venv.isEmpty { return venv + "/bin" }
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        return root.appendingPathComponent(".venv/bin").path
     }
 
     /// The `pingate` executable built next to this test bundle.

@@ -66,6 +66,9 @@ struct HarnessTests {
         "python3 -c 'import os, requests; r = requests.post(os.environ[\"PINGATE_TARGET\"], data={\"password\": \"hunter2\"}, timeout=20); r.raise_for_status()'",
     ])
     func appLegs(app: String) async throws {
+        // The python3 the peers use (scripts/bootstrap's virtual environment when it made
+        // one), not whichever comes first on PATH.
+        let app = app.hasPrefix("python3 ") ? (try TestProcess.resolve("python3")) + app.dropFirst("python3".count) : app
         let (report, applicationBytes) = try await Target.with { target in
             let report = try await HarnessRunner.run(try target.configuration(app: app), logger: GateFixture.quietLogger)
             return (report, target.origin.observed.applicationBytes)

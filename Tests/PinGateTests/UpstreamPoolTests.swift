@@ -40,6 +40,7 @@ struct UpstreamPoolTests {
         await eventually(timeout: timeout) { gate.server.upstreamPool?.idle == count }
     }
 
+    @discardableResult
     static func fetch(_ gate: GateFixture, _ nginx: NginxOrigin, _ extra: [String] = []) async throws -> CurlResult {
         let result = try await curlThroughGate(gate, url(nginx), extra)
         #expect(result.exitStatus == 0 && result.httpCode == "200" && result.body == Self.body, "\(result.httpCode) \(result.stderr)")
