@@ -62,7 +62,7 @@ struct ConfigFile: Decodable {
         var waitSeconds: Int?
         var fallback: String?
 
-        enum CodingKeys: String, CodingKey {
+        enum CodingKeys: String, CodingKey, CaseIterable {
             case source, keys, format, fallback
             case appName = "app-name"
             case serverCA = "server-ca"
@@ -80,7 +80,7 @@ struct ConfigFile: Decodable {
         var tokenFile: String?
         var allowedHosts: [String]?
 
-        enum CodingKeys: String, CodingKey {
+        enum CodingKeys: String, CodingKey, CaseIterable {
             case listen, token
             case tokenFile = "token-file"
             case allowedHosts = "allowed-hosts"
@@ -114,7 +114,7 @@ struct ConfigFile: Decodable {
     var allowPrivateDestinations: Bool?
     var upstreamSessionResumption: Bool?
 
-    enum CodingKeys: String, CodingKey {
+    enum CodingKeys: String, CodingKey, CaseIterable {
         case listen, admin
         case decisionLog = "decision-log"
         case requestLog = "request-log"
@@ -155,6 +155,13 @@ struct ConfigFile: Decodable {
             file = try YAMLDecoder().decode(ConfigFile.self, from: text)
         } catch {
             throw ConfigurationError("config file \(path) is not valid: \(error)")
+        }
+        // A key the gate does not know is a typo or a key of another version, and either way
+        // the gate would run without what it says (`pin:` for `pins:` refuses every CONNECT).
+        if let unknown = try? ConfigKeys.unknownKeys(in: text).first {
+            let hint = unknown.suggestion.map { "did you mean \($0)?" }
+                ?? "the keys known there are \(unknown.known.joined(separator: ", "))"
+            throw ConfigurationError("config file \(path), line \(unknown.line): unknown key '\(unknown.path)'; \(hint) Correct or remove it.")
         }
         let base = (path as NSString).deletingLastPathComponent
         func resolve(_ relative: String) -> String { PathText.resolve(relative, against: base) }
@@ -213,5 +220,68 @@ enum PathText {
             return (xdg as NSString).appendingPathComponent("pingate")
         }
         return ("~/.local/state/pingate" as NSString).expandingTildeInPath
+    }
+}
+
+/// The keys a config file may use, and the ones it uses that the gate does not know.
+enum ConfigKeys {
+    /// A key in the file that no part of the configuration has.
+    struct Unknown: Equatable {
+        /// Where it is: `pin`, or `pins.sourc` inside a section.
+        var path: String
+        /// Its line in the file (1-based).
+        var line: Int
+        /// The nearest known key at the same level, when one is close enough to be a typo.
+        var suggestion: String?
+        /// The keys known at that level.
+        var known: [String]
+    }
+
+    static let topLevel = ConfigFile.CodingKeys.allCases.map(\.rawValue)
+    static let sections: [String: [String]] = [
+        "pins": ConfigFile.Pins.CodingKeys.allCases.map(\.rawValue),
+        "admin": ConfigFile.Admin.CodingKeys.allCases.map(\.rawValue),
+    ]
+
+    /// Every unknown key in `text`, in file order (the top level and the `pins` and
+    /// `admin` sections).
+    static func unknownKeys(in text: String) throws -> [Unknown] {
+        guard let root = try Yams.compose(yaml: text)?.mapping else { return [] }
+        var unknown: [Unknown] = []
+        for (key, value) in root {
+            guard let name = key.string else { continue }
+            if !topLevel.contains(name) {
+                unknown.append(Unknown(path: name, line: key.mark?.line ?? 0, suggestion: nearest(name, in: topLevel), known: topLevel))
+            } else if let known = sections[name], let section = value.mapping {
+                for (inner, _) in section {
+                    guard let innerName = inner.string, !known.contains(innerName) else { continue }
+                    unknown.append(Unknown(path: "\(name).\(innerName)", line: inner.mark?.line ?? 0,
+                                           suggestion: nearest(innerName, in: known).map { "\(name).\($0)" }, known: known))
+                }
+            }
+        }
+        return unknown
+    }
+
+    /// The known key nearest to `name` by edit distance, when it is within a third of the
+    /// name's length (at least 2 edits): close enough to be a typo.
+    static func nearest(_ name: String, in known: [String]) -> String? {
+        let scored = known.map { ($0, editDistance(name, $0)) }.min { $0.1 < $1.1 }
+        guard let (best, distance) = scored, distance <= max(2, name.count / 3) else { return nil }
+        return best
+    }
+
+    /// Levenshtein distance between `a` and `b`.
+    static func editDistance(_ a: String, _ b: String) -> Int {
+        let a = Array(a), b = Array(b)
+        var previous = Array(0...b.count)
+        for (i, characterA) in a.enumerated() {
+            var current = [i + 1] + Array(repeating: 0, count: b.count)
+            for (j, characterB) in b.enumerated() {
+                current[j + 1] = min(previous[j + 1] + 1, current[j] + 1, previous[j] + (characterA == characterB ? 0 : 1))
+            }
+            previous = current
+        }
+        return previous[b.count]
     }
 }

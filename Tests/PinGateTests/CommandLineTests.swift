@@ -135,6 +135,31 @@ struct CommandLineTests {
         #expect(badResolve.status != 0)
         #expect(badResolve.stderr.contains("--resolve expects HOST:PORT:ADDRESS"))
     }
+
+    @Test("an unknown config key stops start-up, naming the key, its line and the nearest known key (pin for pins, pins.sourc for pins.source); one with nothing near lists the known keys; the example config has none")
+    func unknownConfigKeys() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let cases: [(yaml: String, expected: String)] = [
+            ("listen: 127.0.0.1:0\npin:\n  source: pins.json\n", "line 2: unknown key 'pin'; did you mean pins? Correct or remove it."),
+            ("listen: 127.0.0.1:0\npins:\n  keys: [k.pem]\n  sourc: pins.json\n", "line 4: unknown key 'pins.sourc'; did you mean pins.source?"),
+            ("admin:\n  listen: off\n  tokenfile: t\n", "line 3: unknown key 'admin.tokenfile'; did you mean admin.token-file?"),
+            ("listen: 127.0.0.1:0\nwhatever-this-is: 1\n", "line 2: unknown key 'whatever-this-is'; the keys known there are listen, admin,"),
+        ]
+        for (index, (yaml, expected)) in cases.enumerated() {
+            let path = try directory.write("config-\(index).yml", yaml)
+            let run = try await TestProcess.run(Self.pingate, ["run", "--config", path, "--state-dir", directory.file("state-\(index)")])
+            #expect(run.status != 0)
+            #expect(run.stderr.contains("config file \(path), \(expected)"), "\(run.stderr)")
+            #expect(!FileManager.default.fileExists(atPath: directory.file("state-\(index)")), "the gate went on after the error")
+        }
+        // The README's first command runs the example config: it must pass the check.
+        let example = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("pingate.example.yml")
+        let started = try await RunningGate.with(["--config", example.path, "--listen", "127.0.0.1:0", "--admin-listen", "off",
+                                                  "--state-dir", directory.file("example-state")]) { gate in gate.port }
+        #expect(started > 0)
+    }
 }
 
 /// `pingate run` as a child process; its port is read from its start-up log line.
