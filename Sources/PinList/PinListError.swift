@@ -11,11 +11,15 @@ public enum PinListError: Error, Equatable, Sendable, CustomStringConvertible {
     case noVerificationKey
     /// A v2 list names a signing key that is not configured.
     case unknownKey(String)
+    /// The list file at `path` could not be read at all (`reason`: missing, a directory,
+    /// no permission): not a malformed list, and not the network.
+    case unreadable(path: String, reason: String)
 
     /// A short machine-readable token for logs and counters.
     public var token: String {
         switch self {
         case .malformed: return "invalid-data"
+        case .unreadable: return "unreadable"
         case .badEntrySignature, .badSignature, .unknownKey: return "invalid-signature"
         case .noVerificationKey: return "no-key"
         }
@@ -32,6 +36,8 @@ public enum PinListError: Error, Equatable, Sendable, CustomStringConvertible {
         case .unknownKey(let id):
             return "the list is signed with key \(id), which is not configured; the list is rejected"
         case .noVerificationKey: return "no list-signing public key is configured"
+        case .unreadable(let path, let reason):
+            return "cannot read the list file \(path): \(reason). Check the path given to --pins (config: pins.source)"
         }
     }
 }

@@ -31,10 +31,18 @@ public struct SignedListDocument: Codable, Sendable, Equatable {
     /// Reads a list file as it stands; `format` nil detects v2 or Wultra static.
     public static func read(file path: String, format: PinListFormat? = nil, receivedAt: Date = Date()) throws -> SignedListDocument {
         let body: Data
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else {
+            throw PinListError.unreadable(path: path, reason: "no such file")
+        }
+        guard !isDirectory.boolValue else { throw PinListError.unreadable(path: path, reason: "it is a directory, not a list file") }
+        guard FileManager.default.isReadableFile(atPath: path) else {
+            throw PinListError.unreadable(path: path, reason: "permission denied")
+        }
         do {
             body = try Data(contentsOf: URL(fileURLWithPath: path))
         } catch {
-            throw PinListError.malformed("cannot read the list \(path): \(error.localizedDescription)")
+            throw PinListError.unreadable(path: path, reason: error.localizedDescription)
         }
         return SignedListDocument(format: format ?? detectFormat(body), source: path, body: body, receivedAt: receivedAt)
     }

@@ -35,7 +35,7 @@ struct FingerprintCommand: AsyncParsableCommand {
 
     func run() async throws {
         if let cert {
-            let certificate = try Certificate(pem: String(contentsOfFile: PathText.resolve(cert), encoding: .utf8))
+            let certificate = try InputFile.certificate(cert, flag: "--cert")
             print(certificate.sha256Fingerprint)
             return
         }

@@ -66,7 +66,7 @@ struct ListCommand: ParsableCommand {
         func run() throws {
             let (path, list) = try self.list.verified()
             let anchors: [CertificateHashes]? = upstreamCA.isEmpty ? nil : try upstreamCA.flatMap { file in
-                try Certificate.all(inPEM: String(contentsOfFile: PathText.resolve(file), encoding: .utf8))
+                try InputFile.certificates(file, flag: "--upstream-ca")
                     .map(CertificateHashes.init)
             }
             let findings = PinListLint.findings(for: list, now: Date(), trustAnchors: anchors)

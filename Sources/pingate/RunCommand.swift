@@ -189,17 +189,27 @@ struct RunCommand: AsyncParsableCommand {
         // service group has set up its own handlers is still honoured (below).
         let hangups = await UnixSignalsSequence(trapping: .sighup)
         let earlyStops = await UnixSignalsSequence(trapping: .sigterm, .sigint)
-        let server = try await PinGateServer.start(
-            configuration: configuration, store: store, ca: ca, logger: logger,
-            listSource: listSource, stateDirectory: stateDirectory, metrics: metrics,
-            refusalLogCapacity: file?.refusalLogSize ?? 100, decisionLogger: decisionLogger)
+        let server: PinGateServer
+        do {
+            server = try await PinGateServer.start(
+                configuration: configuration, store: store, ca: ca, logger: logger,
+                listSource: listSource, stateDirectory: stateDirectory, metrics: metrics,
+                refusalLogCapacity: file?.refusalLogSize ?? 100, decisionLogger: decisionLogger)
+        } catch {
+            if let message = ListenError.describe(error, host: configuration.listenHost, port: configuration.listenPort,
+                                                  flag: "--listen (config: listen)") {
+                throw ConfigurationError(message)
+            }
+            throw error
+        }
         var adminServer: AdminServer?
         if let admin {
             do {
                 adminServer = try await AdminServer.start(configuration: admin, gate: server, registry: registry, logger: logger)
             } catch {
                 try? await server.shutdown()
-                throw ConfigurationError("cannot start the admin endpoint on \(admin.host):\(admin.port): \(error)")
+                throw ConfigurationError(ListenError.describe(error, host: admin.host, port: admin.port, flag: "--admin-listen (config: admin.listen)")
+                    ?? "cannot start the admin endpoint on \(admin.host):\(admin.port): \(error)")
             }
         }
         // A group stops its services last-first: the SIGHUP watcher and the updater go

@@ -89,10 +89,8 @@ struct SignCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let signer = try PrivateKey(pem: String(contentsOfFile: PathText.resolve(key), encoding: .utf8))
-        var certificates: [(Certificate, String?)] = try cert.map {
-            (try Certificate(pem: String(contentsOfFile: PathText.resolve($0), encoding: .utf8)), nil)
-        }
+        let signer = try InputFile.privateKey(key, flag: "--key")
+        var certificates: [(Certificate, String?)] = try cert.map { (try InputFile.certificate($0, flag: "--cert"), nil) }
         for (offset, target) in connect.enumerated() {
             let (host, peer) = try await probe.inspect(target)
             let index = cert.count + offset

@@ -136,6 +136,55 @@ struct CommandLineTests {
         #expect(badResolve.stderr.contains("--resolve expects HOST:PORT:ADDRESS"))
     }
 
+    @Test("errors a user can cause name the thing and the fix: a missing file, a directory, a public key given to sign --key, a file that is not a certificate, a missing --pins file, a busy --listen and --admin-listen address; never Foundation's or OpenSSL's bare text")
+    func errorsNameTheThingAndTheFix() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let keygen = try await TestProcess.run(Self.pingate, ["keygen", "--out", directory.file("signer")])
+        #expect(keygen.status == 0, "\(keygen.stderr)")
+        let certificate = directory.file("signer.pub.pem")
+        let cases: [(arguments: [String], expected: String)] = [
+            (["sign", "--key", "/nonexistent/signer.key", "--cert", certificate],
+             "--key /nonexistent/signer.key: no such file (/nonexistent/signer.key). Check the path; it should be a PEM private key."),
+            (["sign", "--key", directory.file("signer.pub.pem"), "--cert", certificate],
+             "is a public key; signing needs the private key (the PREFIX.key that `pingate keygen --out PREFIX` wrote, not PREFIX.pub.pem)."),
+            (["fingerprint", "--cert", directory.path], "--cert \(directory.path): is a directory; give the file itself (it should be a PEM certificate)."),
+            (["fingerprint", "--cert", directory.file("signer.key")], "--cert \(directory.file("signer.key")): is not a PEM certificate OpenSSL can read"),
+            (["fingerprint", "--cert", "/nonexistent/origin.pem"], "--cert /nonexistent/origin.pem: no such file"),
+            // A missing local list is a missing file, not "malformed" and not the network.
+            (["run", "--listen", "127.0.0.1:0", "--admin-listen", "off", "--state-dir", directory.file("state-list"),
+              "--pins", "/nonexistent/pins.json", "--pins-key", directory.file("signer.pub.pem")],
+             "cannot read the list file /nonexistent/pins.json: no such file. Check the path given to --pins (config: pins.source)"),
+        ]
+        for (arguments, expected) in cases {
+            let run = try await TestProcess.run(Self.pingate, arguments)
+            #expect(run.status != 0)
+            #expect(run.stderr.contains(expected), "\(arguments): \(run.stderr)")
+            #expect(!run.stderr.contains("NSCocoaErrorDomain") && !run.stderr.contains("DECODER routines") && !run.stderr.contains("malformed"),
+                    "\(run.stderr)")
+        }
+        // A port that something already listens on.
+        let holder = try TestProcess.resolve("python3")
+        let busy = ChildProcess()
+        busy.executableURL = URL(fileURLWithPath: holder)
+        busy.arguments = ["-c", "import socket, sys, time\ns = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\nprint(s.getsockname()[1], flush=True); time.sleep(60)"]
+        let out = Pipe()
+        busy.standardOutput = out
+        try busy.run()
+        defer { busy.terminate() }
+        let port = try #require(Int(String(decoding: out.fileHandleForReading.availableData, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)))
+        let gate = try await TestProcess.run(Self.pingate, ["run", "--listen", "127.0.0.1:\(port)", "--admin-listen", "off",
+                                                            "--state-dir", directory.file("state")])
+        #expect(gate.status != 0)
+        #expect(gate.stderr.contains("cannot listen on 127.0.0.1:\(port): the address is already in use") && gate.stderr.contains("with --listen"),
+                "\(gate.stderr)")
+        let admin = try await TestProcess.run(Self.pingate, ["run", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:\(port)",
+                                                             "--state-dir", directory.file("state")])
+        #expect(admin.status != 0)
+        #expect(admin.stderr.contains("cannot listen on 127.0.0.1:\(port)") && admin.stderr.contains("with --admin-listen"), "\(admin.stderr)")
+        #expect(!gate.stderr.contains("errno") && !admin.stderr.contains("errno"))
+    }
+
     @Test("an unknown config key stops start-up, naming the key, its line and the nearest known key (pin for pins, pins.sourc for pins.source); one with nothing near lists the known keys; the example config has none")
     func unknownConfigKeys() async throws {
         let directory = try TemporaryDirectory()
