@@ -311,9 +311,10 @@ struct ServiceGroupTests {
             let running = Task { try await group.run() }
 
             // The first read came from start(); the schedule's re-reads find the same list.
-            // (20 s, not 5: with the 64 MiB suites running beside it, a loaded machine once
-            // managed one re-read in 5 s; the wait ends as soon as the second one lands.)
-            _ = await eventually(timeout: .seconds(20)) { (server.store.status.updatesByResult["unchanged"] ?? 0) >= 2 }
+            // (60 s, not 5: with every suite starting beside it, a loaded machine once
+            // managed one re-read in 5 s, and once in 20 s (2026-11-25, 323 tests at once);
+            // the wait ends as soon as the second one lands.)
+            _ = await eventually(timeout: .seconds(60)) { (server.store.status.updatesByResult["unchanged"] ?? 0) >= 2 }
             #expect((server.store.status.updatesByResult["unchanged"] ?? 0) >= 2, "\(server.store.status)")
 
             let stopping = Date()
