@@ -11,9 +11,9 @@ struct FingerprintCommand: AsyncParsableCommand {
         commandName: "fingerprint",
         abstract: "Print base64(SHA-256(leaf DER)) of a certificate file or of a live server's leaf.",
         discussion: """
-        With --connect and --chain, prints one line per position of the chain pingate builds
-        and validates (0 is the leaf, the last the trust anchor), each with the certificate's
-        SHA-256, its SPKI SHA-256 and its subject: the values a depth pin names (sign --depth).
+        With --connect and --chain, prints one line per position of the chain pingate builds \
+        and validates (0 is the leaf, the last the trust anchor), each with the certificate's \
+        SHA-256, its SPKI SHA-256 and its subject: the values a depth pin names (sign --depth). \
         A chain that does not validate has no positions to pin, and the command fails.
         """)
 

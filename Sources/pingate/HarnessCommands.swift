@@ -18,7 +18,7 @@ struct AttackCommand: AsyncParsableCommand {
         abstract: "Run an intercepting proxy (the attacker): forged leaves from its own CA, no pinning, logs what it reads.",
         discussion: "For tests only. Every intercepted request (method, path, host, first bytes of the body) is logged to stderr.")
 
-    @Option(name: .long, help: "Listen address HOST:PORT (default 127.0.0.1:8081).")
+    @Option(name: .long, help: "Listen address HOST:PORT.")
     var listen: String = "127.0.0.1:8081"
 
     @Option(name: .long, help: "Where the attacker CA lives (created if missing; default: a temporary directory).")
@@ -84,8 +84,8 @@ struct HarnessCommand: AsyncParsableCommand {
                  must read no application data.
         control: client → attacker → origin, with the client trusting the attacker CA, must be intercepted
                  (proving the attack is real).
-        With --app, your command runs once per leg with HTTPS_PROXY, https_proxy, SSL_CERT_FILE,
-        REQUESTS_CA_BUNDLE, NODE_EXTRA_CA_CERTS, CURL_CA_BUNDLE and PINGATE_TARGET set; it must exit 0
+        With --app, your command runs once per leg with HTTPS_PROXY, https_proxy, SSL_CERT_FILE, \
+        REQUESTS_CA_BUNDLE, NODE_EXTRA_CA_CERTS, CURL_CA_BUNDLE and PINGATE_TARGET set; it must exit 0 \
         in the gate and control legs and non-zero in the attack leg. Exit code 0 only if every leg did.
         """)
 

@@ -48,10 +48,10 @@ struct ListCommand: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Verify a list file, then warn about fragile or pointless pins; non-zero with --strict when there is a warning.",
             discussion: """
-            Warns when a host has a single pin and no backup (TrustKit's two-pin rule), when a
-            pin (or a v2 list) expires within 14 days, when a wildcard covers a public suffix
-            (every TLD, and a small built-in list of common multi-label suffixes such as co.uk
-            and com.au: not the full Public Suffix List), and, given --upstream-ca, when a
+            Warns when a host has a single pin and no backup (TrustKit's two-pin rule), when a \
+            pin (or a v2 list) expires within 14 days, when a wildcard covers a public suffix \
+            (every TLD, and a small built-in list of common multi-label suffixes such as co.uk \
+            and com.au: not the full Public Suffix List), and, given --upstream-ca, when a \
             depth pin names a root that is the only trust anchor configured.
             """)
 

@@ -9,9 +9,9 @@ struct PingateCommand: AsyncParsableCommand {
         commandName: "pingate",
         abstract: "A local HTTPS proxy that lets traffic through only to servers whose certificates match a signed fingerprint list.",
         discussion: """
-        Point an app at the gate with HTTPS_PROXY=http://127.0.0.1:8080. For every CONNECT the gate
-        connects upstream itself, checks the server's leaf certificate against the signed list, and
-        either relays the traffic (presenting a leaf minted by its local CA, which the app must
+        Point an app at the gate with HTTPS_PROXY=http://127.0.0.1:8080. For every CONNECT the gate \
+        connects upstream itself, checks the server's leaf certificate against the signed list, and \
+        either relays the traffic (presenting a leaf minted by its local CA, which the app must \
         trust: see `pingate ca export`) or refuses with a reason in the Pingate-Refusal header.
 
         First steps:

@@ -18,11 +18,11 @@ struct RunCommand: AsyncParsableCommand {
         commandName: "run",
         abstract: "Run the gate: listen for CONNECT and relay only to pinned servers.",
         discussion: """
-        A host with no unexpired pin (or every host, when no list is configured) is refused with
-        403 and Pingate-Refusal: empty. A list whose pins have all expired (or a v2 list past its
-        expiresAt) is warned about at start-up and on /ready, and every CONNECT is refused with
-        503 and Pingate-Refusal: list-expired: the gate fails closed. A list that does not verify
-        stops start-up with a non-zero exit. The local CA is created in the state directory on
+        A host with no unexpired pin (or every host, when no list is configured) is refused with \
+        403 and Pingate-Refusal: empty. A list whose pins have all expired (or a v2 list past its \
+        expiresAt) is warned about at start-up and on /ready, and every CONNECT is refused with \
+        503 and Pingate-Refusal: list-expired: the gate fails closed. A list that does not verify \
+        stops start-up with a non-zero exit. The local CA is created in the state directory on \
         first run.
         """
     )

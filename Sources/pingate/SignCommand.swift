@@ -11,18 +11,18 @@ struct SignCommand: AsyncParsableCommand {
         commandName: "sign",
         abstract: "Sign pins for certificate files or live servers into a list (JSON on stdout).",
         discussion: """
-        Each --cert or --connect gives one pin, in order: --cert ones first, then --connect ones.
-        The i-th --name and --expires apply to the i-th pin; without them the name is the
+        Each --cert or --connect gives one pin, in order: --cert ones first, then --connect ones. \
+        The i-th --name and --expires apply to the i-th pin; without them the name is the \
         certificate's common name (or the --connect host) and the expiry its notAfter.
 
-        --format static (default) writes Wultra's static list: one signature per entry.
-        --format v2 writes pingate's signed list: one signature over the whole payload, with
-        --sequence (must grow with every list you publish), --list-expires, --spki pins,
+        --format static (default) writes Wultra's static list: one signature per entry. \
+        --format v2 writes pingate's signed list: one signature over the whole payload, with \
+        --sequence (must grow with every list you publish), --list-expires, --spki pins, \
         --report-only pins, wildcard names (*.example.com, **.example.com) and --revoke.
 
-        --depth (v2) names the position of the validated chain the i-th pin is for: 0 (the
-        leaf, default), 1 (the leaf's issuer), … or any. With --cert give the certificate of
-        that position (e.g. the intermediate) and --name; with --connect the certificate at
+        --depth (v2) names the position of the validated chain the i-th pin is for: 0 (the \
+        leaf, default), 1 (the leaf's issuer), … or any. With --cert give the certificate of \
+        that position (e.g. the intermediate) and --name; with --connect the certificate at \
         that position of the chain pingate validates is pinned (for any: the trust anchor).
         """)
 
