@@ -92,7 +92,9 @@ def run_client(args):
     result = {"alpn": tls.selected_alpn_protocol()}
     try:
         # The socket is already TLS (to the gate-minted leaf), so the URI says ws://.
-        with connect(f"ws://{authority}/chat", sock=tls, open_timeout=10, close_timeout=10,
+        # 30 s to open: when every test suite starts at once, one handshake through the
+        # gate onto a Python h2 origin once took longer than 10 s (2026-11-25, CI).
+        with connect(f"ws://{authority}/chat", sock=tls, open_timeout=30, close_timeout=10,
                      compression=None, max_size=None) as ws:
             result["status"] = 101
             result["accept"] = ws.response.headers.get("Sec-WebSocket-Accept")
