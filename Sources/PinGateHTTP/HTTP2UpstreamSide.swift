@@ -68,9 +68,6 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler {
     private var roundTripProbe: (sentAt: NIODeadline, settings: Bool, acknowledgedBefore: Int)?
     private var lastRoundTripSample: NIODeadline?
     private let roundTripSource: UpstreamRoundTripSource
-    /// The largest window a stream of this connection has had so far, and how often one
-    /// grew (the gate's statistics read these through the lanes' routers).
-    var largestStreamWindow: Int { windows.largestWindow }
 
     /// A connection on a fresh nghttp2 client session with `limits` (the preface is queued).
     /// Its streams start at `StreamWindowTuner.minimumWindow` whatever `limits` says (they
@@ -316,23 +313,22 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler {
     /// the kernel's again, or (through a parent proxy) a PING, timed when the acknowledgement
     /// awaited has come. The smallest round trip seen is the one used.
     private func timeRoundTrip(now: NIODeadline) {
-        if roundTripSource == .tcp {
-            guard windows.meteredStreams > 0, lastRoundTripSample.map({ now - $0 >= Self.pingInterval }) ?? true, let context else { return }
-            lastRoundTripSample = now
-            sampleTCPRoundTrip(context)
-            return
-        }
         if let probe = roundTripProbe {
             let count = probe.settings ? wire.session.settingsAcknowledged : wire.session.pingsAcknowledged
             guard count > probe.acknowledgedBefore else { return }
             windows.roundTripMeasured((now - probe.sentAt).nanoseconds)
             roundTripProbe = nil
         }
-        guard windows.meteredStreams > 0, lastRoundTripSample.map({ now - $0 >= Self.pingInterval }) ?? true else { return }
-        let before = wire.session.pingsAcknowledged
-        guard (try? wire.session.ping()) != nil else { return }
+        guard windows.meteredStreams > 0, lastRoundTripSample.map({ now - $0 >= Self.pingInterval }) ?? true, let context else { return }
         lastRoundTripSample = now
-        roundTripProbe = (now, false, before)
+        switch roundTripSource {
+        case .tcp:
+            sampleTCPRoundTrip(context)
+        case .http2Ping:
+            let before = wire.session.pingsAcknowledged
+            guard (try? wire.session.ping()) != nil else { return }
+            roundTripProbe = (now, false, before)
+        }
     }
 
     /// How often a PING (or a TCP_INFO read) re-measures the round trip while streams are

@@ -534,13 +534,6 @@ public final class HTTP2Session {
         return size < 0 ? nil : Int(size)
     }
 
-    /// The receive window `streamID` is set to (not what is left of it), or nil when the
-    /// stream is not open.
-    public func streamReceiveWindowSize(_ streamID: Int32) -> Int? {
-        let size = nghttp2_session_get_stream_effective_local_window_size(session, streamID)
-        return size < 0 ? nil : Int(size)
-    }
-
     /// Queues a PING (its acknowledgement moves `pingsAcknowledged`).
     public func ping() throws(HTTP2Error) {
         let result = nghttp2_submit_ping(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), nil)

@@ -53,3 +53,10 @@ public enum LoopbackProbe {
     /// True when a connect to 127.0.0.1:`port` is refused (nothing listens there).
     public static func isRefused(port: Int) -> Bool { connect(port: port) == ECONNREFUSED }
 }
+
+/// `count` bytes from `SeededGenerator(seed:)`: a body that is the same in every run and
+/// compresses to nothing useful.
+public func seededRandomBytes(_ count: Int, seed: UInt64) -> Data {
+    var generator = SeededGenerator(seed: seed)
+    return Data((0..<count).map { _ in UInt8.random(in: 0...255, using: &generator) })
+}

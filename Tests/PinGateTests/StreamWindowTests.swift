@@ -11,8 +11,7 @@ import Testing
 struct StreamWindowTests {
     @Test("through a parent proxy (tinyproxy) and a 40 ms round trip (scripts/delay-relay.py), a 16 MiB download from an h2 origin arrives whole, and its stream's window grew past 64 KiB, timed by PING")
     func growsOnALongPath() async throws {
-        var generator = SeededGenerator(seed: 40)
-        let big = Data((0..<(16 << 20)).map { _ in UInt8.random(in: 0...255, using: &generator) })
+        let big = seededRandomBytes(16 << 20, seed: 40)
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
         let pki = try TestPKI(directory: directory)

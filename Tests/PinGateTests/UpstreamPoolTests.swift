@@ -421,8 +421,7 @@ struct UpstreamPoolTests {
 
     @Test("on a shared h2 connection, a tunnel whose client leaves mid-download resets only its own stream: the other tunnel's download arrives whole, and the connection stays for the next tunnel")
     func laneLeavesMidDownload() async throws {
-        var generator = SeededGenerator(seed: 23)
-        let big = Data((0..<(4 << 20)).map { _ in UInt8.random(in: 0...255, using: &generator) })
+        let big = seededRandomBytes(4 << 20, seed: 23)
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
         let pki = try TestPKI(directory: directory)
