@@ -168,7 +168,7 @@ let package = Package(
                 .product(name: "PropertyBased", package: "swift-property-based"),
             ]
         ),
-        .testTarget(name: "PinListTests", dependencies: ["PinList", "PinListService", "PinGateTLS", "PinGateTestSupport"]),
+        .testTarget(name: "PinListTests", dependencies: ["PinList", "PinListService", "PinGateStateFiles", "PinGateTLS", "PinGateTestSupport"]),
         .testTarget(name: "PinGateCATests", dependencies: ["PinGateCA", "PinGateTLS", "PinGateTestSupport"]),
         .testTarget(
             name: "PinGateTests",

@@ -47,6 +47,7 @@ enum AdminPage {
         \(list.sequence.map { " · sequence \($0)" } ?? "")
          · last update \(list.lastUpdate.map(iso) ?? "never") (\(escape(list.lastResult ?? "-")))
          · next update \(list.nextUpdate.map(iso) ?? "-")</p>
+        \(list.inForceBecause.map { "<p id=\"list-why\">In force because: \(escape($0))</p>" } ?? "")
         <table id="pins"><tr><th>host</th><th>pin</th><th>expires</th><th>days left</th><th>mode</th></tr>
 
         """

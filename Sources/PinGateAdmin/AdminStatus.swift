@@ -42,6 +42,10 @@ public struct AdminSnapshot: Sendable, Codable {
         public var usable: Bool
         /// Where the list came from (file or URL).
         public var source: String?
+        /// How it came to be in force: `pins-file`, `persisted`, `fetched`, `fallback`.
+        public var origin: String?
+        /// Why it is the list in force, in words (which file or copy, and what it won over).
+        public var inForceBecause: String?
         /// The list's format.
         public var format: String?
         /// The v2 sequence number, when the format has one.
@@ -155,6 +159,7 @@ public struct AdminSnapshot: Sendable, Codable {
     public static func gather(gate: PinGateServer, adminAddress: String, nextUpdate: Date?, now: Date) -> AdminSnapshot {
         let list = gate.store.list
         let listStatus = gate.store.status
+        let provenance = gate.store.provenance
         let stats = gate.statistics.snapshot
         let usable = gate.store.isUsable(at: now)
         let pins = (list?.entries ?? []).map { entry in
@@ -173,7 +178,8 @@ public struct AdminSnapshot: Sendable, Codable {
             ca: CA(subject: gate.ca.certificate.subjectDescription, sha256: gate.ca.certificate.sha256Fingerprint,
                    notAfter: caNotAfter, daysLeft: caNotAfter.map { Int(($0.timeIntervalSince(now) / 86400).rounded(.down)) }),
             list: ListStatus(
-                usable: usable, source: list?.source, format: list?.metadata.format.rawValue, sequence: list?.metadata.sequence,
+                usable: usable, source: list?.source, origin: provenance?.origin.rawValue, inForceBecause: provenance?.reason,
+                format: list?.metadata.format.rawValue, sequence: list?.metadata.sequence,
                 issuedAt: list?.metadata.issuedAt, expiresAt: list?.metadata.expiresAt, entries: list?.entries.count ?? 0,
                 unexpiredEntries: list?.entries.filter { $0.isUnexpired(at: now) }.count ?? 0,
                 earliestExpiry: list?.earliestExpiry(after: now), lastUpdate: listStatus.lastUpdate,

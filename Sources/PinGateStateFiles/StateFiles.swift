@@ -12,6 +12,11 @@ public enum StateFiles {
         public let path: String
         /// The failing step and `errno` text.
         public let detail: String
+        /// An error for the step on `path` that failed.
+        public init(path: String, detail: String) {
+            self.path = path
+            self.detail = detail
+        }
         /// The error in words, for logs and the operator.
         public var description: String { "cannot write \(path): \(detail)" }
     }
@@ -73,6 +78,34 @@ public enum StateFiles {
             _ = fsync(directoryDescriptor)
             close(directoryDescriptor)
         }
+    }
+
+    /// Removes the temporary files that writes in `directory` left behind when their
+    /// process died between creating and renaming them (a `kill -9`, a power cut), and
+    /// returns their names. A file whose writer is still alive (another gate sharing the
+    /// directory, mid-write) is left alone. Nothing else is touched.
+    @discardableResult
+    public static func removeLeftovers(in directory: String) -> [String] {
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return [] }
+        var removed: [String] = []
+        for name in names.sorted() {
+            guard let writer = temporaryFileWriter(name), !isAlive(writer) || writer == getpid() else { continue }
+            if unlink((directory as NSString).appendingPathComponent(name)) == 0 { removed.append(name) }
+        }
+        return removed
+    }
+
+    /// The process that wrote `name`, when `name` is one of `writeAtomically`'s
+    /// temporary files (`FILE.tmp-PID-RANDOM`).
+    static func temporaryFileWriter(_ name: String) -> pid_t? {
+        guard let marker = name.range(of: ".tmp-", options: .backwards), marker.lowerBound > name.startIndex else { return nil }
+        let parts = name[marker.upperBound...].split(separator: "-", omittingEmptySubsequences: false)
+        guard parts.count == 2, let pid = pid_t(parts[0]), pid > 0, UInt32(parts[1]) != nil else { return nil }
+        return pid
+    }
+
+    private static func isAlive(_ pid: pid_t) -> Bool {
+        kill(pid, 0) == 0 || errno == EPERM
     }
 
     private static func failure(_ path: String, _ step: String) -> WriteError {

@@ -23,18 +23,38 @@ public struct PinListPersistence: Sendable {
         try StateFiles.writeAtomically(Array(try encoder.encode(document)), to: path, mode: 0o644)
     }
 
+    /// The stored document as it is, not verified: for saying what `forget()` removes.
+    /// Nil when nothing is stored or the file does not parse.
+    public func storedDocument() -> SignedListDocument? {
+        guard let data = FileManager.default.contents(atPath: path) else { return nil }
+        return try? Self.decode(data)
+    }
+
+    /// Removes the stored document; false when there was none.
+    public func forget() throws -> Bool {
+        guard unlink(path) == 0 else {
+            if errno == ENOENT { return false }
+            throw StateFiles.WriteError(path: path, detail: "unlink: \(String(cString: strerror(errno)))")
+        }
+        return true
+    }
+
     /// The stored document and its verified list; nil when nothing is stored. Throws when
     /// the file exists but does not parse or verify.
     public func load(keys: [PublicKey]) throws -> (SignedListDocument, PinList)? {
         guard FileManager.default.fileExists(atPath: path) else { return nil }
-        let decoder = JSONDecoder()
-        decoder.dateDecodingStrategy = .secondsSince1970
         let document: SignedListDocument
         do {
-            document = try decoder.decode(SignedListDocument.self, from: Data(contentsOf: URL(fileURLWithPath: path)))
+            document = try Self.decode(Data(contentsOf: URL(fileURLWithPath: path)))
         } catch {
             throw PinListError.malformed("persisted list \(path) is unreadable: \(error)")
         }
         return (document, try document.verify(keys: keys))
+    }
+
+    private static func decode(_ data: Data) throws -> SignedListDocument {
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .secondsSince1970
+        return try decoder.decode(SignedListDocument.self, from: data)
     }
 }

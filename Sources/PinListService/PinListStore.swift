@@ -22,6 +22,7 @@ public final class PinListStore: Sendable {
         var list: PinList?
         var generation: UInt64 = 1
         var document: SignedListDocument?
+        var provenance: ListProvenance?
         var status = Status()
         var waiters: [(EventLoopPromise<Bool>, Scheduled<Void>?)] = []
         var observers: [@Sendable (PinList) -> Void] = []
@@ -43,6 +44,9 @@ public final class PinListStore: Sendable {
     /// (a pooled upstream connection's verdict) can tell it was decided under another.
     public var generation: UInt64 { state.withLock { $0.generation } }
 
+    /// Why the list in force is in force (nil: none is).
+    public var provenance: ListProvenance? { state.withLock { $0.list == nil ? nil : $0.provenance } }
+
     /// Update counters and the last result.
     public var status: Status { state.withLock { $0.status } }
 
@@ -55,6 +59,7 @@ public final class PinListStore: Sendable {
     public func replace(with list: PinList?) {
         let observers = state.withLock { state -> [@Sendable (PinList) -> Void] in
             state.list = list
+            state.provenance = ListProvenance(.replaced, "put in force by hand")
             state.generation += 1
             return state.observers
         }
@@ -66,13 +71,16 @@ public final class PinListStore: Sendable {
     /// expired), persists it, then puts it in force. On any failure the list in force
     /// stays as it was, and the failure is counted.
     ///
+    /// `provenance` says why the list is in force if it is put in force (or confirmed
+    /// unchanged: a fetch that returns the persisted bytes makes them a fetched list).
+    ///
     /// `answersFreshChallenge` is true only for a Wultra dynamic answer to the challenge
     /// this process just sent. Only then are its domain rules (`domainsConfig`, a bypass
     /// list) put in force: a persisted answer verifies with an old challenge anyone may
     /// replay, and a file or fallback has no challenge at all, so theirs are dropped.
     @discardableResult
     public func install(_ document: SignedListDocument, keys: [PublicKey], persistence: PinListPersistence?, now: Date,
-                        answersFreshChallenge: Bool = false) -> Result<PinList, PinListRejection> {
+                        provenance: ListProvenance, answersFreshChallenge: Bool = false) -> Result<PinList, PinListRejection> {
         let candidate: PinList
         do {
             let verified = try document.verify(keys: keys)
@@ -91,8 +99,11 @@ public final class PinListStore: Sendable {
         // The same bytes are unchanged only if they also give the same domain rules: the
         // persisted answer loaded at start-up had its rules dropped, and the first fresh
         // answer with the same body must put them back in force.
-        let unchanged = state.withLock {
-            $0.document?.body == document.body && $0.document?.format == document.format && $0.list?.domainRules == candidate.domainRules
+        let unchanged = state.withLock { state -> Bool in
+            guard state.document?.body == document.body && state.document?.format == document.format
+                && state.list?.domainRules == candidate.domainRules else { return false }
+            state.provenance = provenance
+            return true
         }
         if unchanged {
             record("unchanged", at: now)
@@ -108,6 +119,7 @@ public final class PinListStore: Sendable {
         let observers = state.withLock { state -> [@Sendable (PinList) -> Void] in
             state.list = candidate
             state.document = document
+            state.provenance = provenance
             state.generation += 1
             return state.observers
         }

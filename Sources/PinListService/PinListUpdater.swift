@@ -237,13 +237,17 @@ public final class PinListUpdater: Service, Sendable {
     // MARK: steps
 
     private func loadPersistedOrFallback() {
-        if let persistence {
+        // A local file was read and weighed against the persisted list before the gate
+        // started (`PinsFileStartup`): loading the persisted list again here would undo
+        // that choice, which is how an old persisted list used to override `--pins`.
+        if let persistence, case .url = source.location {
             do {
                 if let (document, _) = try persistence.load(keys: source.keys) {
-                    let result = store.install(document, keys: source.keys, persistence: nil, now: now())
-                    logger.info("loaded persisted fingerprint list", metadata: [
-                        "path": "\(persistence.path)", "result": "\(Self.describe(result))",
-                    ])
+                    let provenance = ListProvenance(.persisted, "persisted in \(persistence.path) by an earlier run "
+                        + "(from \(document.source), received \(ISO8601DateFormatter().string(from: document.receivedAt))); "
+                        + "the list server replaces it when it answers with a newer list")
+                    let result = store.install(document, keys: source.keys, persistence: nil, now: now(), provenance: provenance)
+                    log(result)
                 }
             } catch {
                 store.recordFailure(.invalid(error as? PinListError ?? .malformed("\(error)")), at: now())
@@ -253,8 +257,10 @@ public final class PinListUpdater: Service, Sendable {
         if !store.isUsable(at: now()), let fallback = source.fallbackFile {
             do {
                 let document = try SignedListDocument.read(file: fallback, format: source.format, receivedAt: now())
-                let result = store.install(document, keys: source.keys, persistence: nil, now: now())
-                logger.notice("using the bundled fallback fingerprint list", metadata: ["path": "\(fallback)", "result": "\(Self.describe(result))"])
+                let provenance = ListProvenance(.fallback, "the bundled fallback \(fallback): no usable list was persisted, "
+                    + "and the list server has not answered yet")
+                let result = store.install(document, keys: source.keys, persistence: nil, now: now(), provenance: provenance)
+                log(result)
             } catch {
                 logger.error("fallback fingerprint list unreadable", metadata: ["path": "\(fallback)", "error": "\(error)"])
             }
@@ -267,7 +273,7 @@ public final class PinListUpdater: Service, Sendable {
             self.threadPool.runIfActive(eventLoop: self.eventLoop) {
                 // A challenge on a fetched document is the one fetchDynamic just sent.
                 self.store.install(document, keys: self.source.keys, persistence: self.persistence, now: self.now(),
-                                   answersFreshChallenge: self.isFreshDynamicFetch(document))
+                                   provenance: self.provenance(of: document), answersFreshChallenge: self.isFreshDynamicFetch(document))
             }
         }.map { result in
             self.log(result)
@@ -365,24 +371,27 @@ public final class PinListUpdater: Service, Sendable {
         sleep?.cancel() // wakes run() to sleep towards the new due date
     }
 
+    /// Why a list this updater fetched or re-read is in force.
+    private func provenance(of document: SignedListDocument) -> ListProvenance {
+        let received = ISO8601DateFormatter().string(from: document.receivedAt)
+        switch source.location {
+        case .file(let path): return ListProvenance(.pinsFile, "the --pins file \(path), re-read at \(received)")
+        case .url(let url): return ListProvenance(.fetched, "fetched from \(url.absoluteString) at \(received)")
+        }
+    }
+
     private func log(_ result: Result<PinList, PinListRejection>) {
         switch result {
         case .success(let list):
+            let provenance = store.provenance
             logger.info("fingerprint list in force", metadata: [
-                "source": "\(source.description)", "format": "\(list.metadata.format.rawValue)",
+                "origin": "\(provenance?.origin.rawValue ?? "-")", "why": "\(provenance?.reason ?? "-")", "format": "\(list.metadata.format.rawValue)",
                 "sequence": "\(list.metadata.sequence.map(String.init) ?? "-")", "entries": "\(list.entries.count)",
             ])
         case .failure(let rejection):
             logger.warning("fingerprint list rejected; the list in force stays", metadata: [
                 "source": "\(source.description)", "result": "\(rejection.token)", "error": "\(rejection)",
             ])
-        }
-    }
-
-    private static func describe(_ result: Result<PinList, PinListRejection>) -> String {
-        switch result {
-        case .success(let list): return "ok (\(list.entries.count) entries)"
-        case .failure(let rejection): return rejection.token
         }
     }
 }

@@ -11,7 +11,7 @@ struct CACommand: ParsableCommand {
     )
 
     struct StateDirectoryOption: ParsableArguments {
-        @Option(name: .long, help: "State directory (default ~/.local/state/pingate).")
+        @Option(name: .long, help: "State directory (default $XDG_STATE_HOME/pingate, or ~/.local/state/pingate).")
         var stateDir: String?
 
         var path: String { PathText.resolve(stateDir ?? PathText.defaultStateDirectory) }

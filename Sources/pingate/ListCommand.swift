@@ -10,8 +10,8 @@ import PinGateNIO
 struct ListCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "list",
-        abstract: "Verify a signed fingerprint list, or show the one in force.",
-        subcommands: [Verify.self, Show.self, Lint.self]
+        abstract: "Verify, lint or show signed fingerprint lists, or forget the persisted one.",
+        subcommands: [Verify.self, Show.self, Lint.self, Forget.self]
     )
 
     /// `pingate list verify FILE --key KEY`.
@@ -81,7 +81,7 @@ struct ListCommand: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Show the list in force: the document persisted in the state directory, verified again.")
 
-        @Option(name: .long, help: "State directory (default ~/.local/state/pingate).")
+        @Option(name: .long, help: "State directory (default $XDG_STATE_HOME/pingate, or ~/.local/state/pingate).")
         var stateDir: String?
 
         @Option(name: .long, help: "A public key that may have signed it. Repeatable.")
@@ -102,6 +102,42 @@ struct ListCommand: ParsableCommand {
             }
             print("\(persistence.path): \(list.metadata.format.rawValue) list from \(document.source), received \(ListPrinter.iso(document.receivedAt))")
             print(ListPrinter.describe(list, now: Date()), terminator: "")
+        }
+    }
+}
+
+extension ListCommand {
+    /// `pingate list forget`.
+    struct Forget: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Drop the list persisted in the state directory, so that the next start uses its --pins file as it is.",
+            discussion: """
+            A gate persists every list it puts in force (from a URL, or a --pins file re-read on SIGHUP). \
+            A later start with a --pins file older than that copy stops rather than roll the pins back; \
+            when the rollback is what you want, stop the gate, run this, and start it again. The local CA \
+            in the same directory is kept.
+            """)
+
+        @Option(name: .long, help: "State directory (default $XDG_STATE_HOME/pingate, or ~/.local/state/pingate).")
+        var stateDir: String?
+
+        func run() throws {
+            let state = PathText.resolve(stateDir ?? PathText.defaultStateDirectory)
+            let persistence = PinListPersistence(stateDirectory: state)
+            let stored = persistence.storedDocument()
+            let removed: Bool
+            do {
+                removed = try persistence.forget()
+            } catch {
+                throw ConfigurationError("cannot forget the persisted list: \(error)")
+            }
+            guard removed else {
+                print("no list persisted in \(state): nothing to forget")
+                return
+            }
+            let what = stored.map { "a \($0.format.rawValue) list from \($0.source), received \(ListPrinter.iso($0.receivedAt))" }
+                ?? "a copy that does not parse"
+            print("removed \(persistence.path) (\(what)); the next start puts its --pins file in force, or fetches its URL")
         }
     }
 }

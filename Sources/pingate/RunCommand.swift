@@ -9,6 +9,7 @@ import PinGateTLS
 import PinList
 import PinListService
 import PinGateNIO
+import PinGateStateFiles
 import ServiceLifecycle
 import UnixSignals
 
@@ -33,7 +34,7 @@ struct RunCommand: AsyncParsableCommand {
     @Option(name: .long, help: "Listen address HOST:PORT (default 127.0.0.1:8080).")
     var listen: String?
 
-    @Option(name: .long, help: "State directory holding ca.pem and ca.key (default ~/.local/state/pingate).")
+    @Option(name: .long, help: "State directory holding ca.pem, ca.key and the persisted list (default $XDG_STATE_HOME/pingate, or ~/.local/state/pingate).")
     var stateDir: String?
 
     @Option(name: .long, help: "Signed fingerprint list: a file, or an https:// URL to fetch and refresh it from.")
@@ -139,8 +140,16 @@ struct RunCommand: AsyncParsableCommand {
         let logger = Logger(label: "pingate")
 
         let stateDirectory = PathText.resolve(stateDir ?? file?.stateDir ?? PathText.defaultStateDirectory)
+        let leftovers = StateFiles.removeLeftovers(in: stateDirectory)
+        if !leftovers.isEmpty {
+            // A write cut off between its temporary file and the rename (kill -9, power
+            // cut): the file it replaced is intact, and the temporary copy is garbage.
+            logger.notice("removed temporary files left by an interrupted write", metadata: [
+                "directory": "\(stateDirectory)", "files": "\(leftovers.joined(separator: ", "))",
+            ])
+        }
         let store = PinListStore(nil)
-        let listSource = try makeListSource(file: file, store: store, logger: logger)
+        let listSource = try makeListSource(file: file, store: store, stateDirectory: stateDirectory, logger: logger)
         if listSource == nil {
             logger.warning("no fingerprint list configured (--pins): every CONNECT will be refused")
         }
@@ -295,7 +304,7 @@ struct RunCommand: AsyncParsableCommand {
     /// The list source from flags and config. A local file is verified now, and start-up
     /// fails if it does not verify; a URL is fetched by the updater (direct mode), with
     /// the persisted copy in the state directory as the fallback when it cannot be.
-    private func makeListSource(file: ConfigFile?, store: PinListStore, logger: Logger) throws -> PinListSource? {
+    private func makeListSource(file: ConfigFile?, store: PinListStore, stateDirectory: String, logger: Logger) throws -> PinListSource? {
         let section = file?.pins
         guard let sourceText = pins.map({ $0.lowercased().hasPrefix("https://") ? $0 : PathText.resolve($0) }) ?? section?.source else {
             return nil
@@ -320,24 +329,56 @@ struct RunCommand: AsyncParsableCommand {
         source.fallbackFile = section?.fallback
 
         if case .file(let path) = source.location {
-            // A local list must verify before the gate starts at all.
-            let document: SignedListDocument
-            do {
-                document = try SignedListDocument.read(file: path, format: format)
-            } catch {
-                throw ConfigurationError("refusing to start: \(error)")
-            }
-            switch store.install(document, keys: keys, persistence: nil, now: Date()) {
+            try putPinsFileInForce(path: path, format: format, keys: keys, store: store, stateDirectory: stateDirectory, logger: logger)
+        }
+        return source
+    }
+
+    /// A local list must verify before the gate starts at all, and must not be older than
+    /// the list an earlier run's reload persisted (`PinsFileStartup`): the log line says
+    /// which list is in force and why.
+    private func putPinsFileInForce(path: String, format: PinListFormat?, keys: [PublicKey], store: PinListStore,
+                                    stateDirectory: String, logger: Logger) throws {
+        let now = Date()
+        let document: SignedListDocument
+        let list: PinList
+        do {
+            document = try SignedListDocument.read(file: path, format: format)
+        } catch {
+            throw ConfigurationError("refusing to start: \(error)")
+        }
+        do {
+            list = try document.verify(keys: keys)
+        } catch {
+            throw ConfigurationError("refusing to start: the fingerprint list \(path) was rejected: \(error)")
+        }
+        let persistence = PinListPersistence(stateDirectory: stateDirectory)
+        let persisted: PinsFileStartup.Persisted
+        do {
+            persisted = try persistence.load(keys: keys).map { .verified(path: persistence.path, document: $0.0, list: $0.1) } ?? .none
+        } catch {
+            persisted = .unverifiable(path: persistence.path, error: "\(error)")
+        }
+        switch PinsFileStartup.decide(path: path, document: document, list: list, persisted: persisted,
+                                      stateDirectory: stateDirectory, now: now) {
+        case .refuse(let message):
+            throw ConfigurationError("refusing to start: \(message)")
+        case .useFile(let provenance, let persist):
+            switch store.install(document, keys: keys, persistence: persist ? persistence : nil, now: now, provenance: provenance) {
             case .success(let list):
-                logger.info("fingerprint list verified", metadata: [
-                    "source": "\(path)", "format": "\(list.metadata.format.rawValue)", "entries": "\(list.entries.count)",
-                    "unexpired": "\(list.entries.filter { $0.isUnexpired(at: Date()) }.count)",
+                if store.status.lastResult == "persist-failed" {
+                    logger.warning("the --pins file is in force but could not be persisted; `pingate list show` shows the older copy",
+                                   metadata: ["path": "\(persistence.path)"])
+                }
+                logger.info("fingerprint list in force", metadata: [
+                    "origin": "\(provenance.origin.rawValue)", "why": "\(provenance.reason)",
+                    "format": "\(list.metadata.format.rawValue)", "entries": "\(list.entries.count)",
+                    "unexpired": "\(list.entries.filter { $0.isUnexpired(at: now) }.count)",
                 ])
             case .failure(let rejection):
                 throw ConfigurationError("refusing to start: the fingerprint list \(path) was rejected: \(rejection)")
             }
         }
-        return source
     }
 
     /// The decision log: JSON lines to stderr or a file, or (off) nowhere; with its

@@ -399,6 +399,87 @@ struct ListCommandLineTests {
         }
     }
 
+    /// `/status`'s `list` object from a running gate.
+    static func listStatus(_ gate: RunningGate) async throws -> [String: Any] {
+        let adminPort = try #require(gate.adminPort)
+        let answer = try await TestProcess.run("curl", ["-sS", "--max-time", "10", "http://127.0.0.1:\(adminPort)/status"])
+        let status = try #require(try JSONSerialization.jsonObject(with: answer.stdoutData) as? [String: Any])
+        return try #require(status["list"] as? [String: Any])
+    }
+
+    @Test("a SIGHUP re-read persists the --pins file; a restart with an older file stops and names `pingate list forget`; a newer file is in force, and the log and /status say why; after forget the older file starts")
+    func pinsFileAgainstPersisted() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let (hostA, hostB) = ("a.files.pingate.test", "b.files.pingate.test")
+        let leafA = try pki.leaf([.dns(hostA)], issuer: pki.originCA, file: "a")
+        let leafB = try pki.leaf([.dns(hostB)], issuer: pki.originCA, file: "b")
+        let state = directory.file("state")
+        try await LoopbackOrigin.with(identity: leafA, behaviour: .http(body: "A")) { originA in
+            try await LoopbackOrigin.with(identity: leafB, behaviour: .http(body: "B")) { originB in
+                let one = try pki.signedV2(sequence: 1, pins: [TestPKI.pin(hostA, leafA)])
+                let listPath = try directory.write("pins.json", String(decoding: one, as: UTF8.self))
+                let oldPath = try directory.write("old.json", String(decoding: one, as: UTF8.self))
+                let arguments = { (file: String) in [
+                    "--listen", "127.0.0.1:0", "--state-dir", state, "--pins", file, "--pins-key", pki.signerPublicKeyPath,
+                    "--upstream-ca", pki.upstreamTrustPath,
+                    "--resolve", "\(hostA):\(originA.port):127.0.0.1", "--resolve", "\(hostB):\(originB.port):127.0.0.1",
+                ] }
+                let fetch = { (gate: RunningGate, host: String, port: Int) in
+                    try await TestProcess.run("curl", ["-sS", "--max-time", "20", "--proxy", "http://127.0.0.1:\(gate.port)",
+                                                       "--cacert", (state as NSString).appendingPathComponent("ca.pem"), "https://\(host):\(port)/"])
+                }
+
+                // 1. Start with sequence 1, then publish sequence 2 into the same file and reload.
+                try await RunningGate.with(arguments(listPath)) { gate in
+                    let started = try await Self.listStatus(gate)
+                    #expect(started["origin"] as? String == "pins-file")
+                    #expect(started["in_force_because"] as? String == "the --pins file \(listPath) (sequence 1); nothing was persisted")
+                    _ = try directory.write("pins.json", String(decoding: try pki.signedV2(sequence: 2, pins: [
+                        TestPKI.pin(hostA, leafA), TestPKI.pin(hostB, leafB),
+                    ]), as: UTF8.self))
+                    kill(gate.process.processIdentifier, SIGHUP)
+                    #expect(await eventually(timeout: .seconds(10)) { (try? await Self.listStatus(gate))?["sequence"] as? Int == 2 })
+                    let reloaded = try await Self.listStatus(gate)
+                    #expect((reloaded["in_force_because"] as? String)?.hasPrefix("the --pins file \(listPath), re-read at ") == true, "\(reloaded)")
+                    #expect(try await fetch(gate, hostB, originB.port).stdout == "B")
+                }
+
+                // 2. The older file: no start, and the message says what to do.
+                let refused = try await TestProcess.run(Self.pingate, ["run"] + arguments(oldPath) + ["--admin-listen", "off"], timeout: 30)
+                #expect(refused.status != 0)
+                #expect(refused.stderr.contains("refusing to start: the --pins file \(oldPath) (sequence 1) is older than the list persisted in \(state)/pin-list.json (sequence 2), from \(listPath)"), "\(refused.stderr)")
+                #expect(refused.stderr.contains("`pingate list forget --state-dir \(state)`"))
+
+                // 3. A newer file with only B: it is in force, A is refused.
+                let newerPath = try directory.write("newer.json", String(decoding: try pki.signedV2(sequence: 3, pins: [TestPKI.pin(hostB, leafB)]), as: UTF8.self))
+                try await RunningGate.with(arguments(newerPath)) { gate in
+                    #expect(try await fetch(gate, hostB, originB.port).stdout == "B")
+                    #expect(try await fetch(gate, hostA, originA.port).stdout != "A")
+                    let status = try await Self.listStatus(gate)
+                    #expect(status["sequence"] as? Int == 3)
+                    #expect((status["in_force_because"] as? String)?.contains("(sequence 3); it replaces the list persisted in \(state)/pin-list.json (sequence 2)") == true, "\(status)")
+                    let log = await gate.stop()
+                    #expect(log.contains("origin=pins-file"), "\(log)")
+                }
+                let show = try await TestProcess.run(Self.pingate, ["list", "show", "--state-dir", state, "--key", pki.signerPublicKeyPath])
+                #expect(show.stdout.contains("sequence:   3"), "the file in force is what `list show` shows: \(show.stdout)\(show.stderr)")
+
+                // 4. Forget, and the rollback to sequence 1 is allowed.
+                let forget = try await TestProcess.run(Self.pingate, ["list", "forget", "--state-dir", state])
+                #expect(forget.status == 0)
+                #expect(forget.stdout.contains("removed \(state)/pin-list.json (a pingate-v2 list from \(newerPath)"), "\(forget.stdout)")
+                let again = try await TestProcess.run(Self.pingate, ["list", "forget", "--state-dir", state])
+                #expect(again.stdout.contains("nothing to forget"))
+                try await RunningGate.with(arguments(oldPath)) { gate in
+                    let answer = try await fetch(gate, hostA, originA.port)
+                    #expect(answer.stdout == "A", "\(answer.stderr)")
+                }
+            }
+        }
+    }
+
     @Test("run --pins https://…: fetched, persisted, shown by `list show`; restart with the server down still enforces it")
     func urlSource() async throws {
         let directory = try TemporaryDirectory()
@@ -441,7 +522,7 @@ struct ListCommandLineTests {
                     let offline = try await TestProcess.run("curl", curlArguments(second.port))
                     #expect(offline.stdout == "from url", "\(offline.stderr)")
                     let secondLog = await second.stop()
-                    #expect(secondLog.contains("loaded persisted fingerprint list"))
+                    #expect(secondLog.contains("origin=persisted"), "\(secondLog)")
                 }
             }
         }

@@ -392,6 +392,10 @@ struct CrashWhilePersistingTests {
                                                                  "--cacert", (state as NSString).appendingPathComponent("ca.pem"),
                                                                  "https://\(ListLifecycleTests.Setup.hostA):\(setup.originA.port)/"])
                 #expect(through.stdout == "A", "\(through.stderr)")
+                // The crashed write's temporary file is gone, and the log says which.
+                #expect(try FileManager.default.contentsOfDirectory(atPath: state).filter { $0.contains(".tmp-") }.isEmpty)
+                #expect(restarted.logText.contains("removed temporary files left by an interrupted write"))
+                #expect(restarted.logText.contains(leftovers[0]), "\(restarted.logText)")
             }
         }
     }

@@ -1,6 +1,7 @@
 import Foundation
 import PinGateTestSupport
 import PinList
+import PinListService
 import Testing
 @testable import PinGate
 
@@ -340,7 +341,8 @@ struct UpstreamPoolTests {
 
                 let revoked = try pki.signedV2(sequence: 2, pins: [TestPKI.pin(Self.host, leaf)], revoked: [leaf.fingerprint])
                 _ = try gate.server.store.install(SignedListDocument(format: .pingateV2, source: "test", body: revoked),
-                                                  keys: [pki.signer.publicKey()], persistence: nil, now: Date()).get()
+                                                  keys: [pki.signer.publicKey()], persistence: nil, now: Date(),
+                                                  provenance: ListProvenance(.fetched, "test")).get()
                 #expect(await Self.waitForIdle(gate, 0))
                 #expect(gate.server.upstreamPool?.closed["list-changed"] == 1)
                 #expect(await eventually { !holder.isRunning }, "the live tunnel was not cut")

@@ -3,6 +3,7 @@ import PinGateTestSupport
 import Testing
 import PinGateTLS
 import PinList
+import PinListService
 @testable import PinGate
 
 /// Upstream TLS session resumption, bound to the verdict (issue 10). nginx answers
@@ -56,7 +57,8 @@ struct UpstreamResumptionTests {
     /// Installs a v2 list in the running gate, as an update would.
     static func install(_ envelope: Data, in gate: GateFixture, pki: TestPKI) throws {
         let document = SignedListDocument(format: .pingateV2, source: "test", body: envelope)
-        _ = try gate.server.store.install(document, keys: [pki.signer.publicKey()], persistence: nil, now: Date()).get()
+        _ = try gate.server.store.install(document, keys: [pki.signer.publicKey()], persistence: nil, now: Date(),
+                                          provenance: ListProvenance(.fetched, "test")).get()
     }
 
     @Test("a second tunnel resumes its upstream session; a session made for one name is never offered for another name at the same address")

@@ -2,6 +2,7 @@ import Foundation
 import PinGateTestSupport
 import PinGateTLS
 import PinList
+import PinListService
 import Testing
 @testable import PinGate
 import PinGateHarness
@@ -98,7 +99,8 @@ struct WultraDomainsConfigTests {
         let now = Date()
         // What a restart does with the persisted answer.
         let store = PinListStore(nil)
-        guard case .success(let persisted) = store.install(document, keys: [try key.publicKey()], persistence: nil, now: now) else {
+        guard case .success(let persisted) = store.install(document, keys: [try key.publicKey()], persistence: nil, now: now,
+                                                           provenance: ListProvenance(.persisted, "test")) else {
             Issue.record("the persisted answer did not verify")
             return
         }
@@ -106,7 +108,7 @@ struct WultraDomainsConfigTests {
         #expect(!store.isUsable(at: now))
         // The same bytes answering a fresh challenge: not "unchanged", the rules apply.
         guard case .success(let fresh) = store.install(document, keys: [try key.publicKey()], persistence: nil, now: now,
-                                                       answersFreshChallenge: true) else {
+                                                       provenance: ListProvenance(.fetched, "test"), answersFreshChallenge: true) else {
             Issue.record("the fresh answer did not verify")
             return
         }
