@@ -168,11 +168,16 @@ public final class LocalCA: Sendable {
     }
 
     /// Loads the CA in `stateDirectory`, creating it first if there is none.
+    /// Another process may be doing the same at the same moment (a gate starting while
+    /// `pingate env` runs): the check and the creation happen under the state directory's
+    /// lock, so exactly one creates and the other loads what it created.
     public static func loadOrCreate(stateDirectory: String) throws -> (ca: LocalCA, created: Bool) {
         let paths = Paths(stateDirectory: stateDirectory)
-        if !FileManager.default.fileExists(atPath: paths.certificate) && !FileManager.default.fileExists(atPath: paths.key) {
-            return (try create(stateDirectory: stateDirectory), true)
+        return try StateFiles.withExclusiveLock(in: stateDirectory) {
+            if !FileManager.default.fileExists(atPath: paths.certificate) && !FileManager.default.fileExists(atPath: paths.key) {
+                return (try create(stateDirectory: stateDirectory), true)
+            }
+            return (try load(stateDirectory: stateDirectory), false)
         }
-        return (try load(stateDirectory: stateDirectory), false)
     }
 }

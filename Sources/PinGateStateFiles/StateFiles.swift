@@ -80,6 +80,23 @@ public enum StateFiles {
         }
     }
 
+    /// Runs `body` holding an exclusive lock on `directory` (`flock` on its `.lock` file,
+    /// created 0600), so that two processes starting at once (a gate and `pingate env`)
+    /// do not both create what only one may: two CAs, one's key beside the other's
+    /// certificate. It blocks until the lock is free: for start-up and commands, never
+    /// for an event loop. The directory is created (0700) if missing.
+    public static func withExclusiveLock<Value>(in directory: String, _ body: () throws -> Value) throws -> Value {
+        try ensureDirectory(directory)
+        let lockPath = (directory as NSString).appendingPathComponent(".lock")
+        let descriptor = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        guard descriptor >= 0 else { throw failure(lockPath, "open") }
+        defer { close(descriptor) }  // closing releases the lock
+        while flock(descriptor, LOCK_EX) != 0 {
+            guard errno == EINTR else { throw failure(lockPath, "flock") }
+        }
+        return try body()
+    }
+
     /// Removes the temporary files that writes in `directory` left behind when their
     /// process died between creating and renaming them (a `kill -9`, a power cut), and
     /// returns their names. A file whose writer is still alive (another gate sharing the

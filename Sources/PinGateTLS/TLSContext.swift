@@ -1,4 +1,5 @@
 internal import COpenSSL
+import Foundation
 
 /// Where a TLS client finds the roots it validates server chains against.
 public enum TrustRoots: Sendable, Equatable {
@@ -6,6 +7,16 @@ public enum TrustRoots: Sendable, Equatable {
     case system
     /// Only the certificates in these PEM files (bundles allowed).
     case pemFiles([String])
+
+    /// The system's roots as one PEM bundle file, where OpenSSL looks for it (its
+    /// compiled-in default, `/usr/lib/ssl/cert.pem` on Debian) or where the common
+    /// distributions keep it; nil when there is none.
+    public static var systemBundlePath: String? {
+        var candidates: [String] = []
+        if let compiledIn = X509_get_default_cert_file() { candidates.append(String(cString: compiledIn)) }
+        candidates += ["/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem"]
+        return candidates.first { FileManager.default.isReadableFile(atPath: $0) }
+    }
 }
 
 /// A configured OpenSSL `SSL_CTX`: shared, read-only settings for many connections.

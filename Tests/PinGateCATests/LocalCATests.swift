@@ -1,6 +1,7 @@
 import Foundation
 import PinGateTestSupport
 import PinGateTLS
+import Synchronization
 import Testing
 @testable import PinGateCA
 
@@ -24,6 +25,28 @@ struct LocalCATests {
         let (again, wasCreated) = try LocalCA.loadOrCreate(stateDirectory: state)
         #expect(!wasCreated)
         #expect(again.certificate.sha256Fingerprint == created.certificate.sha256Fingerprint)
+    }
+
+    @Test("six processes' worth of loadOrCreate at once on an empty directory: one creates, the others load that CA (a gate and `pingate env` started together)")
+    func concurrentLoadOrCreate() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let state = directory.file("state")
+        let results = Mutex<[(fingerprint: String, created: Bool)]>([])
+        let failures = Mutex<[String]>([])
+        DispatchQueue.concurrentPerform(iterations: 6) { _ in
+            do {
+                let (ca, created) = try LocalCA.loadOrCreate(stateDirectory: state)
+                results.withLock { $0.append((ca.certificate.sha256Fingerprint, created)) }
+            } catch {
+                failures.withLock { $0.append("\(error)") }
+            }
+        }
+        #expect(failures.withLock { $0 }.isEmpty, "\(failures.withLock { $0 })")
+        let all = results.withLock { $0 }
+        #expect(all.filter(\.created).count == 1)
+        #expect(Set(all.map(\.fingerprint)).count == 1)
+        #expect(try LocalCA.load(stateDirectory: state).certificate.sha256Fingerprint == all.first?.fingerprint)
     }
 
     @Test("a key that does not belong to the certificate is refused")

@@ -1,0 +1,208 @@
+import ArgumentParser
+import Foundation
+import PinGate
+import PinGateCA
+import PinGateNIO
+import PinGateStateFiles
+import PinGateTLS
+
+/// `pingate env`: the environment an app needs to go through a gate, for `eval`.
+struct EnvCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "env",
+        abstract: "Print the environment that sends apps through the gate: eval \"$(pingate env)\".",
+        discussion: """
+        Takes the same --config, --listen and --state-dir as run, and prints HTTPS_PROXY (and \
+        https_proxy), NO_PROXY for loopback, and a CA bundle (the system roots plus the gate's CA, \
+        written to the state directory as ca-bundle.pem, because SSL_CERT_FILE replaces the system \
+        store rather than adding to it) as SSL_CERT_FILE, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE, \
+        NODE_EXTRA_CA_CERTS and GIT_SSL_CAINFO. curl, git, Python requests and OpenSSL-based tools \
+        read these as they are. Node reads no proxy variable before version 24 \
+        (NODE_USE_ENV_PROXY=1 there): NODE_OPTIONS loads node-proxy.cjs from the state directory, \
+        which sends the https module's requests through the gate on any version; fetch goes \
+        through it only where Node supports NODE_USE_ENV_PROXY. Java reads none of these: the \
+        last line says how to trust the CA and set the proxy for a JVM. The CA is created if the \
+        gate has not run yet, exactly as run would create it.
+        """)
+
+    /// The shells `env` writes for.
+    enum Shell: String, ExpressibleByArgument, CaseIterable {
+        case sh, fish, powershell
+    }
+
+    @Option(name: .long, help: "The gate's YAML config file: its listen address and state directory are used.")
+    var config: String?
+
+    @Option(name: .long, help: "The gate's listen address HOST:PORT (default 127.0.0.1:8080).")
+    var listen: String?
+
+    @Option(name: .long, help: "The gate's state directory (default $XDG_STATE_HOME/pingate, or ~/.local/state/pingate).")
+    var stateDir: String?
+
+    @Option(name: .long, help: "The syntax to print: sh (bash, zsh, dash), fish or powershell.")
+    var shell: Shell = .sh
+
+    func run() throws {
+        let file = try config.map(ConfigFile.load)
+        let (host, port) = try RunCommand.parseHostPort(listen ?? file?.listen ?? "127.0.0.1:8080")
+        let stateDirectory = PathText.resolve(stateDir ?? file?.stateDir ?? PathText.defaultStateDirectory)
+        let ca = try LocalCA.loadOrCreate(stateDirectory: stateDirectory).ca
+        let caPath = LocalCA.Paths(stateDirectory: stateDirectory).certificate
+
+        var bundle = ""
+        let systemBundle = TrustRoots.systemBundlePath
+        if let systemBundle {
+            do {
+                bundle = try String(contentsOfFile: systemBundle, encoding: .utf8)
+            } catch {
+                throw ConfigurationError("cannot read the system's CA bundle \(systemBundle): \(error.localizedDescription)")
+            }
+            if !bundle.hasSuffix("\n") { bundle += "\n" }
+        }
+        bundle += "# pingate local CA (\(ca.certificate.subjectDescription))\n" + (try ca.certificate.pemString())
+        let bundlePath = (stateDirectory as NSString).appendingPathComponent("ca-bundle.pem")
+        let preloadPath = (stateDirectory as NSString).appendingPathComponent("node-proxy.cjs")
+        do {
+            try StateFiles.writeAtomically(Array(bundle.utf8), to: bundlePath, mode: 0o644)
+            try StateFiles.writeAtomically(Array(NodeProxyPreload.source.utf8), to: preloadPath, mode: 0o644)
+        } catch {
+            throw ConfigurationError("cannot write the CA bundle for apps: \(error)")
+        }
+        if systemBundle == nil {
+            // Still usable for the gate's own traffic; say why other hosts will fail.
+            FileHandle.standardError.write(Data("pingate env: no system CA bundle found; \(bundlePath) holds only the gate's CA\n".utf8))
+        }
+
+        // An app reaches a gate listening on every address through loopback.
+        let proxyHost = switch host {
+        case "0.0.0.0", "": "127.0.0.1"
+        case "::": "[::1]"
+        default: host.contains(":") ? "[\(host)]" : host
+        }
+        let environment = ShellEnvironment(
+            proxy: "http://\(proxyHost):\(port)", bundle: bundlePath, nodePreload: preloadPath, caCertificate: caPath)
+        print(environment.render(for: shell), terminator: "")
+    }
+}
+
+/// The variables `pingate env` sets, and how each shell says them.
+struct ShellEnvironment {
+    /// `http://HOST:PORT` of the gate.
+    var proxy: String
+    /// The system roots plus the gate's CA.
+    var bundle: String
+    /// The Node preload that tunnels the https module through the proxy.
+    var nodePreload: String
+    /// The gate's CA alone (for Java's keytool).
+    var caCertificate: String
+
+    /// Loopback never goes through the gate: it is where the gate itself and local
+    /// services live, and the gate refuses private destinations anyway.
+    static let noProxy = "localhost,127.0.0.1,::1"
+
+    /// The plain `NAME=value` pairs, in order.
+    var variables: [(String, String)] {
+        [
+            ("HTTPS_PROXY", proxy), ("https_proxy", proxy),
+            ("NO_PROXY", Self.noProxy), ("no_proxy", Self.noProxy),
+            ("SSL_CERT_FILE", bundle), ("REQUESTS_CA_BUNDLE", bundle), ("CURL_CA_BUNDLE", bundle),
+            ("NODE_EXTRA_CA_CERTS", bundle), ("GIT_SSL_CAINFO", bundle), ("NODE_USE_ENV_PROXY", "1"),
+        ]
+    }
+
+    /// The Java advice, as a comment line.
+    var javaLine: String {
+        let (host, port) = proxyHostAndPort
+        return "Java reads none of these: trust the CA with keytool -importcert -noprompt -alias pingate -file \(caCertificate) "
+            + "-cacerts -storepass changeit, and run java with -Dhttps.proxyHost=\(host) -Dhttps.proxyPort=\(port)"
+    }
+
+    private var proxyHostAndPort: (String, String) {
+        let authority = proxy.replacingOccurrences(of: "http://", with: "")
+        guard let colon = authority.lastIndex(of: ":") else { return (authority, "8080") }
+        return (String(authority[..<colon]), String(authority[authority.index(after: colon)...]))
+    }
+
+    /// The whole text for `shell`, ending in a newline.
+    func render(for shell: EnvCommand.Shell) -> String {
+        // NODE_OPTIONS keeps what the user had, and gains the preload once however often
+        // the output is evaluated. Node reads double quotes in it, so the path is quoted so.
+        let require = "--require \"\(nodePreload)\""
+        var lines = ["# pingate at \(proxy): apps started from this shell go through it"]
+        switch shell {
+        case .sh:
+            lines += variables.map { "export \($0)=\(Self.shQuote($1))" }
+            lines.append("case \" ${NODE_OPTIONS:-} \" in *\(Self.shQuote(nodePreload))*) ;; "
+                + "*) export NODE_OPTIONS=\(Self.shQuote(require))\"${NODE_OPTIONS:+ $NODE_OPTIONS}\" ;; esac")
+        case .fish:
+            lines += variables.map { "set -gx \($0) \(Self.fishQuote($1))" }
+            lines.append("string match -q -- \(Self.fishQuote("*\(nodePreload)*")) \"$NODE_OPTIONS\"; "
+                + "or set -gx NODE_OPTIONS (string trim -- \(Self.fishQuote(require))\" $NODE_OPTIONS\")")
+        case .powershell:
+            lines += variables.map { "$env:\($0) = \(Self.powershellQuote($1))" }
+            lines.append("if (-not (\"$env:NODE_OPTIONS\").Contains(\(Self.powershellQuote(nodePreload)))) "
+                + "{ $env:NODE_OPTIONS = (\(Self.powershellQuote(require)) + ' ' + \"$env:NODE_OPTIONS\").Trim() }")
+        }
+        lines.append("# \(javaLine)")
+        return lines.joined(separator: "\n") + "\n"
+    }
+
+    static func shQuote(_ text: String) -> String {
+        "'" + text.replacingOccurrences(of: "'", with: "'\\''") + "'"
+    }
+
+    static func fishQuote(_ text: String) -> String {
+        "'" + text.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "'", with: "\\'") + "'"
+    }
+
+    static func powershellQuote(_ text: String) -> String {
+        "'" + text.replacingOccurrences(of: "'", with: "''") + "'"
+    }
+}
+
+/// A Node preload (`--require`) that sends the `https` module's requests through
+/// `HTTPS_PROXY` with `CONNECT`, as curl does: Node before 24 reads no proxy variable.
+/// It replaces `https.globalAgent`, so requests that bring their own agent are theirs.
+enum NodeProxyPreload {
+    static let source = """
+    // Written by `pingate env`: sends Node's https requests through HTTPS_PROXY (a CONNECT
+    // tunnel), honouring NO_PROXY. Node before 24 reads no proxy variable by itself.
+    'use strict';
+    const proxy = process.env.HTTPS_PROXY || process.env.https_proxy;
+    if (proxy) {
+      const http = require('http');
+      const https = require('https');
+      const tls = require('tls');
+      const proxyURL = new URL(proxy);
+      const noProxy = (process.env.NO_PROXY || process.env.no_proxy || '')
+        .split(',').map((entry) => entry.trim().toLowerCase()).filter(Boolean);
+      const bypass = (host) => noProxy.some((entry) => entry === '*' || host === entry
+        || host.endsWith(entry.startsWith('.') ? entry : '.' + entry));
+      class PingateTunnelAgent extends https.Agent {
+        createConnection(options, callback) {
+          const host = String(options.host || options.hostname || 'localhost').toLowerCase();
+          const port = options.port || 443;
+          if (bypass(host)) return super.createConnection(options, callback);
+          const authority = (host.includes(':') ? '[' + host + ']' : host) + ':' + port;
+          const request = http.request({
+            host: proxyURL.hostname.replace(/^\\[|\\]$/g, ''), port: proxyURL.port || 80,
+            method: 'CONNECT', path: authority, headers: { host: authority },
+          });
+          request.once('connect', (response, socket) => {
+            if (response.statusCode !== 200) {
+              socket.destroy();
+              const reason = response.headers['pingate-refusal'] ? ' (' + response.headers['pingate-refusal'] + ')' : '';
+              callback(new Error('the proxy refused CONNECT ' + authority + ': ' + response.statusCode + reason));
+              return;
+            }
+            callback(null, tls.connect({ ...options, socket, servername: options.servername || host }));
+          });
+          request.once('error', callback);
+          request.end();
+        }
+      }
+      https.globalAgent = new PingateTunnelAgent({ keepAlive: true });
+    }
+
+    """
+}

@@ -1,0 +1,108 @@
+import Foundation
+import PinGateTestSupport
+import Testing
+
+/// `eval "$(pingate env)"` as a user types it: curl, Python requests, Node and git reach a
+/// pinned nginx origin through the gate with no flags of their own.
+@Suite("pingate env")
+struct EnvCommandTests {
+    static let host = "env.pingate.test"
+
+    @Test("after eval \"$(pingate env)\", curl, requests, Node's https and git clone go through the gate with no flags; a refused host's reason reaches Node")
+    func fourClientsThroughTheGate() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns(Self.host), .dns("unpinned.pingate.test")], issuer: pki.originCA, file: "origin")
+        let listPath = try directory.write("pins.json", String(decoding: try pki.signedV2(sequence: 1, pins: [TestPKI.pin(Self.host, leaf)]), as: UTF8.self))
+
+        // A bare repository served as files: git's "dumb" HTTP protocol needs no git server.
+        let work = directory.file("work")
+        let git = try TestProcess.resolve("git")
+        for arguments in [["init", "-q", "-b", "main", work], ["-C", work, "config", "user.email", "t@pingate.test"],
+                          ["-C", work, "config", "user.name", "t"]] {
+            _ = try await TestProcess.run(git, arguments)
+        }
+        _ = try directory.write("work/README", "cloned through the gate\n")
+        for arguments in [["-C", work, "add", "README"], ["-C", work, "commit", "-q", "-m", "one"],
+                          ["clone", "-q", "--bare", work, directory.file("repo.git")], ["-C", directory.file("repo.git"), "update-server-info"]] {
+            let result = try await TestProcess.run(git, arguments)
+            #expect(result.status == 0, "git \(arguments): \(result.stderr)")
+        }
+
+        try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath,
+                                   files: ["index.txt": Data("hello through the gate".utf8)]) { origin in
+            _ = try await TestProcess.run("cp", ["-r", directory.file("repo.git"), (origin.directory.file("www") as NSString).appendingPathComponent("repo.git")])
+            let state = directory.file("state")
+            try await RunningGate.with([
+                "--listen", "127.0.0.1:0", "--state-dir", state, "--pins", listPath, "--pins-key", pki.signerPublicKeyPath,
+                "--upstream-ca", pki.upstreamTrustPath, "--resolve", "\(Self.host):\(origin.port):127.0.0.1",
+                "--resolve", "unpinned.pingate.test:\(origin.port):127.0.0.1", "--decision-log", "off",
+            ]) { gate in
+                let url = "https://\(Self.host):\(origin.port)/index.txt"
+                let python = try TestProcess.resolve("python3")
+                let node = try TestProcess.resolve("node")
+                let nodeGet = { (target: String) in
+                    "\(node) -e 'require(\"https\").get(\"\(target)\", (r) => { let b = \"\"; r.on(\"data\", (d) => b += d); r.on(\"end\", () => console.log(r.statusCode + \" \" + b)); }).on(\"error\", (e) => { console.log(\"error: \" + e.message); process.exit(3); })'"
+                }
+                // Each client in a shell of its own: only what `eval` sets reaches it. The
+                // names resolve nowhere but in the gate, so an answer proves the gate was used.
+                let clients: [(String, String, String)] = [
+                    ("curl", "curl -sS --max-time 20 \(url)", "hello through the gate"),
+                    ("requests", "\(python) -c 'import requests; print(requests.get(\"\(url)\", timeout=20).text)'", "hello through the gate"),
+                    ("node", nodeGet(url), "200 hello through the gate"),
+                    ("git", "\(git) clone -q https://\(Self.host):\(origin.port)/repo.git \(directory.file("clone")) && cat \(directory.file("clone/README"))", "cloned through the gate"),
+                ]
+                let clean = ["HTTPS_PROXY", "https_proxy", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+                             "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO", "NODE_OPTIONS", "NO_PROXY", "no_proxy"]
+                for (name, command, expected) in clients {
+                    let script = "unset \(clean.joined(separator: " ")); eval \"$(\(TestProcess.pingateExecutable) env --listen 127.0.0.1:\(gate.port) --state-dir \(state))\" && \(command)"
+                    let result = try await TestProcess.run("sh", ["-c", script], timeout: 60)
+                    #expect(result.status == 0, "\(name): \(result.stderr)")
+                    #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == expected, "\(name): \(result.stdout) \(result.stderr)")
+                }
+                // Without the environment the same curl cannot even resolve the name.
+                let bare = try await TestProcess.run("sh", ["-c", "unset \(clean.joined(separator: " ")); curl -sS --max-time 10 \(url)"])
+                #expect(bare.status != 0)
+
+                // A host the list does not pin: Node's error carries the gate's reason.
+                let refused = try await TestProcess.run("sh", ["-c", "eval \"$(\(TestProcess.pingateExecutable) env --listen 127.0.0.1:\(gate.port) --state-dir \(state))\" && \(nodeGet("https://unpinned.pingate.test:\(origin.port)/"))"])
+                #expect(refused.status == 3)
+                #expect(refused.stdout.contains("error: the proxy refused CONNECT unpinned.pingate.test:\(origin.port): 403"), "\(refused.stdout)")
+
+                // Four tunnels were trusted (git may open more than one).
+                let adminPort = try #require(gate.adminPort)
+                let status = try await TestProcess.run("curl", ["-sS", "http://127.0.0.1:\(adminPort)/status"])
+                let counters = try #require((try JSONSerialization.jsonObject(with: status.stdoutData) as? [String: Any])?["counters"] as? [String: Any])
+                #expect(((counters["tunnels_by_reason"] as? [String: Int])?["trusted"] ?? 0) >= 4, "\(counters)")
+            }
+        }
+    }
+
+    @Test("the bundle holds the system roots and the gate's CA; fish and PowerShell get their own syntax; a re-eval adds the Node preload once")
+    func outputs() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let state = directory.file("state")
+        let pingate = TestProcess.pingateExecutable
+        let sh = try await TestProcess.run(pingate, ["env", "--state-dir", state, "--listen", "0.0.0.0:18080"])
+        #expect(sh.status == 0, "\(sh.stderr)")
+        #expect(sh.stdout.contains("export HTTPS_PROXY='http://127.0.0.1:18080'\n"), "a gate on every address is reached through loopback")
+        #expect(sh.stdout.contains("export SSL_CERT_FILE='\(state)/ca-bundle.pem'\n"))
+        let bundle = try String(contentsOfFile: "\(state)/ca-bundle.pem", encoding: .utf8)
+        let ca = try String(contentsOfFile: "\(state)/ca.pem", encoding: .utf8)
+        #expect(bundle.hasSuffix(ca))
+        #expect(bundle.components(separatedBy: "BEGIN CERTIFICATE").count > 10, "the system roots are in the bundle")
+
+        let twice = try await TestProcess.run("sh", ["-c", "unset NODE_OPTIONS; export NODE_OPTIONS=--no-warnings; eval \"$(\(pingate) env --state-dir \(state))\"; eval \"$(\(pingate) env --state-dir \(state))\"; printf %s \"$NODE_OPTIONS\""])
+        #expect(twice.stdout == "--require \"\(state)/node-proxy.cjs\" --no-warnings", "\(twice.stdout)")
+
+        let fish = try await TestProcess.run(pingate, ["env", "--state-dir", state, "--shell", "fish"])
+        #expect(fish.stdout.contains("set -gx HTTPS_PROXY 'http://127.0.0.1:8080'\n"))
+        #expect(fish.stdout.contains("set -gx GIT_SSL_CAINFO '\(state)/ca-bundle.pem'\n"))
+        let powershell = try await TestProcess.run(pingate, ["env", "--state-dir", state, "--shell", "powershell", "--listen", "[::1]:9"])
+        #expect(powershell.stdout.contains("$env:HTTPS_PROXY = 'http://[::1]:9'\n"))
+        #expect(powershell.stdout.contains("$env:NODE_EXTRA_CA_CERTS = '\(state)/ca-bundle.pem'\n"))
+        #expect(sh.stdout.contains("# Java reads none of these: trust the CA with keytool -importcert"))
+    }
+}
