@@ -185,10 +185,11 @@ struct CommandLineTests {
         #expect(!gate.stderr.contains("errno") && !admin.stderr.contains("errno"))
     }
 
-    @Test("--help at 80 columns wraps prose once, by argument-parser (no hard line breaks in the help texts leave short ragged lines), and attack --help gives its default once")
-    func helpWrapsOnce() async throws {
-        for command in [["--help"], ["run", "--help"], ["sign", "--help"], ["fingerprint", "--help"], ["list", "lint", "--help"]] {
-            let help = try await TestProcess.run(Self.pingate, command, environment: ["COLUMNS": "80"])
+    @Test("--help at 80 and at 120 columns wraps prose once, by argument-parser (no hard line breaks in the help texts leave short ragged lines), and attack --help gives its default once", arguments: [80, 120])
+    func helpWrapsOnce(columns: Int) async throws {
+        for command in [["--help"], ["run", "--help"], ["env", "--help"], ["sign", "--help"], ["fingerprint", "--help"],
+                        ["list", "lint", "--help"], ["list", "forget", "--help"]] {
+            let help = try await TestProcess.run(Self.pingate, command, environment: ["COLUMNS": "\(columns)"])
             let lines = help.stdout.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
             // The discussion: the prose between OVERVIEW's first blank line and USAGE.
             guard let usage = lines.firstIndex(where: { $0.hasPrefix("USAGE:") }) else {
@@ -199,13 +200,13 @@ struct CommandLineTests {
                 let next = lines[index + 1]
                 // A line of a paragraph that goes on must be filled: a hard break in the
                 // source, wrapped again, leaves a short line before the paragraph's end.
-                // (argument-parser fills lines to 79 columns at COLUMNS=80.)
+                // (argument-parser fills lines to one column short of COLUMNS.)
                 guard !line.isEmpty, !next.isEmpty, !line.hasPrefix(" "), !next.hasPrefix(" "), !line.hasSuffix(":") else { continue }
-                #expect(line.count + 1 + (next.split(separator: " ").first?.count ?? 0) >= 80,
+                #expect(line.count + 1 + (next.split(separator: " ").first?.count ?? 0) >= columns,
                         "\(command): a short line in the middle of a paragraph: \"\(line)\" then \"\(next)\"")
             }
         }
-        let attack = try await TestProcess.run(Self.pingate, ["attack", "--help"], environment: ["COLUMNS": "80"])
+        let attack = try await TestProcess.run(Self.pingate, ["attack", "--help"], environment: ["COLUMNS": "\(columns)"])
         #expect(attack.stdout.components(separatedBy: "127.0.0.1:8081").count == 2, "\(attack.stdout)")
     }
 
