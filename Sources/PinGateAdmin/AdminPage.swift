@@ -22,6 +22,7 @@ enum AdminPage {
         .card{border:1px solid #dde2ec;border-radius:6px;padding:.6em .8em} .card b{display:block;font-size:1.5em}
         </style></head><body>
         <h1>pingate</h1>
+        \(status.learned == nil ? "" : "<p id=\"learning\" class=\"bad\">Learn mode: \(AdminSnapshot.learningMode). Hosts without a pin pass on a valid chain and are recorded below; run <code>pingate list propose</code> to turn them into a list.</p>")
         <p>\(snapshot.ready ? "<span class=\"ok\">ready</span>" : "<span class=\"bad\">not ready</span>: \(escape(snapshot.notReadyReason ?? ""))")
          · version \(escape(status.version)) · up \(formatDuration(status.uptimeSeconds)) · listening on \(escape(status.listen.joined(separator: ", ")))</p>
         <h2>Counters</h2>
@@ -66,6 +67,20 @@ enum AdminPage {
             html += "<tr><td>\(iso(refusal.time))</td><td>\(escape(refusal.client))</td><td>\(escape(refusal.host)):\(refusal.port)</td>"
             html += "<td><code>\(escape(refusal.reason.rawValue))</code></td><td><code>\(escape(refusal.observedFingerprint ?? "-"))</code></td>"
             html += "<td><code>\(escape(refusal.expectedFingerprints.joined(separator: " ")))</code></td></tr>\n"
+        }
+        if let learned = status.learned {
+            html += """
+            </table>
+            <h2>Learned hosts</h2>
+            <table id="learned"><tr><th>host</th><th>leaf (sha256 / spki)</th><th>issuer</th><th>leaf expires</th><th>tunnels</th><th>last seen</th><th>alpn</th></tr>
+
+            """
+            for host in learned {
+                html += "<tr><td>\(escape(host.host)):\(host.port)\(host.leaves > 1 ? " (\(host.leaves) leaves)" : "")</td>"
+                html += "<td><code>\(escape(host.leafSHA256))</code><br><code>\(escape(host.leafSPKI))</code><br>\(escape(host.leafSubject))</td>"
+                html += "<td>\(escape(host.issuerSubject ?? "-"))<br><code>\(escape(host.issuerSPKI ?? ""))</code></td>"
+                html += "<td>\(host.leafNotAfter.map(iso) ?? "-")</td><td>\(host.count)</td><td>\(iso(host.lastSeen))</td><td>\(escape(host.alpn ?? "-"))</td></tr>\n"
+            }
         }
         html += """
         </table>

@@ -54,7 +54,9 @@ public enum AdminRoute: Sendable, Equatable {
         switch path {
         case "/ready":
             let current = snapshot()
-            return .respond(current.ready ? .text(200, "ready\n") : .text(503, "not ready: \(current.notReadyReason ?? "unknown")\n"))
+            let learning = current.status.mode == AdminSnapshot.learningMode ? " (\(AdminSnapshot.learningMode))" : ""
+            return .respond(current.ready ? .text(200, "ready\(learning)\n")
+                                          : .text(503, "not ready: \(current.notReadyReason ?? "unknown")\(learning)\n"))
         case "/status":
             return .respond(.json(snapshot().status))
         case "/pins":

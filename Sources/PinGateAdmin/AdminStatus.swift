@@ -22,7 +22,42 @@ public struct AdminSnapshot: Sendable, Codable {
         public var counters: Counters
         /// The pool of verified upstream connections; absent when pooling is off.
         public var upstreamPool: UpstreamPoolStatus?
+        /// `enforcing`, or in learn mode `learning, not enforcing`.
+        public var mode: String = "enforcing"
+        /// Learn mode: what each admitted host presented (absent when enforcing).
+        public var learned: [LearnedHost]?
     }
+
+    /// Learn mode: one host:port and the chains it presented.
+    public struct LearnedHost: Sendable, Codable {
+        /// The CONNECT host.
+        public var host: String
+        /// The CONNECT port.
+        public var port: Int
+        /// Tunnels admitted to it.
+        public var count: Int
+        /// When it was last seen.
+        public var lastSeen: Date
+        /// The latest chain's leaf: certificate and key hashes, subject, expiry.
+        public var leafSHA256: String
+        /// See `leafSHA256`.
+        public var leafSPKI: String
+        /// See `leafSHA256`.
+        public var leafSubject: String
+        /// See `leafSHA256`.
+        public var leafNotAfter: Date?
+        /// The latest chain's issuer (depth 1), when there is one: its subject and key hash.
+        public var issuerSubject: String?
+        /// See `issuerSubject`.
+        public var issuerSPKI: String?
+        /// The protocol agreed upstream.
+        public var alpn: String?
+        /// Distinct leaves seen (more than one: the host rotated, or serves several).
+        public var leaves: Int
+    }
+
+    /// The text `/ready`, `/status` and the page use for learn mode.
+    public static let learningMode = "learning, not enforcing"
 
     /// The local CA.
     public struct CA: Sendable, Codable {
@@ -197,9 +232,21 @@ public struct AdminSnapshot: Sendable, Codable {
                 upstreamStreamWindowGrowths: stats.upstreamStreamWindowGrowths,
                 upstreamStreamWindowLargestBytes: stats.upstreamStreamWindowLargestBytes,
                 heapTrims: stats.heapTrims, heapTrimReleasedBytes: stats.heapTrimReleasedBytes),
-            upstreamPool: gate.upstreamPool)
+            upstreamPool: gate.upstreamPool,
+            mode: gate.configuration.learning ? learningMode : "enforcing",
+            learned: gate.observations.map { recorder in
+                recorder.book.hosts.compactMap { host -> LearnedHost? in
+                    guard let latest = host.latest, let leaf = latest.chain.first else { return nil }
+                    let issuer = latest.chain.count > 1 ? latest.chain[1] : nil
+                    return LearnedHost(host: host.host, port: host.port, count: host.chains.reduce(0) { $0 + $1.count },
+                                       lastSeen: latest.lastSeen, leafSHA256: leaf.sha256, leafSPKI: leaf.spki,
+                                       leafSubject: leaf.subject, leafNotAfter: leaf.notAfter, issuerSubject: issuer?.subject,
+                                       issuerSPKI: issuer?.spki, alpn: latest.alpn, leaves: host.chains.count)
+                }
+            })
         var reason: String?
-        if !usable {
+        // Learn mode admits on validated chains with or without a list: ready unless draining.
+        if !usable && !gate.configuration.learning {
             if let expired = list?.expiryReason(at: now) {
                 reason = "list-expired: \(expired)"
             } else {
@@ -212,7 +259,8 @@ public struct AdminSnapshot: Sendable, Codable {
             // finishes within the drain.
             reason = "draining: the gate is shutting down, accepts no new connections and lets open ones finish"
         }
-        return AdminSnapshot(status: status, pins: pins, refusals: gate.refusals.entries.reversed(), ready: usable && !gate.isDraining,
+        return AdminSnapshot(status: status, pins: pins, refusals: gate.refusals.entries.reversed(),
+                             ready: (usable || gate.configuration.learning) && !gate.isDraining,
                              notReadyReason: reason)
     }
 

@@ -22,11 +22,16 @@ public enum Verdict: Sendable, Equatable {
     /// (`sslPinningRequired: false`, or unlisted under `sslPinningRequiredForUnlisted:
     /// false`); its chain and host name validated.
     case unpinnedAllowed(observed: String)
+    /// Learn mode (`run --learn`): the host has no pin, its chain and host name validated
+    /// against the upstream trust, and the traffic passes so that the gate can record what
+    /// it saw. Never a verdict outside learn mode.
+    case learned(observed: String)
 
-    /// True when the traffic may pass (`trusted`, `reportOnlyViolation`, `unpinnedAllowed`).
+    /// True when the traffic may pass (`trusted`, `reportOnlyViolation`, `unpinnedAllowed`,
+    /// and in learn mode `learned`).
     public var isTrusted: Bool {
         switch self {
-        case .trusted, .reportOnlyViolation, .unpinnedAllowed: return true
+        case .trusted, .reportOnlyViolation, .unpinnedAllowed, .learned: return true
         default: return false
         }
     }
@@ -41,6 +46,7 @@ public enum Verdict: Sendable, Equatable {
         case .empty: return "empty"
         case .chainInvalid: return "chain-invalid"
         case .unpinnedAllowed: return "unpinned-allowed"
+        case .learned: return "learned"
         }
     }
 
@@ -49,7 +55,7 @@ public enum Verdict: Sendable, Equatable {
         switch self {
         case .trusted(let fingerprint, _): return fingerprint
         case .reportOnlyViolation(let observed, _, _), .untrusted(let observed, _, _), .revoked(let observed): return observed
-        case .chainInvalid(_, let observed), .unpinnedAllowed(let observed): return observed
+        case .chainInvalid(_, let observed), .unpinnedAllowed(let observed), .learned(let observed): return observed
         case .empty: return nil
         }
     }

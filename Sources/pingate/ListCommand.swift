@@ -10,8 +10,8 @@ import PinGateNIO
 struct ListCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "list",
-        abstract: "Verify, lint or show signed fingerprint lists, or forget the persisted one.",
-        subcommands: [Verify.self, Show.self, Lint.self, Forget.self]
+        abstract: "Verify, lint or show signed fingerprint lists, forget the persisted one, or propose one from what learn mode saw.",
+        subcommands: [Verify.self, Show.self, Lint.self, Forget.self, Propose.self]
     )
 
     /// `pingate list verify FILE --key KEY`.
@@ -138,6 +138,67 @@ extension ListCommand {
             let what = stored.map { "a \($0.format.rawValue) list from \($0.source), received \(ListPrinter.iso($0.receivedAt))" }
                 ?? "a copy that does not parse"
             print("removed \(persistence.path) (\(what)); the next start puts its --pins file in force, or fetches its URL")
+        }
+    }
+}
+
+extension ListCommand {
+    /// `pingate list propose`.
+    struct Propose: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Turn what `pingate run --learn` recorded into a list draft (JSON on stdout) for `pingate sign --draft`.",
+            discussion: """
+            For each host: a pin on the leaf's key, and with --depth 1 (the default) a pin on the key \
+            of the CA that issued it (depth 1 of the validated chain) as the backup, so that a leaf \
+            re-keyed under the same CA still passes. Each pin expires with the certificate it names. \
+            Every choice is explained in the pin's why field; hosts left out, and why, go to stderr. \
+            Review the draft, then sign it: pingate sign --draft FILE --key signer.key --format v2 \
+            --sequence N.
+            """)
+
+        @Option(name: .long, help: "The state directory the learning gate used (default $XDG_STATE_HOME/pingate, or ~/.local/state/pingate).")
+        var stateDir: String?
+
+        @Option(name: .long, help: "0: leaf pins only; 1: each leaf pin and its issuer's key as the backup.")
+        var depth = 1
+
+        @Option(name: .long, parsing: .upToNextOption, help: "Only hosts matching these globs (e.g. '*.example.com').")
+        var hosts: [String] = []
+
+        @Option(name: .long, help: "v2 (key pins at any depth) or wultra-static (leaf certificates only).")
+        var format = "v2"
+
+        @Flag(name: .long, help: "Group hosts under one parent domain that share an issuer key into one *. pattern.")
+        var group = false
+
+        func validate() throws {
+            guard depth == 0 || depth == 1 else { throw ValidationError("--depth is 0 or 1, not \(depth)") }
+            guard ListProposal.Format(rawValue: format) != nil else { throw ValidationError("--format is v2 or wultra-static, not \(format)") }
+        }
+
+        func run() throws {
+            let state = PathText.resolve(stateDir ?? PathText.defaultStateDirectory)
+            let path = ObservationBook.path(stateDirectory: state)
+            guard let data = FileManager.default.contents(atPath: path) else {
+                throw ConfigurationError("nothing learned in \(state): \(path) does not exist (run the gate with --learn and this --state-dir first)")
+            }
+            let book: ObservationBook
+            do {
+                book = try ObservationBook.decode(data)
+            } catch {
+                throw ConfigurationError("\(path) is not an observations file: \(error)")
+            }
+            var options = ListProposal.Options()
+            options.depth = depth
+            options.hosts = hosts
+            options.format = ListProposal.Format(rawValue: format) ?? .v2
+            options.group = group
+            let (draft, notes) = ListProposal.propose(book, options: options, source: path)
+            for note in notes { FileHandle.standardError.write(Data("list propose: \(note)\n".utf8)) }
+            guard !draft.pins.isEmpty else {
+                throw ConfigurationError("no host to propose from \(path)\(hosts.isEmpty ? "" : " matching \(hosts.joined(separator: " "))")")
+            }
+            print(String(decoding: try draft.encoded(), as: UTF8.self))
         }
     }
 }

@@ -123,6 +123,14 @@ struct RunCommand: AsyncParsableCommand {
     @Option(name: .long, help: "The most idle upstream connections kept per host and port (default 16, as many as nginx keeps in the benchmark's keep-alive pool).")
     var upstreamPoolMaxPerHost: Int?
 
+    @Flag(name: .long, help: ArgumentHelp(
+        "Learn mode: let hosts without a pin through when their chain and host name validate, and record what every host presents, for `pingate list propose`.",
+        discussion: "Pinned hosts are enforced as usual; a chain that does not validate is still refused. What each host:port presented (leaf and key hashes, each issuer's key and subject, expiry dates, first and last seen, how often, ALPN) is written to observations.json in the state directory. The gate says it is learning, not enforcing, at start-up and every 10 minutes, in /ready, /status and the status page, and the decision log marks each such pass learned. Listening beyond loopback needs --learn-allow-remote as well."))
+    var learn = false
+
+    @Flag(name: .long, help: "With --learn, allow a listen address other than loopback (every client that reaches it gets through to any host with a valid chain).")
+    var learnAllowRemote = false
+
     func run() async throws {
         HeapTuning.applyForRelaying()
         let file = try config.map(ConfigFile.load)
@@ -150,7 +158,11 @@ struct RunCommand: AsyncParsableCommand {
         }
         let store = PinListStore(nil)
         let listSource = try makeListSource(file: file, store: store, stateDirectory: stateDirectory, logger: logger)
-        if listSource == nil {
+        if learn {
+            logger.warning("LEARN MODE: learning, not enforcing. Hosts without a pin pass when their chain validates, and what they present is recorded", metadata: [
+                "observations": "\(ObservationBook.path(stateDirectory: stateDirectory))", "then": "pingate list propose",
+            ])
+        } else if listSource == nil {
             logger.warning("no fingerprint list configured (--pins): every CONNECT will be refused")
         }
 
@@ -232,6 +244,7 @@ struct RunCommand: AsyncParsableCommand {
         }
         services.append(server)
         services.append(HeapTrimmer(statistics: server.statistics))
+        if learn { services.append(LearnModeReminder(logger: logger, recorder: server.observations)) }
         if let updater = server.updater { services.append(updater) }
         services.append(ListReloadOnHangup(signals: hangups, updater: server.updater, logger: logger))
         let group = ServiceGroup(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
@@ -293,6 +306,14 @@ struct RunCommand: AsyncParsableCommand {
             configuration.upstreamPoolMaximumIdlePerHost = count
         }
         configuration.requestLog = Self.requestLogDestination(requestLog ?? file?.requestLog ?? "off")
+        if learn {
+            let host = configuration.listenHost
+            let loopback = host == "localhost" || host == "::1" || host.hasPrefix("127.")
+            guard loopback || learnAllowRemote else {
+                throw ConfigurationError("refusing to start: --learn lets any host with a valid chain through, and --listen \(host):\(configuration.listenPort) is not a loopback address, so every client that can reach it would get through too. Listen on 127.0.0.1, or add --learn-allow-remote if that is what you want")
+            }
+            configuration.learning = true
+        }
         configuration.requestLogIncludesQuery = requestLogQuery ?? file?.requestLogQuery ?? false
         if let upstream = file?.upstreamTimeoutSeconds {
             configuration.upstreamConnectTimeout = .seconds(Int64(upstream))
@@ -431,6 +452,26 @@ struct ListReloadOnHangup: Service {
             }
             logger.info("list update requested (SIGHUP)")
             _ = updater.updateNow()
+        }
+    }
+}
+
+/// Learn mode is loud: every 10 minutes a warning that the gate is not enforcing, with how
+/// many hosts it has seen. Ends with the service group.
+struct LearnModeReminder: Service {
+    let logger: Logger
+    let recorder: ObservationRecorder?
+    var interval: Duration = .seconds(600)
+
+    func run() async throws {
+        // Ends quietly on shutdown: a Service that throws then ends the whole group badly.
+        try? await cancelWhenGracefulShutdown {
+            while !Task.isCancelled {
+                try await Task.sleep(for: interval)
+                logger.warning("LEARN MODE: learning, not enforcing", metadata: [
+                    "hosts_seen": "\(recorder?.book.hosts.count ?? 0)", "then": "pingate list propose",
+                ])
+            }
         }
     }
 }

@@ -3,6 +3,7 @@ import Foundation
 import PinGate
 import PinGateTLS
 import PinList
+import PinListService
 import PinGateNIO
 
 /// `pingate sign`: certificates (files or live servers) → a signed list on stdout.
@@ -28,6 +29,9 @@ struct SignCommand: AsyncParsableCommand {
 
     @Option(name: .long, help: "The list-signing private key (PEM).")
     var key: String
+
+    @Option(name: .long, help: "A list draft to sign (from pingate list propose, reviewed), instead of --cert and --connect.")
+    var draft: String?
 
     @Option(name: .long, help: "A PEM certificate to pin. Repeatable.")
     var cert: [String] = []
@@ -68,7 +72,13 @@ struct SignCommand: AsyncParsableCommand {
     private var depths: [PinEntry.Depth] { depth.compactMap(PinEntry.Depth.init(parsing:)) }
 
     func validate() throws {
-        guard !cert.isEmpty || !connect.isEmpty else { throw ValidationError("give at least one --cert or --connect") }
+        if draft != nil {
+            guard cert.isEmpty, connect.isEmpty, name.isEmpty, expires.isEmpty, depth.isEmpty, !spki else {
+                throw ValidationError("--draft names its pins itself: give no --cert, --connect, --name, --expires, --depth or --spki with it")
+            }
+        } else {
+            guard !cert.isEmpty || !connect.isEmpty else { throw ValidationError("give at least one --cert, --connect or --draft") }
+        }
         guard name.count <= cert.count + connect.count, expires.count <= cert.count + connect.count else {
             throw ValidationError("more --name or --expires values than pins")
         }
@@ -90,6 +100,10 @@ struct SignCommand: AsyncParsableCommand {
 
     func run() async throws {
         let signer = try InputFile.privateKey(key, flag: "--key")
+        if let draft {
+            try signDraft(draft, signer: signer)
+            return
+        }
         var certificates: [(Certificate, String?)] = try cert.map { (try InputFile.certificate($0, flag: "--cert"), nil) }
         for (offset, target) in connect.enumerated() {
             let (host, peer) = try await probe.inspect(target)
@@ -125,10 +139,47 @@ struct SignCommand: AsyncParsableCommand {
                                       depth: $0.depth.isLeaf ? nil : $0.depth)
             },
             revoked: revoke.isEmpty ? nil : revoke)
+        try printSigned(payload, signer: signer)
+    }
+
+    /// Signs the v2 `payload`, checks the result with the gate's own verifier, prints it.
+    private func printSigned(_ payload: PinGateSignedList.Payload, signer: PrivateKey) throws {
         let document = try PinGateSignedList.sign(payload, key: signer)
         // Verify what we wrote with our own verifier before handing it out.
         _ = try PinGateSignedList.verify(document, keys: [try signer.publicKey()], source: "sign")
         print(String(decoding: document, as: UTF8.self), terminator: "")
+    }
+
+    /// `--draft FILE`: the draft's pins, signed in `--format` (the `why` fields stay behind).
+    private func signDraft(_ path: String, signer: PrivateKey) throws {
+        let resolved = PathText.resolve(path)
+        let draft: ListDraft
+        do {
+            draft = try ListDraft.decode(Data(try InputFile.text(path, what: "a list draft from pingate list propose", flag: "--draft").utf8))
+        } catch let error as ConfigurationError {
+            throw error
+        } catch {
+            throw ConfigurationError("--draft \(resolved) is not a list draft (pingate list propose writes one): \(error)")
+        }
+        guard !draft.pins.isEmpty else { throw ConfigurationError("--draft \(resolved) has no pins") }
+        if format == "static" {
+            let entries = try draft.pins.enumerated().map { index, pin in
+                guard let sha256 = pin.sha256, pin.spki == nil, pin.depth?.isLeaf ?? true else {
+                    throw ConfigurationError("--draft \(resolved): pin \(index) (\(pin.host)) is a key or depth pin, which Wultra's static format cannot hold; sign with --format v2, or propose with --format wultra-static")
+                }
+                return try WultraStaticList.sign(name: pin.host, fingerprint: sha256, expires: pin.expires, key: signer)
+            }
+            print(try WultraStaticList.encode(entries), terminator: "")
+            return
+        }
+        let now = Int64(Date().timeIntervalSince1970)
+        try printSigned(PinGateSignedList.Payload(
+            sequence: sequence ?? 0, issuedAt: now, expiresAt: listExpires ?? now + 30 * 86400,
+            pins: draft.pins.map {
+                PinGateSignedList.Pin(host: $0.host, sha256: $0.sha256, spki: $0.spki, expires: $0.expires,
+                                      mode: reportOnly ? "report-only" : "enforce", depth: ($0.depth?.isLeaf ?? true) ? nil : $0.depth)
+            },
+            revoked: revoke.isEmpty ? nil : revoke), signer: signer)
     }
 
     /// The certificate a `--connect` pin at `depth` names: the leaf, or that position of

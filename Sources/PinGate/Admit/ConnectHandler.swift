@@ -158,6 +158,8 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     private func listReadiness(for request: ConnectRequest) -> ConnectStateMachine<UpstreamConnection>.ListReadiness {
         let now = environment.now()
+        // Learn mode decides on what each host presents: no list to wait for.
+        if environment.decisionPolicy.learns { return .usable(refusal: refusalBeforeConnecting(request)) }
         if let expired = environment.store.list?.expiryReason(at: now) {
             // A list that verified but has expired as a whole is refused at once, saying
             // so: waiting would only delay the same answer, and "unavailable" would send
@@ -361,6 +363,10 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             ])
         }
         statistics.recordDecision(DecisionReason(verdict), pin: verdict.matchedPin)
+        // Learn mode writes down what every admitted host presented: the chain OpenSSL
+        // validated (a pins-only host's unvalidated chain has no positions to pin).
+        environment.observations?.record(host: request.host, port: request.port, chain: upstream.peer.verifiedChain,
+                                         alpn: upstream.peer.alpn, at: environment.now())
         statistics.tunnelOpened()
         watchUntilJoined(upstream, context: context)
         // One decision line per CONNECT: for an admitted one, written when it ends, with
@@ -707,11 +713,11 @@ private final class HTTPTunnelFacts {
             done(.refused(status: refusal.status, reason: RequestRefusal(rawValue: refusal.reason.rawValue) ?? .internalError,
                           detail: refusal.explanation(host: host, port: port)))
         }
-        if let expired = environment.store.list?.expiryReason(at: now) {
+        if let expired = environment.store.list?.expiryReason(at: now), !environment.decisionPolicy.learns {
             refuse(.listExpired(expired))
             return
         }
-        guard environment.store.isUsable(at: now) || environment.updater == nil else {
+        guard environment.store.isUsable(at: now) || environment.updater == nil || environment.decisionPolicy.learns else {
             refuse(.listUnavailable(environment.store.status.lastResult ?? "no list fetched yet"))
             return
         }

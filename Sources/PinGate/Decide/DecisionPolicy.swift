@@ -31,11 +31,18 @@ public protocol DecisionPolicy: Sendable {
     /// CGNAT, IPv4-mapped) are refused unless the configuration allows them. The gate
     /// protects the network it runs in; the harness's attacker dials what it is asked.
     var refusesInternalDestinations: Bool { get }
+
+    /// True in learn mode: CONNECTs are decided without waiting for a usable list, and an
+    /// expired list refuses nothing (`LearningDecisionPolicy`).
+    var learns: Bool { get }
 }
 
 extension DecisionPolicy {
     /// The gate's rule by default.
     public var refusesInternalDestinations: Bool { true }
+
+    /// Enforcing, by default.
+    public var learns: Bool { false }
 }
 
 /// The gate's own policy: a host with no unexpired pin is refused before any connection
@@ -68,4 +75,43 @@ public struct PinningDecisionPolicy: DecisionPolicy {
 
     /// True: every request inside a tunnel is bound to the pinned host.
     public var inspectsRequests: Bool { true }
+}
+
+/// Learn mode (`run --learn`): the pinning policy for every host the list pins, and for
+/// every other host a pass when, and only when, its chain validated against the upstream
+/// trust and its certificate names the host (`learned`). Nothing is refused before
+/// connecting: the point is to see what each host presents.
+public struct LearningDecisionPolicy: DecisionPolicy {
+    /// The policy pinned hosts are held to.
+    public let pinning: PinningDecisionPolicy
+
+    /// A learning policy whose pinned hosts follow `pinsOnlyHosts` as when enforcing.
+    public init(pinsOnlyHosts: Set<String>) {
+        pinning = PinningDecisionPolicy(pinsOnlyHosts: pinsOnlyHosts)
+    }
+
+    /// Never: every host is dialled, and decided on what it presents.
+    public func refusalBeforeConnecting(host: String, port: Int, list: PinList?, now: Date) -> Verdict? { nil }
+
+    /// The configured offer, unchanged.
+    public func upstreamALPNOffer(configured: [String]) -> [String] { configured }
+
+    /// The pin policy's verdict for a pinned host; for any other, `learned` on a validated
+    /// chain and `chain-invalid` on anything else.
+    public func verdict(host: String, leaf: CertificateHashes?, chain: PinPolicy.ChainCheck, list: PinList?, now: Date) -> Verdict {
+        let pinned = pinning.verdict(host: host, leaf: leaf, chain: chain, list: list, now: now)
+        guard case .empty = pinned else { return pinned }
+        guard let leaf else { return .chainInvalid(reason: "the upstream presented no certificate", observed: "") }
+        guard chain.valid else { return .chainInvalid(reason: chain.reason, observed: leaf.certificateSHA256) }
+        return .learned(observed: leaf.certificateSHA256)
+    }
+
+    /// None, as when enforcing.
+    public func makeTunnelInspectors(target: String) -> [ChannelHandler] { [] }
+
+    /// True: requests inside a learned tunnel are bound to its host as in any other.
+    public var inspectsRequests: Bool { true }
+
+    /// True.
+    public var learns: Bool { true }
 }

@@ -12,6 +12,9 @@ public enum DecisionReason: String, Sendable, Hashable, CaseIterable, Codable {
     /// A challenge-signed Wultra `domainsConfig` lets the host through without a pin; its
     /// chain and host name validated.
     case unpinnedAllowed = "unpinned-allowed"
+    /// Learn mode: the host has no pin; its chain and host name validated, so it passes
+    /// and what it presented is recorded.
+    case learned
     /// The upstream's certificate matched none of the host's pins.
     case pinMismatch = "pin-mismatch"
     /// The upstream's certificate or key is on the list's revocation list.
@@ -80,12 +83,13 @@ public enum DecisionReason: String, Sendable, Hashable, CaseIterable, Codable {
         case .empty: self = .empty
         case .chainInvalid: self = .chainInvalid
         case .unpinnedAllowed: self = .unpinnedAllowed
+        case .learned: self = .learned
         }
     }
 
     /// True for the reasons a tunnel is admitted on.
     public var isAllowed: Bool {
-        self == .trusted || self == .reportOnlyViolation || self == .unpinnedAllowed
+        self == .trusted || self == .reportOnlyViolation || self == .unpinnedAllowed || self == .learned
     }
 }
 

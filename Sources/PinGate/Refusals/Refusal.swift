@@ -86,7 +86,7 @@ public enum Refusal: Sendable, Equatable {
             return "\(host):\(port) presented a pinned certificate, but its chain or host name failed validation: \(reason). Nothing was forwarded."
         case .verdict(.revoked(let observed)):
             return "\(host):\(port) presented a certificate (SHA-256 \(observed)) whose certificate or key the fingerprint list has revoked. Nothing was forwarded."
-        case .verdict(.trusted), .verdict(.reportOnlyViolation), .verdict(.unpinnedAllowed):
+        case .verdict(.trusted), .verdict(.reportOnlyViolation), .verdict(.unpinnedAllowed), .verdict(.learned):
             return "allowed"
         case .upstreamTimeout(let detail):
             return "\(host):\(port) did not answer in time (\(detail)). Nothing was forwarded."

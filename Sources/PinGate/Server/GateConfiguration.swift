@@ -17,6 +17,10 @@ public struct GateConfiguration: Sendable {
     public var resolveOverrides: [ResolveOverride] = []
     /// Hosts whose pin alone decides; their chain and hostname errors are ignored.
     public var pinsOnlyHosts: Set<String> = []
+    /// Learn mode (`run --learn`): hosts with no pin pass when their chain and host name
+    /// validate, and what every admitted host presented is recorded in the state directory
+    /// (`observations.json`) for `pingate list propose`. Learning, not enforcing.
+    public var learning = false
     /// Hosts whose tunnels are relayed as bytes, not read as HTTP: for TLS protocols other
     /// than HTTP, by explicit choice. Every other tunnel's requests are bound to its host.
     public var opaqueHosts: Set<String> = []

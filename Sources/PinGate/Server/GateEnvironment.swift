@@ -29,6 +29,8 @@ final class GateEnvironment: Sendable {
     let pool: UpstreamPool?
     /// The last refusals, for the admin endpoint.
     let refusals: RefusalLog
+    /// Learn mode's record of what each admitted host presented; nil when enforcing.
+    let observations: ObservationRecorder?
     /// Where the one-line-per-CONNECT decision log goes.
     let decisionLogger: Logger
     /// Where the one-line-per-HTTP-request log goes (off unless configured).
@@ -41,7 +43,7 @@ final class GateEnvironment: Sendable {
 
     init(configuration: GateConfiguration, store: PinListStore, decisionPolicy: any DecisionPolicy, minter: LeafMinter,
          connector: any UpstreamDialer, statistics: GateStatistics, tunnels: TunnelRegistry, reporter: ViolationReporter?,
-         updater: PinListUpdater?, pool: UpstreamPool? = nil, refusals: RefusalLog, decisionLogger: Logger, requestLog: RequestLog, logger: Logger,
+         updater: PinListUpdater?, pool: UpstreamPool? = nil, refusals: RefusalLog, observations: ObservationRecorder? = nil, decisionLogger: Logger, requestLog: RequestLog, logger: Logger,
          now: @escaping @Sendable () -> Date) {
         self.configuration = configuration
         self.store = store
@@ -54,6 +56,7 @@ final class GateEnvironment: Sendable {
         self.updater = updater
         self.pool = pool
         self.refusals = refusals
+        self.observations = observations
         self.decisionLogger = decisionLogger
         self.requestLog = requestLog
         self.logger = logger

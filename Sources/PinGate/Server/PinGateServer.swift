@@ -123,7 +123,16 @@ public final class PinGateServer: Service, Sendable {
         let refusals = RefusalLog(capacity: refusalLogCapacity)
         let minter = try LeafMinter(ca: ca)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: max(1, configuration.eventLoopThreads))
-        let policy = decisionPolicy ?? PinningDecisionPolicy(pinsOnlyHosts: configuration.pinsOnlyHosts)
+        let policy: any DecisionPolicy = decisionPolicy ?? (configuration.learning
+            ? LearningDecisionPolicy(pinsOnlyHosts: configuration.pinsOnlyHosts)
+            : PinningDecisionPolicy(pinsOnlyHosts: configuration.pinsOnlyHosts))
+        var observations: ObservationRecorder?
+        if configuration.learning {
+            guard let stateDirectory else {
+                throw ConfigurationError("learn mode needs a state directory to record what it sees in")
+            }
+            observations = try ObservationRecorder(stateDirectory: stateDirectory, logger: logger)
+        }
         // Only CONNECT destinations are guarded: the list server and report collectors are
         // the operator's own configuration.
         let destinationGuard = DestinationGuard(
@@ -183,7 +192,8 @@ public final class PinGateServer: Service, Sendable {
             let environment = GateEnvironment(
                 configuration: configuration, store: store, decisionPolicy: policy, minter: minter, connector: connector,
                 statistics: statistics, tunnels: tunnels, reporter: reporter, updater: updater, pool: pool,
-                refusals: refusals, decisionLogger: decisionLogger ?? logger, requestLog: requestLog, logger: logger, now: now)
+                refusals: refusals, observations: observations, decisionLogger: decisionLogger ?? logger, requestLog: requestLog,
+                logger: logger, now: now)
             try await updater?.start().get()
             let listener = try await ServerBootstrap(group: group)
                 .serverChannelOption(.backlog, value: 256)
@@ -364,6 +374,8 @@ public final class PinGateServer: Service, Sendable {
         // What runs on these event loops beside the gate (the admin endpoint, which answers
         // `/ready` with 503 while the drain lasts) stops now, before the loops do.
         for hook in stoppingHooks.withLock({ $0 }) { await hook() }
+        // Learn mode: what was seen last is on disk before the process ends.
+        environment.observations?.flush()
         // Once the event loops are stopped no request can be logged any more: what is
         // queued then is all there will be, and it is written before this returns.
         do {
@@ -374,6 +386,9 @@ public final class PinGateServer: Service, Sendable {
         }
         await requestLog.waitUntilWritten()
     }
+
+    /// Learn mode's record of what each admitted host presented; nil when enforcing.
+    public var observations: ObservationRecorder? { environment.observations }
 
     /// What the upstream pool holds and has done; nil when pooling is off.
     public var upstreamPool: UpstreamPoolStatus? {
