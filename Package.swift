@@ -168,7 +168,10 @@ let package = Package(
                 .product(name: "PropertyBased", package: "swift-property-based"),
             ]
         ),
-        .testTarget(name: "PinListTests", dependencies: ["PinList", "PinListService", "PinGateStateFiles", "PinGateTLS", "PinGateTestSupport"]),
+        .testTarget(name: "PinListTests", dependencies: [
+            "PinList", "PinListService", "PinGateStateFiles", "PinGateTLS", "PinGateTestSupport",
+            .product(name: "PropertyBased", package: "swift-property-based"),
+        ]),
         .testTarget(name: "PinGateCATests", dependencies: ["PinGateCA", "PinGateTLS", "PinGateTestSupport"]),
         .testTarget(
             name: "PinGateTests",

@@ -1,0 +1,44 @@
+import Foundation
+import PinGate
+import PinGateTLS
+import PinList
+import Testing
+
+/// The learn-mode decision policy on its own: verdicts from hashes and chain checks.
+@Suite("Learning decision policy")
+struct LearningPolicyTests {
+    static let now = Date(timeIntervalSince1970: 1_800_000_000)
+    static func hashes(_ name: String) -> CertificateHashes {
+        CertificateHashes(certificateSHA256: SHA256Digest.base64(Array("cert \(name)".utf8)), spkiSHA256: SHA256Digest.base64(Array("key \(name)".utf8)))
+    }
+    static let pinnedLeaf = hashes("pinned")
+    static let otherLeaf = hashes("other")
+    static let list = PinList(source: "test", entries: [
+        PinEntry(host: .exact("pinned.example"), fingerprint: pinnedLeaf.certificateSHA256, kind: .certificate,
+                 expires: now.addingTimeInterval(86400), mode: .enforce, depth: .leaf),
+    ], metadata: .init(format: .pingateV2))
+    static let valid = PinPolicy.ChainCheck(valid: true, reason: "ok", verifiedChain: [otherLeaf])
+    static let broken = PinPolicy.ChainCheck(valid: false, reason: "unable to get local issuer certificate")
+
+    @Test("an unpinned host passes as learned only on a valid chain, with or without a list; a pinned host is enforced as ever; nothing is refused before connecting")
+    func verdicts() {
+        let policy = LearningDecisionPolicy(pinsOnlyHosts: [])
+        #expect(policy.learns)
+        #expect(!PinningDecisionPolicy(pinsOnlyHosts: []).learns)
+        for list in [Self.list, nil] as [PinList?] {
+            #expect(policy.refusalBeforeConnecting(host: "new.example", port: 443, list: list, now: Self.now) == nil)
+            #expect(policy.verdict(host: "new.example", leaf: Self.otherLeaf, chain: Self.valid, list: list, now: Self.now)
+                == .learned(observed: Self.otherLeaf.certificateSHA256))
+            #expect(policy.verdict(host: "new.example", leaf: Self.otherLeaf, chain: Self.broken, list: list, now: Self.now)
+                == .chainInvalid(reason: Self.broken.reason, observed: Self.otherLeaf.certificateSHA256))
+            #expect(policy.verdict(host: "new.example", leaf: nil, chain: Self.broken, list: list, now: Self.now).reasonToken == "chain-invalid")
+        }
+        let trusted = policy.verdict(host: "pinned.example", leaf: Self.pinnedLeaf, chain: .init(valid: true, reason: "ok", verifiedChain: [Self.pinnedLeaf]),
+                                     list: Self.list, now: Self.now)
+        #expect(trusted.reasonToken == "trusted")
+        let mismatch = policy.verdict(host: "pinned.example", leaf: Self.otherLeaf, chain: Self.valid, list: Self.list, now: Self.now)
+        #expect(mismatch.reasonToken == "pin-mismatch", "learn mode never softens a pin")
+        #expect(Verdict.learned(observed: "x").isTrusted)
+        #expect(DecisionReason(Verdict.learned(observed: "x")) == .learned && DecisionReason.learned.isAllowed)
+    }
+}

@@ -1,0 +1,111 @@
+import Foundation
+import PinList
+import PinListService
+import PropertyBased
+import Testing
+
+/// Learn mode's book of observations and the proposal made from it: plain values, no gate.
+@Suite("Observations and list proposals")
+struct LearnedListTests {
+    static let now = Date(timeIntervalSince1970: 1_800_000_000)
+
+    static func certificate(_ name: String, daysLeft: Double = 60) -> ObservedCertificate {
+        ObservedCertificate(sha256: "sha-\(name)", spki: "spki-\(name)", subject: "/CN=\(name)",
+                            notAfter: now.addingTimeInterval(daysLeft * 86400))
+    }
+
+    @Test("over random sequences of records: hosts stay sorted and unique, one entry per leaf, every tunnel counted once, first seen never after last seen, and the file round-trips")
+    func bookInvariants() async {
+        await propertyCheck(count: 200, input: Gen.int(in: 0...10_000).array(of: 0...80)) { codes in
+            var book = ObservationBook()
+            var recorded = 0
+            let hosts = ["b.example", "a.example", "c.example"], leaves = ["one", "two", "three"]
+            for code in codes {
+                let chain = code % 11 == 0 ? [] : [Self.certificate(leaves[code % 3]), Self.certificate("issuer")]
+                let time = Self.now.addingTimeInterval(Double(code % 97) * 60)
+                if book.record(host: hosts[(code / 3) % 3].uppercased(), port: 443 + (code / 9) % 2, chain: chain, alpn: "h2", at: time) {
+                    recorded += 1
+                }
+                #expect(!chain.isEmpty || book.hosts.allSatisfy { $0.chains.allSatisfy { !$0.chain.isEmpty } })
+            }
+            let keys = book.hosts.map { ($0.host, $0.port) }
+            #expect(keys.elementsEqual(keys.sorted { $0 < $1 }, by: ==))
+            #expect(Set(keys.map { "\($0.0):\($0.1)" }).count == keys.count)
+            #expect(book.hosts.allSatisfy { $0.host == $0.host.lowercased() })
+            for host in book.hosts {
+                #expect(Set(host.chains.compactMap { $0.chain.first?.sha256 }).count == host.chains.count)
+                #expect(host.chains.allSatisfy { $0.firstSeen <= $0.lastSeen && $0.count > 0 })
+            }
+            #expect(book.hosts.flatMap(\.chains).reduce(0) { $0 + $1.count } == recorded)
+            let decoded = try? ObservationBook.decode(Data((try? book.encoded()) ?? []))
+            #expect(decoded == book)
+        }
+    }
+
+    /// A book with `host` seen on `chains` (each leaf first) once each.
+    static func book(_ entries: [(host: String, chain: [ObservedCertificate])]) -> ObservationBook {
+        var book = ObservationBook()
+        for (offset, entry) in entries.enumerated() {
+            book.record(host: entry.host, port: 443, chain: entry.chain, alpn: "h2", at: now.addingTimeInterval(Double(offset)))
+        }
+        return book
+    }
+
+    @Test("each host gets its leaf's key and its issuer's key at depth 1, expiring with each certificate; depth 0 leaves the backup out; expired leaves and unmatched globs are left out, with a note")
+    func proposalChoices() {
+        let issuer = Self.certificate("Issuing CA", daysLeft: 400), root = Self.certificate("Root", daysLeft: 4000)
+        let book = Self.book([
+            ("api.example.com", [Self.certificate("api", daysLeft: 60), issuer, root]),
+            ("api.example.com", [Self.certificate("api-renewed", daysLeft: 90), issuer, root]),
+            ("old.example.com", [Self.certificate("old", daysLeft: -1), issuer, root]),
+            ("self.example.net", [Self.certificate("self", daysLeft: 30)]),
+        ])
+        var options = ListProposal.Options()
+        options.now = Self.now
+        let (draft, notes) = ListProposal.propose(book, options: options, source: "test")
+        let api = draft.pins.filter { $0.host == "api.example.com" }
+        #expect(api.map(\.spki) == ["spki-api-renewed", "spki-api", "spki-Issuing CA"], "newest leaf first, then the backup")
+        #expect(api.map(\.depth) == [nil, nil, .position(1)])
+        #expect(api.map(\.expires) == [90, 60, 400].map { Int64(Self.now.timeIntervalSince1970) + $0 * 86400 })
+        #expect(api[2].why.hasPrefix("the backup: the key of /CN=Issuing CA, which issued the leaf"))
+        #expect(api[0].why.contains("expires with the certificate (notAfter"))
+        #expect(!draft.pins.contains { $0.host == "old.example.com" })
+        #expect(notes.contains { $0.hasPrefix("old.example.com: skipped: every leaf it presented has expired") })
+        #expect(draft.pins.filter { $0.host == "self.example.net" }.count == 1)
+        #expect(notes.contains { $0.hasPrefix("self.example.net: its leaf is its own trust anchor") })
+
+        options.depth = 0
+        options.hosts = ["*.example.com"]
+        let leavesOnly = ListProposal.propose(book, options: options, source: "test").draft
+        #expect(leavesOnly.pins.map(\.host) == ["api.example.com", "api.example.com"])
+        #expect(leavesOnly.pins.allSatisfy { $0.depth == nil })
+
+        options.format = .wultraStatic
+        options.depth = 1
+        let (wultra, wultraNotes) = ListProposal.propose(book, options: options, source: "test")
+        #expect(wultra.pins.allSatisfy { $0.sha256 != nil && $0.spki == nil && $0.depth == nil })
+        #expect(wultraNotes.contains { $0.contains("wultra-static has no depth pins") })
+    }
+
+    @Test("--group puts hosts of one parent domain that share an issuer key under one *. pattern; a public suffix, or another issuer, is never grouped")
+    func grouping() {
+        let issuer = Self.certificate("Shared CA", daysLeft: 400), other = Self.certificate("Other CA", daysLeft: 400)
+        let book = Self.book([
+            ("a.shop.example", [Self.certificate("a"), issuer]),
+            ("b.shop.example", [Self.certificate("b"), issuer]),
+            ("c.shop.example", [Self.certificate("c"), other]),
+            ("x.co.uk", [Self.certificate("x"), issuer]),
+            ("y.co.uk", [Self.certificate("y"), issuer]),
+        ])
+        var options = ListProposal.Options()
+        options.now = Self.now
+        options.group = true
+        let (draft, notes) = ListProposal.propose(book, options: options, source: "test")
+        let grouped = draft.pins.filter { $0.host == "*.shop.example" }
+        #expect(grouped.compactMap(\.spki).sorted() == ["spki-Shared CA", "spki-a", "spki-b"])
+        #expect(draft.pins.contains { $0.host == "c.shop.example" })
+        #expect(!draft.pins.contains { $0.host == "a.shop.example" || $0.host == "*.co.uk" })
+        #expect(draft.pins.filter { $0.host == "x.co.uk" }.count == 2)
+        #expect(notes.contains("*.shop.example: grouped a.shop.example, b.shop.example: the same parent domain and the same issuer key"))
+    }
+}
