@@ -37,6 +37,22 @@ public struct ListDraft: Codable, Sendable, Equatable {
     public static func decode(_ data: Data) throws -> ListDraft {
         try JSONDecoder().decode(ListDraft.self, from: data)
     }
+
+    /// The pins as a list's entries (enforced), for `list diff`; throws on a bad host
+    /// pattern or a pin with neither or both hashes.
+    public func entries() throws -> [PinEntry] {
+        try pins.enumerated().map { index, pin in
+            let kind: PinEntry.Kind
+            let fingerprint: String
+            switch (pin.sha256, pin.spki) {
+            case (let sha256?, nil): (kind, fingerprint) = (.certificate, sha256)
+            case (nil, let spki?): (kind, fingerprint) = (.spki, spki)
+            default: throw PinListError.malformed("draft pin \(index) (\(pin.host)) needs exactly one of sha256 and spki")
+            }
+            return PinEntry(host: try HostPattern(parsing: pin.host), fingerprint: fingerprint, kind: kind,
+                            expires: Date(timeIntervalSince1970: TimeInterval(pin.expires)), mode: .enforce, depth: pin.depth ?? .leaf)
+        }
+    }
 }
 
 /// Turns what learn mode observed into a list draft. Plain values in and out: the choices

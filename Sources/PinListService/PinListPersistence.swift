@@ -27,7 +27,13 @@ public struct PinListPersistence: Sendable {
     /// Nil when nothing is stored or the file does not parse.
     public func storedDocument() -> SignedListDocument? {
         guard let data = FileManager.default.contents(atPath: path) else { return nil }
-        return try? Self.decode(data)
+        return Self.decodeStored(data)
+    }
+
+    /// `data` as a persisted document (a `pin-list.json`), not verified; nil when it is
+    /// not one (a list file as published, say).
+    public static func decodeStored(_ data: Data) -> SignedListDocument? {
+        try? decode(data)
     }
 
     /// Removes the stored document; false when there was none.

@@ -11,7 +11,7 @@ struct ListCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "list",
         abstract: "Verify, lint or show signed fingerprint lists, forget the persisted one, or propose one from what learn mode saw.",
-        subcommands: [Verify.self, Show.self, Lint.self, Forget.self, Propose.self]
+        subcommands: [Verify.self, Show.self, Lint.self, Forget.self, Propose.self, Diff.self]
     )
 
     /// `pingate list verify FILE --key KEY`.
@@ -199,6 +199,60 @@ extension ListCommand {
                 throw ConfigurationError("no host to propose from \(path)\(hosts.isEmpty ? "" : " matching \(hosts.joined(separator: " "))")")
             }
             print(String(decoding: try draft.encoded(), as: UTF8.self))
+        }
+    }
+}
+
+extension ListCommand {
+    /// `pingate list diff OLD NEW`.
+    struct Diff: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Show what NEW adds, drops or changes against OLD, per host; exits 1 when they differ.",
+            discussion: """
+            Each of OLD and NEW is a signed list file (verified with --key), the persisted list in a \
+            state directory (its pin-list.json, verified with --key), or a draft from pingate list \
+            propose (not signed, so not verified). Review a proposal against the list in force with \
+            pingate list diff ~/.local/state/pingate/pin-list.json draft.json --key signer.pub.pem.
+            """)
+
+        @Argument(help: "The list before: a signed list, a persisted pin-list.json, or a draft.")
+        var old: String
+
+        @Argument(help: "The list after.")
+        var new: String
+
+        @Option(name: .long, help: "A public key that may have signed the lists (PEM or base64 X9.63). Repeatable; not needed for drafts.")
+        var key: [String] = []
+
+        func run() throws {
+            let changes = ListDiff.compare(old: try entries(old), new: try entries(new))
+            if changes.isEmpty {
+                print("no differences in pins")
+                return
+            }
+            print(ListDiff.describe(changes), terminator: "")
+            throw ExitCode(1)
+        }
+
+        /// The pins of `file`, whichever of the three kinds it is.
+        private func entries(_ file: String) throws -> [PinEntry] {
+            let path = PathText.resolve(file)
+            let data = Data(try InputFile.text(file, what: "a signed list, a persisted pin-list.json or a draft", flag: "list diff").utf8)
+            if let draft = try? ListDraft.decode(data) {
+                do {
+                    return try draft.entries()
+                } catch {
+                    throw ConfigurationError("\(path): \(error)")
+                }
+            }
+            let keys = try Verify.keys(key)
+            guard !keys.isEmpty else { throw ConfigurationError("\(path) is a signed list: give the key that signed it with --key") }
+            let document = try PinListPersistence.decodeStored(data) ?? SignedListDocument.read(file: path)
+            do {
+                return try document.verify(keys: keys).entries
+            } catch {
+                throw ConfigurationError("\(path) does not verify: \(error)")
+            }
         }
     }
 }

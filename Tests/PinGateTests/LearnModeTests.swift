@@ -141,6 +141,15 @@ struct LearnModeTests {
                 let listPath = try directory.write("pins.json", sign.stdout)
                 let lint = try await TestProcess.run(Self.pingate, ["list", "lint", listPath, "--key", pki.signerPublicKeyPath, "--strict"])
                 #expect(lint.status == 0, "\(lint.stdout)\(lint.stderr)")
+                // Review: the signed list holds exactly the draft; a draft without c.other.test drops its two pins.
+                let same = try await TestProcess.run(Self.pingate, ["list", "diff", listPath, draftPath, "--key", pki.signerPublicKeyPath])
+                #expect(same.status == 0 && same.stdout == "no differences in pins\n", "\(same.stdout)\(same.stderr)")
+                let narrower = try await TestProcess.run(Self.pingate, ["list", "propose", "--state-dir", state, "--hosts", "*.learn.test"])
+                let narrowerPath = try directory.write("narrower.json", narrower.stdout)
+                let dropped = try await TestProcess.run(Self.pingate, ["list", "diff", listPath, narrowerPath, "--key", pki.signerPublicKeyPath])
+                #expect(dropped.status == 1)
+                #expect(dropped.stdout.hasPrefix("c.other.test: no longer pinned\n  - spki/"), "\(dropped.stdout)")
+                #expect(dropped.stdout.components(separatedBy: "\n  - ").count == 3)
 
                 // 3. Enforce what was learned.
                 try await RunningGate.with(common + ["--pins", listPath, "--pins-key", pki.signerPublicKeyPath]) { gate in

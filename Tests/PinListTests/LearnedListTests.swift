@@ -108,4 +108,28 @@ struct LearnedListTests {
         #expect(draft.pins.filter { $0.host == "x.co.uk" }.count == 2)
         #expect(notes.contains("*.shop.example: grouped a.shop.example, b.shop.example: the same parent domain and the same issuer key"))
     }
+
+    @Test("list diff: added, dropped and changed pins per host; a new host and a host no longer pinned say so; identical lists have no differences")
+    func diff() throws {
+        let year = Self.now.addingTimeInterval(365 * 86400)
+        func pin(_ host: String, _ hash: String, depth: PinEntry.Depth = .leaf, expires: Date = year, mode: PinEntry.Mode = .enforce) throws -> PinEntry {
+            PinEntry(host: try HostPattern(parsing: host), fingerprint: hash, kind: .spki, expires: expires, mode: mode, depth: depth)
+        }
+        let old = [try pin("api.example", "A"), try pin("api.example", "CA", depth: .position(1)), try pin("gone.example", "G"),
+                   try pin("same.example", "S")]
+        let new = [try pin("api.example", "B"), try pin("api.example", "CA", depth: .position(1), expires: Self.now, mode: .reportOnly),
+                   try pin("fresh.example", "F"), try pin("same.example", "S")]
+        let changes = ListDiff.compare(old: old, new: new)
+        #expect(changes.map(\.host) == ["api.example", "fresh.example", "gone.example"])
+        #expect(changes[0].added.map(\.fingerprint) == ["B"] && changes[0].dropped.map(\.fingerprint) == ["A"])
+        #expect(changes[0].changed.count == 1 && !changes[0].isNewHost && !changes[0].isGoneHost)
+        #expect(changes[1].isNewHost && changes[2].isGoneHost)
+        let text = ListDiff.describe(changes)
+        #expect(text.contains("api.example: changed\n  + spki/B, expires"))
+        #expect(text.contains("  - spki/A, expires"))
+        #expect(text.contains("  ~ spki/CA depth 1 report-only: expires "))
+        #expect(text.contains("enforce → report-only"))
+        #expect(text.contains("fresh.example: new host") && text.contains("gone.example: no longer pinned"))
+        #expect(ListDiff.compare(old: old, new: old).isEmpty)
+    }
 }
