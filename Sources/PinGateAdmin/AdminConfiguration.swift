@@ -21,8 +21,7 @@ public struct AdminConfiguration: Sendable {
     /// Refuses a non-loopback address without a token: the status pages name every pinned
     /// host and every refusal, which is not for the whole network to read.
     public func validate() throws {
-        let loopback = host == "localhost" || host == "::1" || host.hasPrefix("127.")
-        if !loopback && (token ?? "").isEmpty {
+        if !DestinationAddress.isLoopbackListenHost(host) && (token ?? "").isEmpty {
             throw ConfigurationError("the admin endpoint may bind \(host) (not loopback) only with a token configured (--admin-token-file)")
         }
     }

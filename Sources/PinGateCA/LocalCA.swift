@@ -171,13 +171,16 @@ public final class LocalCA: Sendable {
     /// Another process may be doing the same at the same moment (a gate starting while
     /// `pingate env` runs): the check and the creation happen under the state directory's
     /// lock, so exactly one creates and the other loads what it created.
+    /// A CA that exists is loaded without the lock, so a read-only state directory (a CA
+    /// mounted from a secret, a user reading the gate's directory) still works.
     public static func loadOrCreate(stateDirectory: String) throws -> (ca: LocalCA, created: Bool) {
         let paths = Paths(stateDirectory: stateDirectory)
+        let neither = { !FileManager.default.fileExists(atPath: paths.certificate) && !FileManager.default.fileExists(atPath: paths.key) }
+        guard neither() else { return (try load(stateDirectory: stateDirectory), false) }
         return try StateFiles.withExclusiveLock(in: stateDirectory) {
-            if !FileManager.default.fileExists(atPath: paths.certificate) && !FileManager.default.fileExists(atPath: paths.key) {
-                return (try create(stateDirectory: stateDirectory), true)
-            }
-            return (try load(stateDirectory: stateDirectory), false)
+            // Another process may have created it while this one waited for the lock.
+            guard neither() else { return (try load(stateDirectory: stateDirectory), false) }
+            return (try create(stateDirectory: stateDirectory), true)
         }
     }
 }

@@ -6,6 +6,13 @@ import Synchronization
 /// One IP address as raw bytes (4 for IPv4, 16 for IPv6) and what kind of destination it
 /// is for the gate's rules.
 public struct DestinationAddress: Sendable, Hashable, CustomStringConvertible {
+    /// True when a listen address names loopback only: `localhost`, or an IPv4 or IPv6
+    /// literal in 127.0.0.0/8 or `::1` (also written IPv4-mapped). A host name that merely
+    /// starts with `127.` is no address and is not loopback.
+    public static func isLoopbackListenHost(_ host: String) -> Bool {
+        host == "localhost" || DestinationAddress(text: host)?.canonical.kind == .loopback
+    }
+
     /// What an address is, as far as the destination rules care.
     public enum Kind: String, Sendable {
         /// `0.0.0.0/8`, `::`: "this host", which the kernel dials as a local address.

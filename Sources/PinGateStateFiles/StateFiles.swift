@@ -101,15 +101,20 @@ public enum StateFiles {
     /// process died between creating and renaming them (a `kill -9`, a power cut), and
     /// returns their names. A file whose writer is still alive (another gate sharing the
     /// directory, mid-write) is left alone. Nothing else is touched.
+    /// Those that could not be removed are in `failed`, with the reason.
     @discardableResult
-    public static func removeLeftovers(in directory: String) -> [String] {
-        guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return [] }
-        var removed: [String] = []
+    public static func removeLeftovers(in directory: String) -> (removed: [String], failed: [String]) {
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return ([], []) }
+        var removed: [String] = [], failed: [String] = []
         for name in names.sorted() {
             guard let writer = temporaryFileWriter(name), !isAlive(writer) || writer == getpid() else { continue }
-            if unlink((directory as NSString).appendingPathComponent(name)) == 0 { removed.append(name) }
+            if unlink((directory as NSString).appendingPathComponent(name)) == 0 {
+                removed.append(name)
+            } else {
+                failed.append("\(name) (\(String(cString: strerror(errno))))")
+            }
         }
-        return removed
+        return (removed, failed)
     }
 
     /// The process that wrote `name`, when `name` is one of `writeAtomically`'s

@@ -95,6 +95,17 @@ public struct PinList: Sendable {
         return (exact + wild).filter { $0.isUnexpired(at: now) }
     }
 
+    /// True when the list has any pin for `host` (normalized), expired or not: a host the
+    /// list's author meant to pin, which learn mode must never learn around.
+    public func names(_ host: String) -> Bool {
+        !(exactEntries[host] ?? []).isEmpty || wildcardEntries.contains { $0.host.matches(host) }
+    }
+
+    /// True when `leaf`'s certificate or key hash is on the list's revoked set.
+    public func revokes(_ leaf: CertificateHashes) -> Bool {
+        revoked.contains(leaf.certificateSHA256) || (leaf.spkiSHA256.map(revoked.contains) ?? false)
+    }
+
     /// The earliest expiry among unexpired pins.
     public func earliestExpiry(after now: Date) -> Date? {
         entries.filter { $0.isUnexpired(at: now) }.map(\.expires).min()

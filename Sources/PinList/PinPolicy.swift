@@ -58,7 +58,7 @@ public struct PinPolicy: Sendable {
         guard !pins.isEmpty || unpinnedAllowed else { return .empty }
         guard let leaf else { return .chainInvalid(reason: "the upstream presented no certificate", observed: "") }
         let observed = leaf.certificateSHA256
-        if list.revoked.contains(leaf.certificateSHA256) || (leaf.spkiSHA256.map(list.revoked.contains) ?? false) {
+        if list.revokes(leaf) {
             return .revoked(observed: observed)
         }
         // Only a chain OpenSSL validated has positions worth pinning.

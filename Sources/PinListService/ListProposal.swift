@@ -138,7 +138,7 @@ public enum ListProposal {
             pinsByHost[host] = pins
         }
         if options.group && options.format == .v2 {
-            for (pattern, members) in groups(issuerByHost: issuerByHost) {
+            for (pattern, members) in groups(issuerByHost: issuerByHost, hosts: Array(pinsByHost.keys)) {
                 var pins: [ListDraft.Pin] = []
                 for member in members {
                     for var pin in pinsByHost[member] ?? [] where !pins.contains(where: { $0.spki == pin.spki && $0.depth == pin.depth }) {
@@ -149,7 +149,7 @@ public enum ListProposal {
                     pinsByHost[member] = nil
                 }
                 pinsByHost[pattern] = pins
-                notes.append("\(pattern): grouped \(members.joined(separator: ", ")): the same parent domain and the same issuer key")
+                notes.append("\(pattern): grouped \(members.joined(separator: ", ")): every host seen under it, with the same issuer key; the pattern also covers names never seen")
             }
         }
         let pins = pinsByHost.keys.sorted().flatMap { host in
@@ -161,19 +161,21 @@ public enum ListProposal {
         return (ListDraft(comment: comment, pins: pins), notes)
     }
 
-    /// Hosts `label.parent` (the parent at least two labels, and no public suffix) that
-    /// share an issuer key with another host of the same parent: pattern → members.
-    static func groups(issuerByHost: [String: String]) -> [(String, [String])] {
-        var byParentAndIssuer: [String: [String]] = [:]
-        for (host, issuer) in issuerByHost {
+    /// Parents (at least two labels, no public suffix) whose every proposed host
+    /// `label.parent` shares one issuer key, two hosts or more: pattern → members. A parent
+    /// with one host of another issuer (or none) is not grouped: `*.parent` would let that
+    /// host through on the others' pins.
+    static func groups(issuerByHost: [String: String], hosts: [String]) -> [(String, [String])] {
+        var byParent: [String: [String]] = [:]
+        for host in hosts {
             let labels = host.split(separator: ".")
             guard labels.count >= 3 else { continue }
-            let parent = labels.dropFirst().joined(separator: ".")
-            guard !PinListLint.isPublicSuffix(parent) else { continue }
-            byParentAndIssuer["\(parent) \(issuer)", default: []].append(host)
+            byParent[labels.dropFirst().joined(separator: "."), default: []].append(host)
         }
-        return byParentAndIssuer.compactMap { key, members in
-            guard members.count >= 2, let parent = key.split(separator: " ").first else { return nil }
+        return byParent.compactMap { parent, members in
+            guard members.count >= 2, !PinListLint.isPublicSuffix(parent) else { return nil }
+            let issuers = Set(members.map { issuerByHost[$0] })
+            guard issuers.count == 1, issuers.first.flatMap({ $0 }) != nil else { return nil }
             return ("*.\(parent)", members.sorted())
         }.sorted { $0.0 < $1.0 }
     }

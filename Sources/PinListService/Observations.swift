@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import PinGateNIO
 import PinGateStateFiles
 import PinGateTLS
 import Synchronization
@@ -127,6 +128,7 @@ public final class ObservationRecorder: Sendable {
         var writeScheduled = false
         var writes = 0
         var writeFailures = 0
+        var withoutValidatedChain = 0
     }
 
     /// The file the book is written to.
@@ -143,12 +145,22 @@ public final class ObservationRecorder: Sendable {
         path = ObservationBook.path(stateDirectory: stateDirectory)
         self.logger = logger
         var book = ObservationBook()
-        if let data = FileManager.default.contents(atPath: path) {
+        if FileManager.default.fileExists(atPath: path) {
+            // A file that is there but cannot be read stops start-up: starting empty would
+            // overwrite it with the first write.
+            let data: Data
+            do {
+                data = try Data(contentsOf: URL(fileURLWithPath: path))
+            } catch {
+                throw ConfigurationError("learn mode cannot read what it recorded before in \(path) (\(error.localizedDescription)): make it readable, or move it away to start afresh")
+            }
             do {
                 book = try ObservationBook.decode(data)
             } catch {
                 let aside = "\(path).unreadable-\(Int(Date().timeIntervalSince1970))"
-                _ = rename(path, aside)
+                guard rename(path, aside) == 0 else {
+                    throw ConfigurationError("learn mode's \(path) does not parse (\(error)), and cannot be kept aside as \(aside) (\(String(cString: strerror(errno)))): move it away to start afresh")
+                }
                 logger.error("learn mode: the observations file does not parse; kept aside, starting afresh", metadata: [
                     "path": "\(path)", "kept": "\(aside)", "error": "\(error)",
                 ])
@@ -164,12 +176,19 @@ public final class ObservationRecorder: Sendable {
     /// Times the book was written, and writes that failed.
     public var writeCounts: (writes: Int, failures: Int) { state.withLock { ($0.writes, $0.writeFailures) } }
 
+    /// Tunnels admitted with no validated chain to record (a pins-only host whose chain
+    /// did not validate): nothing to pin at any position, so not in the book.
+    public var unrecorded: Int { state.withLock { $0.withoutValidatedChain } }
+
     /// Records a tunnel to `host:port` on `chain` (validated, leaf first). Cheap: the write
     /// happens later, off the caller's thread.
     public func record(host: String, port: Int, chain: [Certificate], alpn: String?, at time: Date) {
         let observed = chain.map(ObservedCertificate.init)
         let schedule = state.withLock { state -> Bool in
-            guard state.book.record(host: host, port: port, chain: observed, alpn: alpn, at: time) else { return false }
+            guard state.book.record(host: host, port: port, chain: observed, alpn: alpn, at: time) else {
+                state.withoutValidatedChain += 1
+                return false
+            }
             state.dirty = true
             guard !state.writeScheduled else { return false }
             state.writeScheduled = true

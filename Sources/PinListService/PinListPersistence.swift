@@ -1,4 +1,5 @@
 import Foundation
+import PinGateNIO
 import PinGateStateFiles
 import PinGateTLS
 import PinList
@@ -40,7 +41,7 @@ public struct PinListPersistence: Sendable {
     public func forget() throws -> Bool {
         guard unlink(path) == 0 else {
             if errno == ENOENT { return false }
-            throw StateFiles.WriteError(path: path, detail: "unlink: \(String(cString: strerror(errno)))")
+            throw ConfigurationError("cannot remove \(path): \(String(cString: strerror(errno))); check the state directory's permissions (the gate's user owns it)")
         }
         return true
     }

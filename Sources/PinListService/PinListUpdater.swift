@@ -384,7 +384,8 @@ public final class PinListUpdater: Service, Sendable {
         switch result {
         case .success(let list):
             let provenance = store.provenance
-            logger.info("fingerprint list in force", metadata: [
+            // The bundled fallback is worth noticing: the real list has not arrived.
+            logger.log(level: provenance?.origin == .fallback ? .notice : .info, "fingerprint list in force", metadata: [
                 "origin": "\(provenance?.origin.rawValue ?? "-")", "why": "\(provenance?.reason ?? "-")", "format": "\(list.metadata.format.rawValue)",
                 "sequence": "\(list.metadata.sequence.map(String.init) ?? "-")", "entries": "\(list.entries.count)",
             ])

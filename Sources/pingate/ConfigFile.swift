@@ -214,6 +214,15 @@ enum PathText {
         return known
     }
 
+    /// The state directory `run`, `env` and the other commands use: the flag, else the
+    /// config file's `state-dir`, else the default; resolved.
+    static func stateDirectory(flag: String?, file: ConfigFile?) -> String {
+        resolve(flag ?? file?.stateDir ?? defaultStateDirectory)
+    }
+
+    /// The listen address when neither a flag nor the config file gives one.
+    static let defaultListen = "127.0.0.1:8080"
+
     /// `$XDG_STATE_HOME/pingate`, or `~/.local/state/pingate`.
     static var defaultStateDirectory: String {
         if let xdg = ProcessInfo.processInfo.environment["XDG_STATE_HOME"], !xdg.isEmpty {

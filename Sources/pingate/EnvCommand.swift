@@ -44,8 +44,14 @@ struct EnvCommand: ParsableCommand {
 
     func run() throws {
         let file = try config.map(ConfigFile.load)
-        let (host, port) = try RunCommand.parseHostPort(listen ?? file?.listen ?? "127.0.0.1:8080")
-        let stateDirectory = PathText.resolve(stateDir ?? file?.stateDir ?? PathText.defaultStateDirectory)
+        let (host, port) = try RunCommand.parseHostPort(listen ?? file?.listen ?? PathText.defaultListen)
+        let stateDirectory = PathText.stateDirectory(flag: stateDir, file: file)
+        // The paths go into shell code and into NODE_OPTIONS, which Node splits on spaces
+        // and reads double quotes in: a control character or a `"` or `\` cannot be said
+        // safely in all of them, so such a directory is refused rather than half-quoted.
+        if let bad = stateDirectory.unicodeScalars.first(where: { $0.value < 0x20 || $0.value == 0x7F || $0 == "\"" || $0 == "\\" }) {
+            throw ConfigurationError("the state directory \(stateDirectory.debugDescription) holds \(bad.escaped(asASCII: true)), which pingate env cannot put into every shell and into NODE_OPTIONS safely; use a state directory without it (--state-dir)")
+        }
         let ca = try LocalCA.loadOrCreate(stateDirectory: stateDirectory).ca
         let caPath = LocalCA.Paths(stateDirectory: stateDirectory).certificate
 
@@ -156,7 +162,14 @@ struct ShellEnvironment {
     }
 
     static func powershellQuote(_ text: String) -> String {
-        "'" + text.replacingOccurrences(of: "'", with: "''") + "'"
+        // PowerShell ends a single-quoted string at the typographic single quotes too
+        // (U+2018 to U+201B): each is doubled like the ASCII one.
+        var quoted = "'"
+        for character in text {
+            quoted.append(character)
+            if "'\u{2018}\u{2019}\u{201A}\u{201B}".contains(character) { quoted.append(character) }
+        }
+        return quoted + "'"
     }
 }
 

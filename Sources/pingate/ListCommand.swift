@@ -126,11 +126,7 @@ extension ListCommand {
             let persistence = PinListPersistence(stateDirectory: state)
             let stored = persistence.storedDocument()
             let removed: Bool
-            do {
-                removed = try persistence.forget()
-            } catch {
-                throw ConfigurationError("cannot forget the persisted list: \(error)")
-            }
+            removed = try persistence.forget()
             guard removed else {
                 print("no list persisted in \(state): nothing to forget")
                 return
@@ -207,7 +203,7 @@ extension ListCommand {
     /// `pingate list diff OLD NEW`.
     struct Diff: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Show what NEW adds, drops or changes against OLD, per host; exits 1 when they differ.",
+            abstract: "Show what NEW adds, drops or changes against OLD, per host; exits 0 when the pins are the same, 1 when they differ, 2 on an error.",
             discussion: """
             Each of OLD and NEW is a signed list file (verified with --key), the persisted list in a \
             state directory (its pin-list.json, verified with --key), or a draft from pingate list \
@@ -225,7 +221,14 @@ extension ListCommand {
         var key: [String] = []
 
         func run() throws {
-            let changes = ListDiff.compare(old: try entries(old), new: try entries(new))
+            // As diff(1): 0 the same, 1 different, 2 trouble (so a script can tell them apart).
+            let changes: [ListDiff.HostChanges]
+            do {
+                changes = ListDiff.compare(old: try entries(old), new: try entries(new))
+            } catch {
+                FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
+                throw ExitCode(2)
+            }
             if changes.isEmpty {
                 print("no differences in pins")
                 return
@@ -238,11 +241,13 @@ extension ListCommand {
         private func entries(_ file: String) throws -> [PinEntry] {
             let path = PathText.resolve(file)
             let data = Data(try InputFile.text(file, what: "a signed list, a persisted pin-list.json or a draft", flag: "list diff").utf8)
-            if let draft = try? ListDraft.decode(data) {
+            // A draft says so by its why fields; one that does not decode gets its own error,
+            // not a request for the key of a signed list it is not.
+            if String(decoding: data, as: UTF8.self).contains("\"why\"") {
                 do {
-                    return try draft.entries()
+                    return try ListDraft.decode(data).entries()
                 } catch {
-                    throw ConfigurationError("\(path): \(error)")
+                    throw ConfigurationError("\(path) looks like a list draft but is not one: \(error)")
                 }
             }
             let keys = try Verify.keys(key)

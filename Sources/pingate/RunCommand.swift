@@ -147,13 +147,18 @@ struct RunCommand: AsyncParsableCommand {
         }
         let logger = Logger(label: "pingate")
 
-        let stateDirectory = PathText.resolve(stateDir ?? file?.stateDir ?? PathText.defaultStateDirectory)
+        let stateDirectory = PathText.stateDirectory(flag: stateDir, file: file)
         let leftovers = StateFiles.removeLeftovers(in: stateDirectory)
-        if !leftovers.isEmpty {
+        if !leftovers.removed.isEmpty {
             // A write cut off between its temporary file and the rename (kill -9, power
             // cut): the file it replaced is intact, and the temporary copy is garbage.
             logger.notice("removed temporary files left by an interrupted write", metadata: [
-                "directory": "\(stateDirectory)", "files": "\(leftovers.joined(separator: ", "))",
+                "directory": "\(stateDirectory)", "files": "\(leftovers.removed.joined(separator: ", "))",
+            ])
+        }
+        if !leftovers.failed.isEmpty {
+            logger.warning("cannot remove temporary files left by an interrupted write; remove them by hand", metadata: [
+                "directory": "\(stateDirectory)", "files": "\(leftovers.failed.joined(separator: ", "))",
             ])
         }
         let store = PinListStore(nil)
@@ -267,7 +272,7 @@ struct RunCommand: AsyncParsableCommand {
     func gateConfiguration(file: ConfigFile?) throws -> GateConfiguration {
         var configuration = GateConfiguration()
 
-        let listenText = listen ?? file?.listen ?? "127.0.0.1:8080"
+        let listenText = listen ?? file?.listen ?? PathText.defaultListen
         (configuration.listenHost, configuration.listenPort) = try Self.parseHostPort(listenText)
 
         let roots = upstreamCa.isEmpty ? (file?.upstreamCA ?? []) : upstreamCa.map { PathText.resolve($0) }
@@ -308,8 +313,7 @@ struct RunCommand: AsyncParsableCommand {
         configuration.requestLog = Self.requestLogDestination(requestLog ?? file?.requestLog ?? "off")
         if learn {
             let host = configuration.listenHost
-            let loopback = host == "localhost" || host == "::1" || host.hasPrefix("127.")
-            guard loopback || learnAllowRemote else {
+            guard DestinationAddress.isLoopbackListenHost(host) || learnAllowRemote else {
                 throw ConfigurationError("refusing to start: --learn lets any host with a valid chain through, and --listen \(host):\(configuration.listenPort) is not a loopback address, so every client that can reach it would get through too. Listen on 127.0.0.1, or add --learn-allow-remote if that is what you want")
             }
             configuration.learning = true

@@ -97,6 +97,20 @@ struct EnvCommandTests {
         let twice = try await TestProcess.run("sh", ["-c", "unset NODE_OPTIONS; export NODE_OPTIONS=--no-warnings; eval \"$(\(pingate) env --state-dir \(state))\"; eval \"$(\(pingate) env --state-dir \(state))\"; printf %s \"$NODE_OPTIONS\""])
         #expect(twice.stdout == "--require \"\(state)/node-proxy.cjs\" --no-warnings", "\(twice.stdout)")
 
+        // A state directory with a quote and a space: sh gets it whole, and Node loads the
+        // preload from it (its agent replaces https.globalAgent).
+        let awkward = directory.file("it's a state")
+        let node = try TestProcess.resolve("node")
+        let quoted = try await TestProcess.run("sh", ["-c", "unset NODE_OPTIONS; eval \"$(\(pingate) env --state-dir \"$0\")\" && printf '%s\\n' \"$SSL_CERT_FILE\" && \(node) -e 'console.log(require(\"https\").globalAgent.constructor.name)'", awkward])
+        #expect(quoted.stdout == "\(awkward)/ca-bundle.pem\nPingateTunnelAgent\n", "\(quoted.stdout)\(quoted.stderr)")
+        let refused = try await TestProcess.run(pingate, ["env", "--state-dir", directory.file("bad\"dir")])
+        #expect(refused.status != 0)
+        #expect(refused.stderr.contains("which pingate env cannot put into every shell and into NODE_OPTIONS safely"), "\(refused.stderr)")
+        let curly = directory.file("it’s")
+        let powershellCurly = try await TestProcess.run(pingate, ["env", "--shell", "powershell", "--state-dir", curly])
+        #expect(powershellCurly.stdout.contains("$env:SSL_CERT_FILE = '\(directory.path)/it’’s/ca-bundle.pem'\n"),
+                "PowerShell ends a single-quoted string at ’ too: \(powershellCurly.stdout)")
+
         let fish = try await TestProcess.run(pingate, ["env", "--state-dir", state, "--shell", "fish"])
         #expect(fish.stdout.contains("set -gx HTTPS_PROXY 'http://127.0.0.1:8080'\n"))
         #expect(fish.stdout.contains("set -gx GIT_SSL_CAINFO '\(state)/ca-bundle.pem'\n"))

@@ -1,5 +1,6 @@
 import Foundation
 import PinGate
+import PinGateNIO
 import PinGateTLS
 import PinList
 import Testing
@@ -40,5 +41,36 @@ struct LearningPolicyTests {
         #expect(mismatch.reasonToken == "pin-mismatch", "learn mode never softens a pin")
         #expect(Verdict.learned(observed: "x").isTrusted)
         #expect(DecisionReason(Verdict.learned(observed: "x")) == .learned && DecisionReason.learned.isAllowed)
+    }
+
+    @Test("a host the list names is never learned around: expired pins, a stale list, or a revoked leaf are refused as when enforcing, before or after connecting")
+    func namedHostsStayEnforced() throws {
+        let policy = LearningDecisionPolicy(pinsOnlyHosts: [])
+        let expiredPins = PinList(source: "test", entries: [
+            PinEntry(host: .exact("pinned.example"), fingerprint: Self.pinnedLeaf.certificateSHA256, kind: .certificate,
+                     expires: Self.now.addingTimeInterval(-60), mode: .enforce, depth: .leaf),
+        ], metadata: .init(format: .pingateV2))
+        let stale = PinList(source: "test", entries: Self.list.entries,
+                            metadata: .init(format: .pingateV2, sequence: 1, expiresAt: Self.now.addingTimeInterval(-60)))
+        for list in [expiredPins, stale] {
+            #expect(policy.refusalBeforeConnecting(host: "PINNED.example.", port: 443, list: list, now: Self.now) == .empty)
+            #expect(policy.verdict(host: "pinned.example", leaf: Self.otherLeaf, chain: Self.valid, list: list, now: Self.now) == .empty)
+            // Hosts it never names are still learned.
+            #expect(policy.verdict(host: "new.example", leaf: Self.otherLeaf, chain: Self.valid, list: list, now: Self.now).reasonToken == "learned")
+        }
+        let revoking = PinList(source: "test", entries: Self.list.entries, revoked: [Self.otherLeaf.spkiSHA256 ?? ""],
+                               metadata: .init(format: .pingateV2, sequence: 1, expiresAt: Self.now.addingTimeInterval(-60)))
+        #expect(policy.verdict(host: "new.example", leaf: Self.otherLeaf, chain: Self.valid, list: revoking, now: Self.now)
+            == .revoked(observed: Self.otherLeaf.certificateSHA256), "revoked, even by a stale list, even for a host it does not pin")
+    }
+
+    @Test("loopback listen hosts for learn mode and the admin endpoint: addresses in 127/8 and ::1, and localhost; never a name that only starts with 127.")
+    func loopbackListenHosts() {
+        for host in ["127.0.0.1", "127.9.8.7", "::1", "::ffff:127.0.0.1", "localhost"] {
+            #expect(DestinationAddress.isLoopbackListenHost(host), "\(host)")
+        }
+        for host in ["127.example.com", "0.0.0.0", "::", "10.0.0.1", "example.com", ""] {
+            #expect(!DestinationAddress.isLoopbackListenHost(host), "\(host)")
+        }
     }
 }

@@ -14,6 +14,16 @@ struct WebSocketBackpressureTests {
     /// Far below `total`: what the kernel buffers on the way (loopback socket buffers
     /// autotune to a few MiB each) plus the gate's bounded share, never the whole flood.
     static let bound = 24 << 20
+    /// What the sending peer may have got out, besides the gate's share: the gate's own
+    /// receive buffer on the stalled leg, which the kernel autotunes up to `tcp_rmem`'s
+    /// maximum (32 MiB on some machines, where the sender then got 37 MiB out while the gate
+    /// itself had read under `bound`). The gate's share is checked on its own counter
+    /// against `bound`; this one says at least that the flood did not all get out.
+    static var senderBound: Int {
+        let text = (try? String(contentsOfFile: "/proc/sys/net/ipv4/tcp_rmem", encoding: .utf8)) ?? ""
+        let maximum = text.split(whereSeparator: \.isWhitespace).last.flatMap { Int($0) } ?? (6 << 20)
+        return min(bound + maximum, total)
+    }
     static let peer = (H2EchoOrigin.peers as NSString).appendingPathComponent("ws_flow_peer.py")
 
     /// The raw WebSocket origin behind a gate pinning its leaf; both stopped whatever `body` does.
@@ -84,7 +94,7 @@ struct WebSocketBackpressureTests {
 
             #expect(report["status"] as? Int == 101, "\(report)")
             #expect(report["accept_ok"] as? Bool == true)
-            #expect(sentWhileStalled < Self.bound, "the origin got \(sentWhileStalled) bytes out while the client read 1 MiB")
+            #expect(sentWhileStalled < Self.senderBound, "the origin got \(sentWhileStalled) bytes out while the client read 1 MiB")
             #expect(relayedWhileStalled < Self.bound, "the gate read \(relayedWhileStalled) bytes from the origin while the client read 1 MiB")
             let sent = origin.events.first { $0["event"] as? String == "sent" }
             #expect(sent?["bytes"] as? Int == Self.total, "\(origin.events.suffix(3))")
@@ -122,7 +132,7 @@ struct WebSocketBackpressureTests {
             _ = await eventually(timeout: .seconds(10)) { origin.events.contains { $0["event"] as? String == "received" } }
 
             #expect(report["status"] as? Int == 101, "\(report)")
-            #expect(sentWhileStalled < Self.bound, "the client got \(sentWhileStalled) bytes out while the origin read nothing")
+            #expect(sentWhileStalled < Self.senderBound, "the client got \(sentWhileStalled) bytes out while the origin read nothing")
             #expect(relayedWhileStalled < Self.bound, "the gate read \(relayedWhileStalled) bytes from the client while the origin read nothing")
             let received = origin.events.first { $0["event"] as? String == "received" }
             #expect(report["bytes"] as? Int == Self.total, "\(report)")

@@ -97,10 +97,10 @@ struct PinsFileStartupTests {
         for name in [dead, "ca.pem", "ca.key", "pin-list.json", "notes.tmp-x-1", "pin-list.json.tmp-1-1"] {
             _ = try directory.write(name, "x")
         }
-        #expect(StateFiles.removeLeftovers(in: directory.path) == [dead])
+        #expect(StateFiles.removeLeftovers(in: directory.path) == ([dead], []))
         let kept = try FileManager.default.contentsOfDirectory(atPath: directory.path).sorted()
         // pid 1 (init) is alive: its temporary file may be mid-write, so it stays.
         #expect(kept == ["ca.key", "ca.pem", "notes.tmp-x-1", "pin-list.json", "pin-list.json.tmp-1-1"])
-        #expect(StateFiles.removeLeftovers(in: directory.file("missing")) == [])
+        #expect(StateFiles.removeLeftovers(in: directory.file("missing")) == ([], []))
     }
 }

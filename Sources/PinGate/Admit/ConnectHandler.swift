@@ -158,8 +158,14 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     private func listReadiness(for request: ConnectRequest) -> ConnectStateMachine<UpstreamConnection>.ListReadiness {
         let now = environment.now()
-        // Learn mode decides on what each host presents: no list to wait for.
-        if environment.decisionPolicy.learns { return .usable(refusal: refusalBeforeConnecting(request)) }
+        // Learn mode decides on what each host presents: no list to wait for. A host the
+        // list names is still refused as enforcing would, list-expired included.
+        if environment.decisionPolicy.learns {
+            if let list = environment.store.list, let expired = list.expiryReason(at: now), list.names(HostName.normalize(request.host)) {
+                return .expired(expired)
+            }
+            return .usable(refusal: refusalBeforeConnecting(request))
+        }
         if let expired = environment.store.list?.expiryReason(at: now) {
             // A list that verified but has expired as a whole is refused at once, saying
             // so: waiting would only delay the same answer, and "unavailable" would send

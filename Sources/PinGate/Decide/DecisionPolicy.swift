@@ -77,10 +77,12 @@ public struct PinningDecisionPolicy: DecisionPolicy {
     public var inspectsRequests: Bool { true }
 }
 
-/// Learn mode (`run --learn`): the pinning policy for every host the list pins, and for
-/// every other host a pass when, and only when, its chain validated against the upstream
-/// trust and its certificate names the host (`learned`). Nothing is refused before
-/// connecting: the point is to see what each host presents.
+/// Learn mode (`run --learn`): the pinning policy for every host the list names, and for
+/// every host it never names a pass when, and only when, its chain validated against the
+/// upstream trust and its certificate names the host (`learned`). A host the list names
+/// is never learned around: with its pins expired, or the whole list stale, it is refused
+/// as enforcing would refuse it. A certificate the list revokes is refused whatever the
+/// host, even in a stale list.
 public struct LearningDecisionPolicy: DecisionPolicy {
     /// The policy pinned hosts are held to.
     public let pinning: PinningDecisionPolicy
@@ -90,8 +92,13 @@ public struct LearningDecisionPolicy: DecisionPolicy {
         pinning = PinningDecisionPolicy(pinsOnlyHosts: pinsOnlyHosts)
     }
 
-    /// Never: every host is dialled, and decided on what it presents.
-    public func refusalBeforeConnecting(host: String, port: Int, list: PinList?, now: Date) -> Verdict? { nil }
+    /// For a host the list names but has no usable pin for (its pins expired, or the list
+    /// is stale): `empty`, as enforcing. Every other host is dialled, and decided on what
+    /// it presents.
+    public func refusalBeforeConnecting(host: String, port: Int, list: PinList?, now: Date) -> Verdict? {
+        guard let list, list.names(HostName.normalize(host)) else { return nil }
+        return pinning.refusalBeforeConnecting(host: host, port: port, list: list, now: now)
+    }
 
     /// The configured offer, unchanged.
     public func upstreamALPNOffer(configured: [String]) -> [String] { configured }
@@ -99,8 +106,11 @@ public struct LearningDecisionPolicy: DecisionPolicy {
     /// The pin policy's verdict for a pinned host; for any other, `learned` on a validated
     /// chain and `chain-invalid` on anything else.
     public func verdict(host: String, leaf: CertificateHashes?, chain: PinPolicy.ChainCheck, list: PinList?, now: Date) -> Verdict {
+        if let list, let leaf, list.revokes(leaf) { return .revoked(observed: leaf.certificateSHA256) }
         let pinned = pinning.verdict(host: host, leaf: leaf, chain: chain, list: list, now: now)
         guard case .empty = pinned else { return pinned }
+        // Named by the list, with no usable pin: refused, never learned.
+        if let list, list.names(HostName.normalize(host)) { return .empty }
         guard let leaf else { return .chainInvalid(reason: "the upstream presented no certificate", observed: "") }
         guard chain.valid else { return .chainInvalid(reason: chain.reason, observed: leaf.certificateSHA256) }
         return .learned(observed: leaf.certificateSHA256)

@@ -113,6 +113,14 @@ public final class PinGateServer: Service, Sendable {
     ) async throws -> PinGateServer {
         // A write to a peer that has gone away must be an error, not the end of the process.
         signal(SIGPIPE, SIG_IGN)
+        // Learn mode's record is read (or refused) before anything that would need undoing.
+        var observations: ObservationRecorder?
+        if configuration.learning {
+            guard let stateDirectory else {
+                throw ConfigurationError("learn mode needs a state directory to record what it sees in")
+            }
+            observations = try ObservationRecorder(stateDirectory: stateDirectory, logger: logger)
+        }
         let upstreamContext = try TLSContext.client(trustRoots: configuration.upstreamTrust,
                                                     collectsSessions: configuration.upstreamSessionResumption)
         let upstreamSessions = configuration.upstreamSessionResumption ? TLSSessionCache() : nil
@@ -126,13 +134,6 @@ public final class PinGateServer: Service, Sendable {
         let policy: any DecisionPolicy = decisionPolicy ?? (configuration.learning
             ? LearningDecisionPolicy(pinsOnlyHosts: configuration.pinsOnlyHosts)
             : PinningDecisionPolicy(pinsOnlyHosts: configuration.pinsOnlyHosts))
-        var observations: ObservationRecorder?
-        if configuration.learning {
-            guard let stateDirectory else {
-                throw ConfigurationError("learn mode needs a state directory to record what it sees in")
-            }
-            observations = try ObservationRecorder(stateDirectory: stateDirectory, logger: logger)
-        }
         // Only CONNECT destinations are guarded: the list server and report collectors are
         // the operator's own configuration.
         let destinationGuard = DestinationGuard(
