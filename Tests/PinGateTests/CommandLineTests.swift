@@ -402,6 +402,8 @@ struct ListCommandLineTests {
 
     /// `/status`'s `list` object from a running gate.
     static func listStatus(_ gate: RunningGate) async throws -> [String: Any] {
+        // The admin endpoint says it listens just after the gate does.
+        _ = await eventually(timeout: .seconds(10)) { gate.adminPort != nil }
         let adminPort = try #require(gate.adminPort)
         let answer = try await TestProcess.run("curl", ["-sS", "--max-time", "10", "http://127.0.0.1:\(adminPort)/status"])
         let status = try #require(try JSONSerialization.jsonObject(with: answer.stdoutData) as? [String: Any])

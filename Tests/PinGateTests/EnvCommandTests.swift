@@ -71,6 +71,7 @@ struct EnvCommandTests {
                 #expect(refused.stdout.contains("error: the proxy refused CONNECT unpinned.pingate.test:\(origin.port): 403"), "\(refused.stdout)")
 
                 // Four tunnels were trusted (git may open more than one).
+                _ = await eventually(timeout: .seconds(10)) { gate.adminPort != nil }
                 let adminPort = try #require(gate.adminPort)
                 let status = try await TestProcess.run("curl", ["-sS", "http://127.0.0.1:\(adminPort)/status"])
                 let counters = try #require((try JSONSerialization.jsonObject(with: status.stdoutData) as? [String: Any])?["counters"] as? [String: Any])

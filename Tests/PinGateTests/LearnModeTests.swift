@@ -106,6 +106,7 @@ struct LearnModeTests {
                     let untrusted = try await Self.curl(gate, "d.learn.test", nginx.port, state: state)
                     #expect(untrusted.connect == "502", "a chain the upstream trust does not reach is refused even in learn mode: \(untrusted)")
 
+                    _ = await eventually(timeout: .seconds(10)) { gate.adminPort != nil }
                     let adminPort = try #require(gate.adminPort)
                     let ready = try await TestProcess.run("curl", ["-sS", "http://127.0.0.1:\(adminPort)/ready"])
                     #expect(ready.stdout == "ready (learning, not enforcing)\n")
@@ -161,6 +162,7 @@ struct LearnModeTests {
                     #expect(again.body == "host a.learn.test (re-keyed)", "a re-keyed leaf under the same intermediate: \(again)")
                     let fifth = try await Self.curl(gate, "e.learn.test", nginx.port, state: state)
                     #expect(fifth.connect == "403", "a host not learned is refused: \(fifth)")
+                    _ = await eventually(timeout: .seconds(10)) { gate.adminPort != nil }
                     let adminPort = try #require(gate.adminPort)
                     let ready = try await TestProcess.run("curl", ["-sS", "http://127.0.0.1:\(adminPort)/ready"])
                     #expect(ready.stdout == "ready\n")
