@@ -113,6 +113,8 @@ struct ConfigFile: Decodable {
     var strictPermissions: Bool?
     var allowPrivateDestinations: Bool?
     var upstreamSessionResumption: Bool?
+    var learn: Bool?
+    var learnAllowRemote: Bool?
 
     enum CodingKeys: String, CodingKey, CaseIterable {
         case listen, admin
@@ -140,6 +142,8 @@ struct ConfigFile: Decodable {
         case strictPermissions = "strict-permissions"
         case allowPrivateDestinations = "allow-private-destinations"
         case upstreamSessionResumption = "upstream-session-resumption"
+        case learn
+        case learnAllowRemote = "learn-allow-remote"
     }
 
     /// Loads `path`, resolving relative paths in it against its directory.

@@ -123,12 +123,12 @@ struct RunCommand: AsyncParsableCommand {
     @Option(name: .long, help: "The most idle upstream connections kept per host and port (default 16, as many as nginx keeps in the benchmark's keep-alive pool).")
     var upstreamPoolMaxPerHost: Int?
 
-    @Flag(name: .long, help: ArgumentHelp(
+    @Flag(name: .long, inversion: .prefixedNo, help: ArgumentHelp(
         "Learn mode: let hosts without a pin through when their chain and host name validate, and record what every host presents, for `pingate list propose`.",
-        discussion: "Pinned hosts are enforced as usual; a chain that does not validate is still refused. What each host:port presented (leaf and key hashes, each issuer's key and subject, expiry dates, first and last seen, how often, ALPN) is written to observations.json in the state directory. The gate says it is learning, not enforcing, at start-up and every 10 minutes, in /ready, /status and the status page, and the decision log marks each such pass learned. Listening beyond loopback needs --learn-allow-remote as well."))
-    var learn = false
+        discussion: "Config: learn: true. Pinned hosts are enforced as usual; a chain that does not validate is still refused. What each host:port presented (leaf and key hashes, each issuer's key and subject, expiry dates, first and last seen, how often, ALPN) is written to observations.json in the state directory. The gate says it is learning, not enforcing, at start-up and every 10 minutes, in /ready, /status and the status page, and the decision log marks each such pass learned. Listening beyond loopback needs --learn-allow-remote as well."))
+    var learn: Bool?
 
-    @Flag(name: .long, help: "With --learn, allow a listen address other than loopback (every client that reaches it gets through to any host with a valid chain).")
+    @Flag(name: .long, help: "With --learn, allow a listen address other than loopback (every client that reaches it gets through to any host with a valid chain). Config: learn-allow-remote: true.")
     var learnAllowRemote = false
 
     func run() async throws {
@@ -163,7 +163,7 @@ struct RunCommand: AsyncParsableCommand {
         }
         let store = PinListStore(nil)
         let listSource = try makeListSource(file: file, store: store, stateDirectory: stateDirectory, logger: logger)
-        if learn {
+        if configuration.learning {
             logger.warning("LEARN MODE: learning, not enforcing. Hosts without a pin pass when their chain validates, and what they present is recorded", metadata: [
                 "observations": "\(ObservationBook.path(stateDirectory: stateDirectory))", "then": "pingate list propose",
             ])
@@ -249,7 +249,7 @@ struct RunCommand: AsyncParsableCommand {
         }
         services.append(server)
         services.append(HeapTrimmer(statistics: server.statistics))
-        if learn { services.append(LearnModeReminder(logger: logger, recorder: server.observations)) }
+        if configuration.learning { services.append(LearnModeReminder(logger: logger, recorder: server.observations)) }
         if let updater = server.updater { services.append(updater) }
         services.append(ListReloadOnHangup(signals: hangups, updater: server.updater, logger: logger))
         let group = ServiceGroup(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
@@ -311,9 +311,9 @@ struct RunCommand: AsyncParsableCommand {
             configuration.upstreamPoolMaximumIdlePerHost = count
         }
         configuration.requestLog = Self.requestLogDestination(requestLog ?? file?.requestLog ?? "off")
-        if learn {
+        if learn ?? file?.learn ?? false {
             let host = configuration.listenHost
-            guard DestinationAddress.isLoopbackListenHost(host) || learnAllowRemote else {
+            guard DestinationAddress.isLoopbackListenHost(host) || (learnAllowRemote || file?.learnAllowRemote == true) else {
                 throw ConfigurationError("refusing to start: --learn lets any host with a valid chain through, and --listen \(host):\(configuration.listenPort) is not a loopback address, so every client that can reach it would get through too. Listen on 127.0.0.1, or add --learn-allow-remote if that is what you want")
             }
             configuration.learning = true

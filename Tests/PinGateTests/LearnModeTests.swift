@@ -217,5 +217,13 @@ struct LearnModeTests {
         #expect(refused.stderr.contains("--listen 0.0.0.0:0 is not a loopback address"), "\(refused.stderr)")
         #expect(refused.stderr.contains("--learn-allow-remote"))
         #expect(!FileManager.default.fileExists(atPath: directory.file("state")), "nothing was started")
+        // The same from the config file (learn: true), which --no-learn overrides.
+        let config = try directory.write("learn.yml", "listen: 0.0.0.0:0\nlearn: true\nadmin: {listen: \"off\"}\nstate-dir: state\n")
+        let fromConfig = try await TestProcess.run(Self.pingate, ["run", "--config", config], timeout: 30)
+        #expect(fromConfig.status != 0 && fromConfig.stderr.contains("is not a loopback address"), "\(fromConfig.stderr)")
+        try await RunningGate.with(["--config", config, "--no-learn", "--listen", "127.0.0.1:0"]) { gate in
+            let log = await gate.stop()
+            #expect(!log.contains("LEARN MODE"))
+        }
     }
 }
