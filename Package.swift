@@ -172,7 +172,7 @@ let package = Package(
             "PinList", "PinListService", "PinGateStateFiles", "PinGateTLS", "PinGateTestSupport",
             .product(name: "PropertyBased", package: "swift-property-based"),
         ]),
-        .testTarget(name: "PinGateCATests", dependencies: ["PinGateCA", "PinGateTLS", "PinGateTestSupport"]),
+        .testTarget(name: "PinGateCATests", dependencies: ["PinGateCA", "PinGateStateFiles", "PinGateTLS", "PinGateTestSupport"]),
         .testTarget(
             name: "PinGateTests",
             dependencies: [

@@ -171,15 +171,17 @@ public final class LocalCA: Sendable {
     /// Another process may be doing the same at the same moment (a gate starting while
     /// `pingate env` runs): the check and the creation happen under the state directory's
     /// lock, so exactly one creates and the other loads what it created.
-    /// A CA that exists is loaded without the lock, so a read-only state directory (a CA
-    /// mounted from a secret, a user reading the gate's directory) still works.
+    /// A CA whose two files exist is loaded without the lock, so a read-only state
+    /// directory (a CA mounted from a secret, a user reading the gate's directory) still
+    /// works. Anything less is looked at under the lock: one file alone may be another
+    /// process's creation half done (the key is written first), not a broken CA.
     public static func loadOrCreate(stateDirectory: String) throws -> (ca: LocalCA, created: Bool) {
         let paths = Paths(stateDirectory: stateDirectory)
-        let neither = { !FileManager.default.fileExists(atPath: paths.certificate) && !FileManager.default.fileExists(atPath: paths.key) }
-        guard neither() else { return (try load(stateDirectory: stateDirectory), false) }
+        let exists = { (path: String) in FileManager.default.fileExists(atPath: path) }
+        if exists(paths.certificate) && exists(paths.key) { return (try load(stateDirectory: stateDirectory), false) }
         return try StateFiles.withExclusiveLock(in: stateDirectory) {
             // Another process may have created it while this one waited for the lock.
-            guard neither() else { return (try load(stateDirectory: stateDirectory), false) }
+            if exists(paths.certificate) || exists(paths.key) { return (try load(stateDirectory: stateDirectory), false) }
             return (try create(stateDirectory: stateDirectory), true)
         }
     }

@@ -1,4 +1,5 @@
 import Foundation
+import PinGateStateFiles
 import PinGateTestSupport
 import PinGateTLS
 import Synchronization
@@ -27,14 +28,14 @@ struct LocalCATests {
         #expect(again.certificate.sha256Fingerprint == created.certificate.sha256Fingerprint)
     }
 
-    @Test("six processes' worth of loadOrCreate at once on an empty directory: one creates, the others load that CA (a gate and `pingate env` started together)")
+    @Test("twelve processes' worth of loadOrCreate at once on an empty directory: one creates, the others load that CA, none sees it half written (a gate and `pingate env` started together)")
     func concurrentLoadOrCreate() throws {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
         let state = directory.file("state")
         let results = Mutex<[(fingerprint: String, created: Bool)]>([])
         let failures = Mutex<[String]>([])
-        DispatchQueue.concurrentPerform(iterations: 6) { _ in
+        DispatchQueue.concurrentPerform(iterations: 12) { _ in
             do {
                 let (ca, created) = try LocalCA.loadOrCreate(stateDirectory: state)
                 results.withLock { $0.append((ca.certificate.sha256Fingerprint, created)) }
@@ -47,6 +48,38 @@ struct LocalCATests {
         #expect(all.filter(\.created).count == 1)
         #expect(Set(all.map(\.fingerprint)).count == 1)
         #expect(try LocalCA.load(stateDirectory: state).certificate.sha256Fingerprint == all.first?.fingerprint)
+    }
+
+    @Test("a CA half written by another process (its key, not yet its certificate, under the lock) is waited for, never loaded as incomplete")
+    func halfWrittenIsWaitedFor() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let made = try LocalCA.create(stateDirectory: directory.file("made"))
+        let madePaths = LocalCA.Paths(stateDirectory: directory.file("made"))
+        let state = directory.file("state")
+        let paths = LocalCA.Paths(stateDirectory: state)
+        let outcome = Mutex<String?>(nil)
+        let loader = Thread {
+            let text: String
+            do {
+                let (ca, created) = try LocalCA.loadOrCreate(stateDirectory: state)
+                text = "\(created ? "created" : "loaded") \(ca.certificate.sha256Fingerprint)"
+            } catch {
+                text = "failed: \(error)"
+            }
+            outcome.withLock { $0 = text }
+        }
+        try StateFiles.withExclusiveLock(in: state) {
+            // What a creator has done half way: the key is written first.
+            try StateFiles.writeAtomically(Array(try String(contentsOfFile: madePaths.key, encoding: .utf8).utf8), to: paths.key, mode: 0o600)
+            loader.start()
+            usleep(300_000)
+            #expect(outcome.withLock { $0 } == nil, "it did not wait for the lock: \(outcome.withLock { $0 } ?? "")")
+            try StateFiles.writeAtomically(Array(try String(contentsOfFile: madePaths.certificate, encoding: .utf8).utf8), to: paths.certificate, mode: 0o644)
+        }
+        let deadline = Date().addingTimeInterval(10)
+        while outcome.withLock({ $0 }) == nil && Date() < deadline { usleep(10_000) }
+        #expect(outcome.withLock { $0 } == "loaded \(made.certificate.sha256Fingerprint)")
     }
 
     @Test("a key that does not belong to the certificate is refused")
