@@ -193,7 +193,7 @@ struct ConfigFile: Decodable {
 enum PathText {
     /// Expands a leading `~` and makes `path` absolute against `base` (or the working directory).
     static func resolve(_ path: String, against base: String = "") -> String {
-        let expanded = (path as NSString).expandingTildeInPath
+        let expanded = expandingTilde(path)
         if expanded.hasPrefix("/") { return (expanded as NSString).standardizingPath }
         let directory = base.isEmpty ? FileManager.default.currentDirectoryPath : base
         var joined = (directory as NSString).appendingPathComponent(expanded)
@@ -232,7 +232,22 @@ enum PathText {
         if let xdg = ProcessInfo.processInfo.environment["XDG_STATE_HOME"], !xdg.isEmpty {
             return (xdg as NSString).appendingPathComponent("pingate")
         }
-        return ("~/.local/state/pingate" as NSString).expandingTildeInPath
+        return expandingTilde("~/.local/state/pingate")
+    }
+
+    /// The user's home: `$HOME` as the shell has it (Foundation's `~` expansion reads the
+    /// password database instead, so `HOME=/srv/ci pingate …` would still use /root), else
+    /// the account's home directory.
+    static var home: String {
+        if let home = ProcessInfo.processInfo.environment["HOME"], !home.isEmpty { return home }
+        return FileManager.default.homeDirectoryForCurrentUser.path
+    }
+
+    /// `path` with a leading `~` or `~/` replaced by `home` (`~user` is left to Foundation).
+    static func expandingTilde(_ path: String) -> String {
+        if path == "~" { return home }
+        if path.hasPrefix("~/") { return (home as NSString).appendingPathComponent(String(path.dropFirst(2))) }
+        return (path as NSString).expandingTildeInPath
     }
 }
 

@@ -80,7 +80,7 @@ struct EnvCommandTests {
         }
     }
 
-    @Test("the bundle holds the system roots and the gate's CA; fish and PowerShell get their own syntax; a re-eval adds the Node preload once")
+    @Test("the bundle holds the system roots and the gate's CA; the default state dir follows XDG_STATE_HOME, then HOME; fish and PowerShell get their own syntax; a re-eval adds the Node preload once; awkward paths are quoted or refused")
     func outputs() async throws {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
@@ -111,6 +111,12 @@ struct EnvCommandTests {
         let powershellCurly = try await TestProcess.run(pingate, ["env", "--shell", "powershell", "--state-dir", curly])
         #expect(powershellCurly.stdout.contains("$env:SSL_CERT_FILE = '\(directory.path)/it’’s/ca-bundle.pem'\n"),
                 "PowerShell ends a single-quoted string at ’ too: \(powershellCurly.stdout)")
+
+        // Without --state-dir: $XDG_STATE_HOME/pingate, else ~/.local/state/pingate.
+        let xdg = try await TestProcess.run(pingate, ["env"], environment: ["XDG_STATE_HOME": directory.file("xdg"), "HOME": directory.file("home")])
+        #expect(xdg.stdout.contains("export SSL_CERT_FILE='\(directory.file("xdg"))/pingate/ca-bundle.pem'\n"), "\(xdg.stdout)\(xdg.stderr)")
+        let home = try await TestProcess.run(pingate, ["env"], environment: ["XDG_STATE_HOME": "", "HOME": directory.file("home")])
+        #expect(home.stdout.contains("export SSL_CERT_FILE='\(directory.file("home"))/.local/state/pingate/ca-bundle.pem'\n"), "\(home.stdout)\(home.stderr)")
 
         let fish = try await TestProcess.run(pingate, ["env", "--state-dir", state, "--shell", "fish"])
         #expect(fish.stdout.contains("set -gx HTTPS_PROXY 'http://127.0.0.1:8080'\n"))
