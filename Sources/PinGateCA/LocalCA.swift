@@ -106,6 +106,15 @@ public final class LocalCA: Sendable {
     /// Returns the CA and the backup paths.
     public static func create(stateDirectory: String, replacing: Bool, commonName: String = "pingate local CA",
                               now: Date = Date()) throws -> (ca: LocalCA, backups: [String]) {
+        // Under the state directory's lock, like `loadOrCreate`: a `ca init` racing a first
+        // `run` must not leave one's key beside the other's certificate.
+        try StateFiles.withExclusiveLock(in: stateDirectory) {
+            try createLocked(stateDirectory: stateDirectory, replacing: replacing, commonName: commonName, now: now)
+        }
+    }
+
+    private static func createLocked(stateDirectory: String, replacing: Bool, commonName: String,
+                                     now: Date) throws -> (ca: LocalCA, backups: [String]) {
         let paths = Paths(stateDirectory: stateDirectory)
         let existing = [paths.certificate, paths.key].filter { FileManager.default.fileExists(atPath: $0) }
         if !existing.isEmpty && !replacing {
@@ -182,7 +191,7 @@ public final class LocalCA: Sendable {
         return try StateFiles.withExclusiveLock(in: stateDirectory) {
             // Another process may have created it while this one waited for the lock.
             if exists(paths.certificate) || exists(paths.key) { return (try load(stateDirectory: stateDirectory), false) }
-            return (try create(stateDirectory: stateDirectory), true)
+            return (try createLocked(stateDirectory: stateDirectory, replacing: false, commonName: "pingate local CA", now: Date()).ca, true)
         }
     }
 }

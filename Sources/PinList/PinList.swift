@@ -95,10 +95,12 @@ public struct PinList: Sendable {
         return (exact + wild).filter { $0.isUnexpired(at: now) }
     }
 
-    /// True when the list has any pin for `host` (normalized), expired or not: a host the
-    /// list's author meant to pin, which learn mode must never learn around.
+    /// True when the list has any pin for `host` (normalized), expired or not, or its domain
+    /// rules say the host needs one: a host the list's author meant to pin, which learn mode
+    /// must never learn around.
     public func names(_ host: String) -> Bool {
         !(exactEntries[host] ?? []).isEmpty || wildcardEntries.contains { $0.host.matches(host) }
+            || domainRules?.domains[host] == true
     }
 
     /// True when `leaf`'s certificate or key hash is on the list's revoked set.

@@ -229,7 +229,8 @@ enum PathText {
 
     /// `$XDG_STATE_HOME/pingate`, or `~/.local/state/pingate`.
     static var defaultStateDirectory: String {
-        if let xdg = ProcessInfo.processInfo.environment["XDG_STATE_HOME"], !xdg.isEmpty {
+        // The XDG base directory spec: a relative value is invalid and ignored.
+        if let xdg = ProcessInfo.processInfo.environment["XDG_STATE_HOME"], xdg.hasPrefix("/") {
             return (xdg as NSString).appendingPathComponent("pingate")
         }
         return expandingTilde("~/.local/state/pingate")
@@ -239,7 +240,7 @@ enum PathText {
     /// password database instead, so `HOME=/srv/ci pingate …` would still use /root), else
     /// the account's home directory.
     static var home: String {
-        if let home = ProcessInfo.processInfo.environment["HOME"], !home.isEmpty { return home }
+        if let home = ProcessInfo.processInfo.environment["HOME"], home.hasPrefix("/") { return home }
         return FileManager.default.homeDirectoryForCurrentUser.path
     }
 

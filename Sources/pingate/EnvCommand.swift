@@ -45,6 +45,11 @@ struct EnvCommand: ParsableCommand {
     func run() throws {
         let file = try config.map(ConfigFile.load)
         let (host, port) = try RunCommand.parseHostPort(listen ?? file?.listen ?? PathText.defaultListen)
+        // The host goes into shell code and a URL: an address, or a plain DNS name.
+        guard DestinationAddress(text: host) != nil
+            || (!host.isEmpty && host.unicodeScalars.allSatisfy { CharacterSet.alphanumerics.contains($0) && $0.isASCII || $0 == "-" || $0 == "." }) else {
+            throw ConfigurationError("the listen host \(host.debugDescription) is neither an IP address nor a plain host name; pingate env cannot hand it to apps (give --listen HOST:PORT)")
+        }
         let stateDirectory = PathText.stateDirectory(flag: stateDir, file: file)
         // The paths go into shell code and into NODE_OPTIONS, which Node splits on spaces
         // and reads double quotes in: a control character or a `"` or `\` cannot be said
@@ -182,11 +187,18 @@ enum NodeProxyPreload {
     // tunnel), honouring NO_PROXY. Node before 24 reads no proxy variable by itself.
     'use strict';
     const proxy = process.env.HTTPS_PROXY || process.env.https_proxy;
-    if (proxy) {
+    let proxyURL = null;
+    try {
+      proxyURL = proxy ? new URL(proxy.includes('://') ? proxy : 'http://' + proxy) : null;
+    } catch (error) {
+      // A proxy value Node cannot read must not stop every Node program in the shell.
+      process.emitWarning('pingate: HTTPS_PROXY ' + JSON.stringify(proxy) + ' is not a URL; requests go direct');
+    }
+    if (proxyURL) {
       const http = require('http');
       const https = require('https');
+      const net = require('net');
       const tls = require('tls');
-      const proxyURL = new URL(proxy);
       const noProxy = (process.env.NO_PROXY || process.env.no_proxy || '')
         .split(',').map((entry) => entry.trim().toLowerCase()).filter(Boolean);
       const bypass = (host) => noProxy.some((entry) => entry === '*' || host === entry
@@ -200,6 +212,7 @@ enum NodeProxyPreload {
           const request = http.request({
             host: proxyURL.hostname.replace(/^\\[|\\]$/g, ''), port: proxyURL.port || 80,
             method: 'CONNECT', path: authority, headers: { host: authority },
+            agent: false, // the tunnel's own connection: never pooled, never proxied again
           });
           request.once('connect', (response, socket) => {
             if (response.statusCode !== 200) {
@@ -208,7 +221,9 @@ enum NodeProxyPreload {
               callback(new Error('the proxy refused CONNECT ' + authority + ': ' + response.statusCode + reason));
               return;
             }
-            callback(null, tls.connect({ ...options, socket, servername: options.servername || host }));
+            // No SNI for an address, as Node's own TLS leaves it out.
+            const servername = options.servername || (net.isIP(host) ? undefined : host);
+            callback(null, tls.connect({ ...options, socket, servername }));
           });
           request.once('error', callback);
           request.end();

@@ -118,6 +118,11 @@ struct EnvCommandTests {
         let home = try await TestProcess.run(pingate, ["env"], environment: ["XDG_STATE_HOME": "", "HOME": directory.file("home")])
         #expect(home.stdout.contains("export SSL_CERT_FILE='\(directory.file("home"))/.local/state/pingate/ca-bundle.pem'\n"), "\(home.stdout)\(home.stderr)")
 
+        // The listen host goes into shell code: only an address or a plain name.
+        let hostile = try directory.write("hostile.yml", "listen: \"x;touch pwned:8080\"\n")
+        let badHost = try await TestProcess.run(pingate, ["env", "--config", hostile, "--state-dir", state])
+        #expect(badHost.status != 0 && badHost.stderr.contains("is neither an IP address nor a plain host name"), "\(badHost.stdout)\(badHost.stderr)")
+
         let fish = try await TestProcess.run(pingate, ["env", "--state-dir", state, "--shell", "fish"])
         #expect(fish.stdout.contains("set -gx HTTPS_PROXY 'http://127.0.0.1:8080'\n"))
         #expect(fish.stdout.contains("set -gx GIT_SSL_CAINFO '\(state)/ca-bundle.pem'\n"))

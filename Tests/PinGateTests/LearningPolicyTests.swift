@@ -58,6 +58,11 @@ struct LearningPolicyTests {
             // Hosts it never names are still learned.
             #expect(policy.verdict(host: "new.example", leaf: Self.otherLeaf, chain: Self.valid, list: list, now: Self.now).reasonToken == "learned")
         }
+        // A Wultra domain rule that requires a pin names the host too, fingerprints or not.
+        let rules = PinList(source: "test", entries: [], metadata: .init(format: .wultraDynamic),
+                            domainRules: DomainRules(pinningRequiredForUnlisted: false, domains: ["Required.example": true]))
+        #expect(policy.refusalBeforeConnecting(host: "required.example", port: 443, list: rules, now: Self.now) == .empty)
+        #expect(policy.verdict(host: "required.example", leaf: Self.otherLeaf, chain: Self.valid, list: rules, now: Self.now) == .empty)
         let revoking = PinList(source: "test", entries: Self.list.entries, revoked: [Self.otherLeaf.spkiSHA256 ?? ""],
                                metadata: .init(format: .pingateV2, sequence: 1, expiresAt: Self.now.addingTimeInterval(-60)))
         #expect(policy.verdict(host: "new.example", leaf: Self.otherLeaf, chain: Self.valid, list: revoking, now: Self.now)

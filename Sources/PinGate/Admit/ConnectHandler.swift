@@ -162,9 +162,14 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         // list names is still refused as enforcing would, list-expired included.
         if environment.decisionPolicy.learns {
             if let list = environment.store.list, let expired = list.expiryReason(at: now), list.names(HostName.normalize(request.host)) {
+                environment.updater?.requestDirectUpdate()
                 return .expired(expired)
             }
-            return .usable(refusal: refusalBeforeConnecting(request))
+            // A list source with nothing in force yet: wait for it as enforcing does, or a
+            // host it pins would be learned around before it arrives.
+            if environment.updater == nil || environment.store.list != nil {
+                return .usable(refusal: refusalBeforeConnecting(request))
+            }
         }
         if let expired = environment.store.list?.expiryReason(at: now) {
             // A list that verified but has expired as a whole is refused at once, saying
@@ -469,6 +474,20 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             environment.tunnels.add(.init(host: request.host, port: request.port, leaf: leaf,
                                           chain: Self.chainCheck(upstream), channel: context.channel))
         }
+        // A list put in force between the verdict and this join did not see the tunnel
+        // (an update re-checks the tunnels that have joined). Added first, checked second:
+        // an update either finds it in the registry or has changed the generation by now.
+        if environment.store.generation != verdictGeneration {
+            let verdict = environment.verdict(host: request.host, on: upstream)
+            if !verdict.isTrusted {
+                environment.statistics.tunnelClosedByUpdate(DecisionReason(verdict))
+                environment.logger.notice("closed a tunnel as it started: a list put in force during its handshake does not trust it", metadata: [
+                    "host": "\(request.host)", "port": "\(request.port)", "reason": "\(verdict.reasonToken)",
+                ])
+                context.close(promise: nil)
+                return
+            }
+        }
         // From here on the channel is TLS and relay only.
         context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
     }
@@ -723,7 +742,8 @@ private final class HTTPTunnelFacts {
             refuse(.listExpired(expired))
             return
         }
-        guard environment.store.isUsable(at: now) || environment.updater == nil || environment.decisionPolicy.learns else {
+        guard environment.store.isUsable(at: now) || environment.updater == nil
+            || (environment.decisionPolicy.learns && environment.store.list != nil) else {
             refuse(.listUnavailable(environment.store.status.lastResult ?? "no list fetched yet"))
             return
         }
