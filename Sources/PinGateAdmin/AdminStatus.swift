@@ -26,6 +26,11 @@ public struct AdminSnapshot: Sendable, Codable {
         public var mode: String = "enforcing"
         /// Learn mode: what each admitted host presented (absent when enforcing).
         public var learned: [LearnedHost]?
+        /// Learn mode: tunnels admitted with no validated chain to record (pins-only
+        /// hosts), and writes of the observations file that failed.
+        public var learnUnrecordedTunnels: Int?
+        /// See `learnUnrecordedTunnels`.
+        public var learnWriteFailures: Int?
     }
 
     /// Learn mode: one host:port and the chains it presented.
@@ -243,7 +248,9 @@ public struct AdminSnapshot: Sendable, Codable {
                                        leafSubject: leaf.subject, leafNotAfter: leaf.notAfter, issuerSubject: issuer?.subject,
                                        issuerSPKI: issuer?.spki, alpn: latest.alpn, leaves: host.chains.count)
                 }
-            })
+            },
+            learnUnrecordedTunnels: gate.observations?.unrecorded,
+            learnWriteFailures: gate.observations?.writeFailures)
         var reason: String?
         // Learn mode admits on validated chains with or without a list: ready unless draining.
         if !usable && !gate.configuration.learning {

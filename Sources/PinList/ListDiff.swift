@@ -79,5 +79,11 @@ public enum ListDiff {
         "\(pin.kind.rawValue)/\(pin.fingerprint)\(pin.depth.isLeaf ? "" : " depth \(pin.depth)")\(pin.mode == .enforce ? "" : " \(pin.mode.rawValue)")"
     }
 
-    private static func iso(_ date: Date) -> String { ISO8601DateFormatter().string(from: date) }
+    private static func iso(_ date: Date) -> String { InternetTime.text(date) }
+}
+
+/// Dates as lists, logs and reports write them: RFC 3339 in UTC, to the second.
+public enum InternetTime {
+    /// `date` as `2026-11-26T06:48:14Z`.
+    public static func text(_ date: Date) -> String { ISO8601DateFormatter().string(from: date) }
 }

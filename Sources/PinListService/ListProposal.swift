@@ -193,5 +193,5 @@ public enum ListProposal {
         }
     }
 
-    private static func iso(_ date: Date) -> String { ISO8601DateFormatter().string(from: date) }
+    private static func iso(_ date: Date) -> String { InternetTime.text(date) }
 }

@@ -71,7 +71,7 @@ public enum PinsFileStartup {
                 return .useFile(ListProvenance(.pinsFile, "\(file), the same list as the one persisted"), persist: false)
             }
             let persistedText = "the list persisted in \(persistedPath)\(describe(persistedList.metadata.sequence)), "
-                + "from \(persistedDocument.source), received \(ISO8601DateFormatter().string(from: persistedDocument.receivedAt))"
+                + "from \(persistedDocument.source), received \(InternetTime.text(persistedDocument.receivedAt))"
             do {
                 // One owner of the rollback rule: the file may replace the persisted list
                 // exactly when an update could have.

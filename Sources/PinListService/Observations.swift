@@ -126,7 +126,6 @@ public final class ObservationRecorder: Sendable {
         var book: ObservationBook
         var dirty = false
         var writeScheduled = false
-        var writes = 0
         var writeFailures = 0
         var withoutValidatedChain = 0
     }
@@ -173,8 +172,8 @@ public final class ObservationRecorder: Sendable {
     /// The book as it is now.
     public var book: ObservationBook { state.withLock { $0.book } }
 
-    /// Times the book was written, and writes that failed.
-    public var writeCounts: (writes: Int, failures: Int) { state.withLock { ($0.writes, $0.writeFailures) } }
+    /// Writes of the book that failed (each is retried on the next record).
+    public var writeFailures: Int { state.withLock { $0.writeFailures } }
 
     /// Tunnels admitted with no validated chain to record (a pins-only host whose chain
     /// did not validate): nothing to pin at any position, so not in the book.
@@ -214,7 +213,6 @@ public final class ObservationRecorder: Sendable {
         guard let book else { return }
         do {
             try StateFiles.writeAtomically(try book.encoded(), to: path, mode: 0o644)
-            state.withLock { $0.writes += 1 }
         } catch {
             // Kept in memory: the next record schedules another try.
             state.withLock {

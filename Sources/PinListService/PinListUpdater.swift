@@ -244,7 +244,7 @@ public final class PinListUpdater: Service, Sendable {
             do {
                 if let (document, _) = try persistence.load(keys: source.keys) {
                     let provenance = ListProvenance(.persisted, "persisted in \(persistence.path) by an earlier run "
-                        + "(from \(document.source), received \(ISO8601DateFormatter().string(from: document.receivedAt))); "
+                        + "(from \(document.source), received \(InternetTime.text(document.receivedAt))); "
                         + "the list server replaces it when it answers with a newer list")
                     let result = store.install(document, keys: source.keys, persistence: nil, now: now(), provenance: provenance)
                     log(result)
@@ -373,7 +373,7 @@ public final class PinListUpdater: Service, Sendable {
 
     /// Why a list this updater fetched or re-read is in force.
     private func provenance(of document: SignedListDocument) -> ListProvenance {
-        let received = ISO8601DateFormatter().string(from: document.receivedAt)
+        let received = InternetTime.text(document.receivedAt)
         switch source.location {
         case .file(let path): return ListProvenance(.pinsFile, "the --pins file \(path), re-read at \(received)")
         case .url(let url): return ListProvenance(.fetched, "fetched from \(url.absoluteString) at \(received)")

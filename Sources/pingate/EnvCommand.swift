@@ -91,15 +91,17 @@ struct EnvCommand: ParsableCommand {
         default: host.contains(":") ? "[\(host)]" : host
         }
         let environment = ShellEnvironment(
-            proxy: "http://\(proxyHost):\(port)", bundle: bundlePath, nodePreload: preloadPath, caCertificate: caPath)
+            proxyHost: proxyHost, proxyPort: port, bundle: bundlePath, nodePreload: preloadPath, caCertificate: caPath)
         print(environment.render(for: shell), terminator: "")
     }
 }
 
 /// The variables `pingate env` sets, and how each shell says them.
 struct ShellEnvironment {
-    /// `http://HOST:PORT` of the gate.
-    var proxy: String
+    /// The gate's host as a URL has it (an IPv6 address in brackets).
+    var proxyHost: String
+    /// The gate's port.
+    var proxyPort: Int
     /// The system roots plus the gate's CA.
     var bundle: String
     /// The Node preload that tunnels the https module through the proxy.
@@ -123,16 +125,12 @@ struct ShellEnvironment {
 
     /// The Java advice, as a comment line.
     var javaLine: String {
-        let (host, port) = proxyHostAndPort
-        return "Java reads none of these: trust the CA with keytool -importcert -noprompt -alias pingate -file \(caCertificate) "
-            + "-cacerts -storepass changeit, and run java with -Dhttps.proxyHost=\(host) -Dhttps.proxyPort=\(port)"
+        "Java reads none of these: trust the CA with keytool -importcert -noprompt -alias pingate -file \(caCertificate) "
+            + "-cacerts -storepass changeit, and run java with -Dhttps.proxyHost=\(proxyHost) -Dhttps.proxyPort=\(proxyPort)"
     }
 
-    private var proxyHostAndPort: (String, String) {
-        let authority = proxy.replacingOccurrences(of: "http://", with: "")
-        guard let colon = authority.lastIndex(of: ":") else { return (authority, "8080") }
-        return (String(authority[..<colon]), String(authority[authority.index(after: colon)...]))
-    }
+    /// `http://HOST:PORT` of the gate.
+    var proxy: String { "http://\(proxyHost):\(proxyPort)" }
 
     /// The whole text for `shell`, ending in a newline.
     func render(for shell: EnvCommand.Shell) -> String {

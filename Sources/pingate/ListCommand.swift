@@ -323,9 +323,5 @@ enum ListPrinter {
         return days >= 0 ? "\(days) days left" : "\(-days) days ago"
     }
 
-    static func iso(_ date: Date) -> String {
-        let formatter = ISO8601DateFormatter()
-        formatter.formatOptions = [.withInternetDateTime]
-        return formatter.string(from: date)
-    }
+    static func iso(_ date: Date) -> String { InternetTime.text(date) }
 }

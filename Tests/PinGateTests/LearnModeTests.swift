@@ -114,6 +114,7 @@ struct LearnModeTests {
                         with: try await TestProcess.run("curl", ["-sS", "http://127.0.0.1:\(adminPort)/status"]).stdoutData) as? [String: Any])
                     #expect(status["mode"] as? String == "learning, not enforcing")
                     #expect((status["learned"] as? [[String: Any]])?.compactMap { $0["host"] as? String } == learned)
+                    #expect(status["learn_unrecorded_tunnels"] as? Int == 0 && status["learn_write_failures"] as? Int == 0, "\(status)")
                     let page = try await TestProcess.run("curl", ["-sS", "http://127.0.0.1:\(adminPort)/"])
                     #expect(page.stdout.contains("Learn mode: learning, not enforcing"))
                     #expect(page.stdout.contains("c.other.test:\(nginx.port)"))

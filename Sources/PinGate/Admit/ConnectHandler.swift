@@ -157,21 +157,8 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     private func listReadiness(for request: ConnectRequest) -> ConnectStateMachine<UpstreamConnection>.ListReadiness {
-        let now = environment.now()
-        // Learn mode decides on what each host presents: no list to wait for. A host the
-        // list names is still refused as enforcing would, list-expired included.
-        if environment.decisionPolicy.learns {
-            if let list = environment.store.list, let expired = list.expiryReason(at: now), list.names(HostName.normalize(request.host)) {
-                environment.updater?.requestDirectUpdate()
-                return .expired(expired)
-            }
-            // A list source with nothing in force yet: wait for it as enforcing does, or a
-            // host it pins would be learned around before it arrives.
-            if environment.updater == nil || environment.store.list != nil {
-                return .usable(refusal: refusalBeforeConnecting(request))
-            }
-        }
-        if let expired = environment.store.list?.expiryReason(at: now) {
+        switch environment.listState(for: request.host, now: environment.now()) {
+        case .expired(let expired):
             // A list that verified but has expired as a whole is refused at once, saying
             // so: waiting would only delay the same answer, and "unavailable" would send
             // the operator looking at the network instead of at the list's dates. A
@@ -179,11 +166,13 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             // force for the next CONNECT.
             environment.updater?.requestDirectUpdate()
             return .expired(expired)
+        case .notYet:
+            // Direct mode: with a list source configured and nothing usable in force, the
+            // CONNECT waits (bounded) for the update that is fetching one.
+            return .updating
+        case .ready:
+            return .usable(refusal: refusalBeforeConnecting(request))
         }
-        // Direct mode: with a list source configured and nothing usable in force, the
-        // CONNECT waits (bounded) for the update that is fetching one.
-        if environment.updater != nil, !environment.store.isUsable(at: now) { return .updating }
-        return .usable(refusal: refusalBeforeConnecting(request))
     }
 
     private func refusalBeforeConnecting(_ request: ConnectRequest) -> Verdict? {
@@ -738,14 +727,15 @@ private final class HTTPTunnelFacts {
             done(.refused(status: refusal.status, reason: RequestRefusal(rawValue: refusal.reason.rawValue) ?? .internalError,
                           detail: refusal.explanation(host: host, port: port)))
         }
-        if let expired = environment.store.list?.expiryReason(at: now), !environment.decisionPolicy.learns {
+        switch environment.listState(for: host, now: now) {
+        case .expired(let expired):
             refuse(.listExpired(expired))
             return
-        }
-        guard environment.store.isUsable(at: now) || environment.updater == nil
-            || (environment.decisionPolicy.learns && environment.store.list != nil) else {
+        case .notYet:
             refuse(.listUnavailable(environment.store.status.lastResult ?? "no list fetched yet"))
             return
+        case .ready:
+            break
         }
         if let verdict = environment.decisionPolicy.refusalBeforeConnecting(host: host, port: port, list: environment.store.list, now: now) {
             refuse(.verdict(verdict))
@@ -909,6 +899,29 @@ private final class HTTPTunnelFacts {
 }
 
 extension GateEnvironment {
+    /// What the list in force says of a host before anything is dialled.
+    enum ListState {
+        /// Decide on the host's pins (or, learning, on what it presents).
+        case ready
+        /// The list has expired as a whole: refused, saying so.
+        case expired(String)
+        /// A list source is configured and nothing usable is in force yet.
+        case notYet
+    }
+
+    /// The one rule for a CONNECT and for a new upstream connection inside a tunnel. Learn
+    /// mode holds only the hosts the list names to its dates, and needs no usable list,
+    /// only one in force once a source is configured (so that a host the coming list pins
+    /// is not learned around before it arrives).
+    func listState(for host: String, now: Date) -> ListState {
+        let list = store.list
+        if let list, let expired = list.expiryReason(at: now) {
+            return !decisionPolicy.learns || list.names(HostName.normalize(host)) ? .expired(expired) : .ready
+        }
+        guard updater == nil || store.isUsable(at: now) || (decisionPolicy.learns && list != nil) else { return .notYet }
+        return .ready
+    }
+
     /// The verdict on `upstream`'s own handshake (its leaf and verified chain) for `host`,
     /// under the list in force now: a pooled connection's, at each tunnel it serves.
     func verdict(host: String, on upstream: UpstreamConnection) -> Verdict {
