@@ -133,7 +133,10 @@ struct CreditLedger {
             account.held = 0
             if let credit = give(held, of: &account, key: key) { credits.append(credit) }
         }
-        return credits.sorted { $0.sourceID < $1.sourceID }
+        // In place, and only when there is an order to make: one exchange's credit is the
+        // usual case, at the end of every response.
+        if credits.count > 1 { credits.sort { $0.sourceID < $1.sourceID } }
+        return credits
     }
 
     /// The sink dropped `bytes` of exchange `sinkID` it had taken and not written (a reset
@@ -190,7 +193,10 @@ struct CreditLedger {
             if let credit = give(account.outstanding, of: &account, key: key) { credits.append(credit) }
             accounts[key] = nil
         }
-        return credits.sorted { $0.sourceID < $1.sourceID }
+        // In place, and only when there is an order to make: one exchange's credit is the
+        // usual case, at the end of every response.
+        if credits.count > 1 { credits.sort { $0.sourceID < $1.sourceID } }
+        return credits
     }
 
     /// A new sink took over `direction` (a tunnel's new upstream connection): what it

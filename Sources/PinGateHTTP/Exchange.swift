@@ -113,7 +113,11 @@ struct HTTP1HeadFields {
                 }
             case .host:
                 // `Host: a, b` is two authorities as much as two fields are.
-                hosts.append(contentsOf: value.split(separator: ",", omittingEmptySubsequences: false).map { String($0.trimmingASCIISpaces()) })
+                if value.utf8.contains(UInt8(ascii: ",")) {
+                    hosts.append(contentsOf: value.split(separator: ",", omittingEmptySubsequences: false).map { String($0.trimmingASCIISpaces()) })
+                } else {
+                    hosts.append(String(value[...].trimmingASCIISpaces()))
+                }
             case .otherConnectionSpecific:
                 break
             case nil:

@@ -178,6 +178,7 @@ final class HTTP2Wire {
     /// HTTP/1.1 peer expects (RFC 9113 §8.2.3).
     static func headers(_ fields: [HTTP2HeaderField]) -> HTTPHeaders {
         var headers = HTTPHeaders()
+        headers.reserveCapacity(fields.count)
         var cookies: [String] = []
         for field in fields where !field.name.hasPrefix(":") {
             if field.name == "cookie" {

@@ -150,8 +150,10 @@ public final class HTTP2Session {
     private var receiving: UnsafeBufferPointer<UInt8>?
     /// Events collected by the callbacks during one `receive`.
     private var events: [HTTP2Event] = []
-    /// Header fields of the block being received, by stream, with their RFC 9113 size.
-    private var pendingHeaders: [Int32: (fields: [HTTP2HeaderField], size: Int)] = [:]
+    /// The header block being received, if one is: HTTP/2 sends a block's frames back to
+    /// back (HEADERS, then CONTINUATION on the same stream, RFC 9113 §6.10; nghttp2 treats
+    /// anything else as a connection error), so there is at most one at a time.
+    private var headerBlock: HeaderBlock?
     /// Body bytes queued to send, by stream, with whether the stream ends after them.
     private var outgoing: [Int32: OutgoingBody] = [:]
 
@@ -301,6 +303,30 @@ public final class HTTP2Session {
         return produced
     }
 
+    /// Collects `event` for the current `receive` or `takeEvents`. The array is handed over
+    /// whole each time, so it starts with room for a typical response's events (its
+    /// headers, data, end and close) instead of growing through 1, 2 and 4.
+    private func emit(_ event: HTTP2Event) {
+        if events.capacity == 0 { events.reserveCapacity(Self.typicalEventCount) }
+        events.append(event)
+    }
+
+    private static let typicalEventCount = 6
+
+    /// A header block as its fields arrive, with its RFC 9113 §6.5.2 size so far.
+    private struct HeaderBlock {
+        let streamID: Int32
+        var fields: [HTTP2HeaderField]
+        var size = 0
+
+        /// Room for a typical block (a response from nginx carries about ten fields).
+        init(streamID: Int32) {
+            self.streamID = streamID
+            fields = []
+            fields.reserveCapacity(16)
+        }
+    }
+
     /// Everything the session wants to send now (frames it queued, body bytes it may send
     /// under the peer's windows). Empty when there is nothing.
     public func takeOutput() throws(HTTP2Error) -> [UInt8] {
@@ -358,7 +384,6 @@ public final class HTTP2Session {
         released += pg_nghttp2_release_zero_pages(allocator)
         // The bookkeeping of finished streams: Swift's collections keep their storage when
         // emptied, sized for the busiest moment so far.
-        if pendingHeaders.isEmpty { pendingHeaders = [:] }
         if outgoing.isEmpty { outgoing = [:] }
         if activeStreams.isEmpty { activeStreams = [] }
         if sentBodyBytes.isEmpty { sentBodyBytes = [:] }
@@ -634,7 +659,7 @@ public final class HTTP2Session {
     private static func install(_ callbacks: OpaquePointer) {
         nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks) { _, frame, userData in
             guard let owner = HTTP2Session.owner(userData), let frame else { return 0 }
-            owner.pendingHeaders[frame.pointee.hd.stream_id] = ([], 0)
+            owner.headerBlock = HeaderBlock(streamID: frame.pointee.hd.stream_id)
             // A server's stream opens with the request's HEADERS.
             if frame.pointee.headers.cat == NGHTTP2_HCAT_REQUEST { owner.activeStreams.insert(frame.pointee.hd.stream_id) }
             return 0
@@ -642,19 +667,20 @@ public final class HTTP2Session {
         nghttp2_session_callbacks_set_on_header_callback(callbacks) { _, frame, name, nameLength, value, valueLength, _, userData in
             guard let owner = HTTP2Session.owner(userData), let frame, let name, let value else { return 0 }
             let streamID = frame.pointee.hd.stream_id
-            var pending = owner.pendingHeaders[streamID] ?? ([], 0)
             // nghttp2 advertises SETTINGS_MAX_HEADER_LIST_SIZE but leaves enforcing it to
             // the application (RFC 9113 §6.5.2 counts name + value + 32 per field). Over
             // it, the block is dropped and the stream reset; nothing of it is delivered.
-            pending.size += nameLength + valueLength + 32
-            guard pending.size <= Int(owner.limits.maxHeaderListSize) else {
-                owner.pendingHeaders[streamID] = nil
+            let size = (owner.headerBlock?.size ?? 0) + nameLength + valueLength + 32
+            guard owner.headerBlock?.streamID == streamID, size <= Int(owner.limits.maxHeaderListSize) else {
+                owner.headerBlock = nil
                 return Int32(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue)
             }
-            pending.fields.append(HTTP2HeaderField(
+            // Appended in place (optional chaining mutates the stored block): a copy taken
+            // out and stored back shared its array, and every field copied the whole array.
+            owner.headerBlock?.size = size
+            owner.headerBlock?.fields.append(HTTP2HeaderField(
                 String(decoding: UnsafeBufferPointer(start: name, count: nameLength), as: UTF8.self),
                 String(decoding: UnsafeBufferPointer(start: value, count: valueLength), as: UTF8.self)))
-            owner.pendingHeaders[streamID] = pending
             return 0
         }
         nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks) { _, frame, userData in
@@ -664,11 +690,12 @@ public final class HTTP2Session {
             switch Int(header.type) {
             case Int(NGHTTP2_HEADERS.rawValue):
                 // A block dropped for its size has no entry: it is not delivered.
-                guard let pending = owner.pendingHeaders.removeValue(forKey: header.stream_id) else { return 0 }
-                owner.events.append(.headers(streamID: header.stream_id, fields: pending.fields, endStream: endStream))
+                guard let block = owner.headerBlock, block.streamID == header.stream_id else { return 0 }
+                owner.headerBlock = nil
+                owner.emit(.headers(streamID: header.stream_id, fields: block.fields, endStream: endStream))
             case Int(NGHTTP2_DATA.rawValue) where endStream:
                 // The bytes came through the chunk callback; this marks the end.
-                owner.events.append(.data(streamID: header.stream_id, bytes: .copied([]), endStream: true))
+                owner.emit(.data(streamID: header.stream_id, bytes: .copied([]), endStream: true))
             case Int(NGHTTP2_SETTINGS.rawValue) where header.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) == 0:
                 owner.peerSettingsReceived = true
             case Int(NGHTTP2_SETTINGS.rawValue):
@@ -677,7 +704,7 @@ public final class HTTP2Session {
                 owner.pingsAcknowledged += 1
             case Int(NGHTTP2_GOAWAY.rawValue):
                 let goAway = frame.pointee.goaway
-                owner.events.append(.goAway(lastStreamID: goAway.last_stream_id, errorCode: goAway.error_code))
+                owner.emit(.goAway(lastStreamID: goAway.last_stream_id, errorCode: goAway.error_code))
             default:
                 break
             }
@@ -704,23 +731,23 @@ public final class HTTP2Session {
             guard let owner = HTTP2Session.owner(userData), let data else { return 0 }
             if let input = owner.receiving, let start = input.baseAddress, data >= start, data + length <= start + input.count {
                 let offset = data - start
-                owner.events.append(.data(streamID: streamID, bytes: .input(offset..<offset + length), endStream: false))
+                owner.emit(.data(streamID: streamID, bytes: .input(offset..<offset + length), endStream: false))
             } else {
-                owner.events.append(.data(streamID: streamID, bytes: .copied(Array(UnsafeBufferPointer(start: data, count: length))),
+                owner.emit(.data(streamID: streamID, bytes: .copied(Array(UnsafeBufferPointer(start: data, count: length))),
                                           endStream: false))
             }
             return 0
         }
         nghttp2_session_callbacks_set_on_stream_close_callback(callbacks) { _, streamID, errorCode, userData in
             guard let owner = HTTP2Session.owner(userData) else { return 0 }
-            owner.pendingHeaders[streamID] = nil
+            if owner.headerBlock?.streamID == streamID { owner.headerBlock = nil }
             if let body = owner.outgoing.removeValue(forKey: streamID), body.bytes.count > body.offset {
                 owner.discardedBodyBytes[streamID, default: 0] += body.bytes.count - body.offset
             }
             owner.activeStreams.remove(streamID)
             // `sentBodyBytes` stays: bytes that went out just before the close are still
             // owed to the other leg (its connection window needs them back).
-            owner.events.append(.streamClosed(streamID: streamID, errorCode: errorCode))
+            owner.emit(.streamClosed(streamID: streamID, errorCode: errorCode))
             return 0
         }
     }

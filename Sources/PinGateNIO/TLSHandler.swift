@@ -61,6 +61,8 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     /// until the next flush (NIO sends nothing before a flush anyway, so holding the bytes
     /// until then changes no timing and lets small writes share a record).
     private var bufferedWrites: [(ByteBuffer, EventLoopPromise<Void>?)] = []
+    /// The most write slots `bufferedWrites` keeps between flushes (a few hundred bytes).
+    private static let keptWriteSlots = 8
     private var flushWhenActive = false
     private var receivedCloseNotify = false
     private var sentCloseNotify: Bool { closeNotifyWrite != .notSent }
@@ -391,8 +393,17 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     /// copy. Each write's promise completes with the ciphertext that carries its last byte.
     private func encryptBufferedWrites(context: ChannelHandlerContext) {
         guard !bufferedWrites.isEmpty else { return }
-        let pending = bufferedWrites
+        var pending = bufferedWrites
         bufferedWrites = []
+        // The array's storage serves the next flush too (a keep-alive exchange flushes a
+        // few writes each time): taken back unless writes arrived meanwhile (a promise's
+        // callback wrote) or a burst made it large.
+        defer {
+            if bufferedWrites.isEmpty && pending.capacity <= Self.keptWriteSlots {
+                pending.removeAll(keepingCapacity: true)
+                bufferedWrites = pending
+            }
+        }
         guard !sentCloseNotify else {
             for (_, promise) in pending { promise?.fail(ChannelError.outputClosed) }
             return

@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import PinGateTestSupport
+import PropertyBased
 import Testing
 @testable import PinGate
 
@@ -45,5 +46,81 @@ struct DecisionLogTests {
         #expect(lines.first?.contains("\"host\":\"a/b.example\"") == true)
         let mode = try FileManager.default.attributesOfItem(atPath: path)[.posixPermissions] as? Int
         #expect((mode ?? 0o777) & 0o137 == 0, "created 0640 (less under a umask): \(String(mode ?? 0, radix: 8))")
+    }
+
+    @Test("a line is one JSON object whatever its fields hold (quotes, backslashes, control characters, non-ASCII): every field reads back as written, integers as numbers, keys in sorted order, no line break inside")
+    func linesReadBack() async throws {
+        // Keys and values from the first 2,048 scalars: every control character, quotes,
+        // backslashes, slashes, Latin and other two-byte UTF-8.
+        let text = Gen.character(in: "\u{0}"..."\u{7FF}").string(of: 0...16)
+        let when = Date(timeIntervalSince1970: 1_795_000_000.25)
+        await propertyCheck(count: 400, input: text.array(of: 0...6), text.array(of: 0...6), Gen.int(in: -1000...1000)) { keys, values, number in
+            var metadata: Logger.Metadata = ["count": "\(number)", "padded": "0\(abs(number))", "flag": "\(number > 0)"]
+            for (key, value) in zip(keys, values) where !["ts", "level", "message", "run", "count", "padded", "flag", "chain"].contains(key) {
+                metadata[key] = .string(value)
+            }
+            metadata["chain"] = .array(values.map { .string($0) })
+            let event = LogEvent(level: .notice, message: "connect \"decision\"\n", metadata: metadata, source: nil,
+                                 file: #fileID, function: #function, line: #line)
+            let line = JSONLineLogHandler.line(event, handlerMetadata: ["run": "a\u{1}b"], now: when)
+            #expect(!line.contains(UInt8(ascii: "\n")) && !line.contains(UInt8(ascii: "\r")))
+            guard let object = (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any] else {
+                Issue.record("not a JSON object: \(String(decoding: line, as: UTF8.self))")
+                return
+            }
+            #expect(object["ts"] as? String == "2026-11-18T11:06:40.250Z")
+            #expect(object["level"] as? String == "notice")
+            #expect(object["message"] as? String == "connect \"decision\"\n")
+            #expect(object["run"] as? String == "a\u{1}b")
+            #expect(object["count"] as? Int == number)
+            #expect(object["padded"] as? String == "0\(abs(number))", "a leading zero is not a number")
+            #expect(object["flag"] as? String == "\(number > 0)")
+            #expect(object["chain"] as? [String] == values)
+            for (key, value) in metadata {
+                if case .string(let text) = value, Int(text).map({ String($0) != text }) ?? true {
+                    #expect(object[key] as? String == text, "\(key.debugDescription)")
+                }
+            }
+            #expect(object.count == metadata.count + 4)
+            // Keys in the order Swift sorts them, read off the line itself.
+            let keyOrder = Self.topLevelKeys(line)
+            #expect(keyOrder == keyOrder.sorted() && keyOrder.count == object.count, "\(keyOrder)")
+        }
+    }
+
+    /// The keys of a one-level JSON object line, in the order written (the values are
+    /// strings, numbers or arrays of strings, as in `linesReadBack`).
+    private static func topLevelKeys(_ line: [UInt8]) -> [String] {
+        var keys: [String] = []
+        var index = 1
+        var depth = 0
+        var expectingKey = true
+        while index < line.count {
+            let byte = line[index]
+            if byte == UInt8(ascii: "\"") {
+                var end = index + 1
+                var text: [UInt8] = []
+                while line[end] != UInt8(ascii: "\"") {
+                    if line[end] == UInt8(ascii: "\\") { text.append(line[end]); end += 1 }
+                    text.append(line[end])
+                    end += 1
+                }
+                if expectingKey && depth == 0 {
+                    let quoted = [UInt8(ascii: "\"")] + text + [UInt8(ascii: "\"")]
+                    keys.append((try? JSONSerialization.jsonObject(with: Data(quoted), options: .fragmentsAllowed)) as? String ?? "?")
+                    expectingKey = false
+                }
+                index = end + 1
+                continue
+            }
+            switch byte {
+            case UInt8(ascii: "["): depth += 1
+            case UInt8(ascii: "]"): depth -= 1
+            case UInt8(ascii: ","): if depth == 0 { expectingKey = true }
+            default: break
+            }
+            index += 1
+        }
+        return keys
     }
 }

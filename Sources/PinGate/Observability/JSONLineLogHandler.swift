@@ -55,26 +55,34 @@ public struct JSONLineLogHandler: LogHandler {
 
     /// Writes `event` as one JSON line.
     public func log(event: LogEvent) {
-        var object: [String: Any] = [
-            "ts": RFC3339Timestamp.string(Date()),
-            "level": event.level.rawValue,
-            "message": event.message.description,
-        ]
-        for (key, value) in metadata.merging(event.metadata ?? [:], uniquingKeysWith: { _, new in new }) {
-            object[key] = Self.json(value)
-        }
-        guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]) else { return }
-        writer.enqueue(data)
+        writer.enqueue(Self.line(event, handlerMetadata: metadata))
     }
 
-    private static func json(_ value: Logger.Metadata.Value) -> Any {
-        switch value {
-        case .string(let text):
-            if let number = Int(text), String(number) == text { return number }
-            return text
-        case .stringConvertible(let convertible): return convertible.description
-        case .array(let values): return values.map(json)
-        case .dictionary(let values): return values.mapValues(json)
+    /// `event`'s JSON object, without the newline: `ts`, `level` and `message`, then the
+    /// handler's metadata and the event's (the event's win), all keys in sorted order.
+    static func line(_ event: LogEvent, handlerMetadata: Logger.Metadata, now: Date = Date()) -> [UInt8] {
+        enum Field {
+            case time(Date)
+            case text(String)
+            case metadata(Logger.Metadata.Value)
         }
+        var fields: [String: Field] = ["ts": .time(now), "level": .text(event.level.rawValue), "message": .text(event.message.description)]
+        for (key, value) in handlerMetadata { fields[key] = .metadata(value) }
+        for (key, value) in event.metadata ?? [:] { fields[key] = .metadata(value) }
+        var line: [UInt8] = []
+        line.reserveCapacity(512)
+        JSONLineText.appendObject(fields.sorted { $0.key < $1.key }, to: &line) { field, bytes in
+            switch field {
+            case .time(let date):
+                bytes.append(UInt8(ascii: "\""))
+                RFC3339Timestamp.append(date, to: &bytes)
+                bytes.append(UInt8(ascii: "\""))
+            case .text(let text):
+                JSONLineText.appendString(text, to: &bytes)
+            case .metadata(let value):
+                JSONLineText.append(value, to: &bytes)
+            }
+        }
+        return line
     }
 }

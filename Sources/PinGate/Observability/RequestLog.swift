@@ -149,7 +149,7 @@ public final class RequestLog: Sendable {
         }
         func field(_ name: StaticString, _ value: String) {
             key(name)
-            Self.appendJSONString(value, to: &line)
+            JSONLineText.appendString(value, to: &line)
         }
         func field(_ name: StaticString, _ value: Int) {
             key(name)
@@ -178,33 +178,5 @@ public final class RequestLog: Sendable {
         field("upstream_protocol", record.upstreamProtocol)
         line.append(UInt8(ascii: "}"))
         return line
-    }
-
-    /// `text` as a JSON string: quotes, backslashes and control characters escaped (a
-    /// path is the client's to choose, and must not end a line or forge a field).
-    static func appendJSONString(_ text: String, to bytes: inout [UInt8]) {
-        func escaped(_ character: UInt8) {
-            bytes.append(UInt8(ascii: "\\"))
-            bytes.append(character)
-        }
-        func hexDigit(_ value: UInt8) -> UInt8 {
-            value < 10 ? UInt8(ascii: "0") + value : UInt8(ascii: "a") + value - 10
-        }
-        bytes.append(UInt8(ascii: "\""))
-        for byte in text.utf8 {
-            switch byte {
-            case UInt8(ascii: "\""), UInt8(ascii: "\\"): escaped(byte)
-            case UInt8(ascii: "\n"): escaped(UInt8(ascii: "n"))
-            case UInt8(ascii: "\r"): escaped(UInt8(ascii: "r"))
-            case UInt8(ascii: "\t"): escaped(UInt8(ascii: "t"))
-            case 0..<0x20, 0x7F:
-                escaped(UInt8(ascii: "u"))
-                bytes.append(contentsOf: "00".utf8)
-                bytes.append(hexDigit(byte >> 4))
-                bytes.append(hexDigit(byte & 0xF))
-            default: bytes.append(byte)
-            }
-        }
-        bytes.append(UInt8(ascii: "\""))
     }
 }
