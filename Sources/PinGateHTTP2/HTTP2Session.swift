@@ -466,15 +466,16 @@ public final class HTTP2Session {
     /// straight into the session's queue (one copy, from wherever the caller holds them).
     public func sendBody(streamID: Int32, count: Int, endStream: Bool, trailers: [HTTP2HeaderField]? = nil,
                          append: (inout [UInt8]) -> Void) throws(HTTP2Error) {
-        guard var body = outgoing[streamID] else {
+        // In place: a copy taken out of the dictionary and stored back shares its bytes, and
+        // the append would copy everything still queued, for every chunk of an upload.
+        guard let index = outgoing.index(forKey: streamID) else {
             throw HTTP2Error(code: NGHTTP2_ERR_INVALID_STATE.rawValue, operation: "sending a body on stream \(streamID)")
         }
-        if count > 0 { append(&body.bytes) }
-        body.ended = body.ended || endStream
-        if endStream, let trailers, !trailers.isEmpty { body.trailers = trailers }
-        let wasDeferred = body.deferred
-        body.deferred = false
-        outgoing[streamID] = body
+        if count > 0 { append(&outgoing.values[index].bytes) }
+        outgoing.values[index].ended = outgoing.values[index].ended || endStream
+        if endStream, let trailers, !trailers.isEmpty { outgoing.values[index].trailers = trailers }
+        let wasDeferred = outgoing.values[index].deferred
+        outgoing.values[index].deferred = false
         if wasDeferred {
             let result = nghttp2_session_resume_data(session, streamID)
             guard result == 0 else { throw HTTP2Error(code: result, operation: "resuming stream \(streamID)") }
@@ -615,28 +616,17 @@ public final class HTTP2Session {
 
     private func readBody(streamID: Int32, into buffer: UnsafeMutablePointer<UInt8>, length: Int,
                           flags: UnsafeMutablePointer<UInt32>) -> Int {
-        guard var body = outgoing[streamID] else { return Int(NGHTTP2_ERR_CALLBACK_FAILURE.rawValue) }
-        let available = body.bytes.count - body.offset
-        if available == 0 && !body.ended {
+        guard let index = outgoing.index(forKey: streamID) else { return Int(NGHTTP2_ERR_CALLBACK_FAILURE.rawValue) }
+        // In place, as in `sendBody`: trimming a copy would copy what is left.
+        guard let count = Self.take(from: &outgoing.values[index], into: buffer, length: length) else {
             // Nothing to send yet: nghttp2 asks again after `resume_data`.
-            body.deferred = true
-            outgoing[streamID] = body
             return Int(NGHTTP2_ERR_DEFERRED.rawValue)
         }
-        let count = min(available, length)
-        body.bytes.withUnsafeBufferPointer { source in
-            if let base = source.baseAddress, count > 0 { buffer.update(from: base + body.offset, count: count) }
-        }
-        body.offset += count
         if count > 0 { sentBodyBytes[streamID, default: 0] += count }
-        // Drop what was sent once it is most of the buffer, so a long stream does not grow it.
-        if body.offset > 64 * 1024 && body.offset * 2 > body.bytes.count {
-            body.bytes.removeFirst(body.offset)
-            body.offset = 0
-        }
+        let body = outgoing.values[index]
         if body.ended && body.offset == body.bytes.count {
             flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue
-            outgoing[streamID] = nil
+            outgoing.remove(at: index)
             if let trailers = body.trailers {
                 // The stream ends with the trailers' HEADERS frame, not this DATA frame;
                 // nghttp2 allows submitting them from inside this callback.
@@ -646,8 +636,28 @@ public final class HTTP2Session {
                 }
                 if result != 0 { return Int(NGHTTP2_ERR_CALLBACK_FAILURE.rawValue) }
             }
-        } else {
-            outgoing[streamID] = body
+        }
+        return count
+    }
+
+    /// Copies up to `length` queued bytes of `body` into `buffer` and returns how many;
+    /// nil (and `body` marked deferred) when none are queued and more are to come.
+    private static func take(from body: inout OutgoingBody, into buffer: UnsafeMutablePointer<UInt8>, length: Int) -> Int? {
+        let available = body.bytes.count - body.offset
+        if available == 0 && !body.ended {
+            body.deferred = true
+            return nil
+        }
+        let count = min(available, length)
+        let offset = body.offset
+        body.bytes.withUnsafeBufferPointer { source in
+            if let base = source.baseAddress, count > 0 { buffer.update(from: base + offset, count: count) }
+        }
+        body.offset += count
+        // Drop what was sent once it is most of the buffer, so a long stream does not grow it.
+        if body.offset > 64 * 1024 && body.offset * 2 > body.bytes.count {
+            body.bytes.removeFirst(body.offset)
+            body.offset = 0
         }
         return count
     }
