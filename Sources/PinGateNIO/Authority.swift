@@ -38,8 +38,8 @@ public struct Authority: Sendable, Hashable, CustomStringConvertible {
         if host.hasPrefix("[") {
             guard host.hasSuffix("]") else { throw invalid }
             host = host.dropFirst().dropLast()
-            guard IPAddressText.isIPLiteral(String(host)), host.contains(":") else { throw invalid }
-        } else if host.contains(":") {
+            guard IPAddressText.isIPLiteral(String(host)), host.utf8.contains(UInt8(ascii: ":")) else { throw invalid }
+        } else if host.utf8.contains(UInt8(ascii: ":")) {
             throw invalid
         }
         guard !host.isEmpty else { throw invalid }
@@ -55,6 +55,6 @@ public struct Authority: Sendable, Hashable, CustomStringConvertible {
 
     /// `host:port`, with IPv6 hosts bracketed.
     public var description: String {
-        host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
+        host.utf8.contains(UInt8(ascii: ":")) ? "[\(host)]:\(port)" : "\(host):\(port)"
     }
 }

@@ -34,7 +34,7 @@ public enum HostPattern: Sendable, Hashable, CustomStringConvertible {
         case .singleLabel(let suffix):
             guard host.hasSuffix("." + suffix) else { return false }
             let label = host.dropLast(suffix.count + 1)
-            return !label.isEmpty && !label.contains(".")
+            return !label.isEmpty && !label.utf8.contains(UInt8(ascii: "."))
         case .anyDepth(let suffix):
             return host == suffix || host.hasSuffix("." + suffix)
         }

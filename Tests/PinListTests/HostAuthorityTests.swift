@@ -1,0 +1,43 @@
+import PropertyBased
+import Testing
+@testable import PinList
+
+/// The host-name rule CONNECT targets and request authorities share.
+@Suite("Host names")
+struct HostAuthorityTests {
+    /// The rule as written before the one-pass version: labels split on dots, each checked.
+    static func reference(_ name: String) -> Bool {
+        guard !name.isEmpty, name.utf8.count <= 253 else { return false }
+        return name.split(separator: ".", omittingEmptySubsequences: false).allSatisfy { label in
+            !label.isEmpty && label.utf8.count <= 63 && !label.hasPrefix("-") && !label.hasSuffix("-")
+                && label.utf8.allSatisfy { byte in
+                    (byte >= 0x61 && byte <= 0x7A) || (byte >= 0x30 && byte <= 0x39) || byte == 0x2D || byte == 0x5F
+                }
+        }
+    }
+
+    @Test("the one-pass check agrees with the label-by-label rule on every name (random names from the characters that matter, and label lengths around 63)")
+    func onePassMatchesRule() async {
+        // Mostly host characters, with dots, hyphens, an upper-case letter, a space and a
+        // non-ASCII letter among them, so names land on both sides of the rule.
+        let character = Gen.element(of: Array("abz09-_.-..A é")).compactMap { $0 }
+        await propertyCheck(count: 2000, input: character.string(of: 0...12)) { name in
+            #expect(HostAuthority.isValidHostName(name) == Self.reference(name), "\(name.debugDescription)")
+        }
+        await propertyCheck(count: 300, input: Gen.int(in: 1...70), Gen.int(in: 0...200), Gen.int(in: 0...2)) { label, count, shape in
+            let name = String(repeating: "a", count: label) + "." + String(repeating: "b", count: count) + ["", "-", "."][shape]
+            #expect(HostAuthority.isValidHostName(name) == Self.reference(name), "\(label) \(count) \(shape)")
+        }
+    }
+
+    @Test("examples: names that pass and names that do not, with the reason each fails")
+    func examples() {
+        for good in ["a", "example.com", "a-b.c_d.example", "xn--bcher-kva.example", String(repeating: "a", count: 63) + ".com", "1.2.3"] {
+            #expect(HostAuthority.isValidHostName(good), "\(good)")
+        }
+        for bad in ["", ".", "a.", ".a", "a..b", "-a.com", "a-.com", "a.-b", "a.b-", "A.com", "a b", "é.com",
+                    String(repeating: "a", count: 64) + ".com", Array(repeating: "abcdefghi", count: 26).joined(separator: ".")] {
+            #expect(!HostAuthority.isValidHostName(bad), "\(bad)")
+        }
+    }
+}
