@@ -209,10 +209,18 @@ public final class PinGateServer: Service, Sendable {
                         try channel.pipeline.syncOperations.addHandler(AcceptBackoffHandler())
                     }
                 }
-                .childChannelOption(.allowRemoteHalfClosure, value: true)
-                .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
-                .childChannelOption(.recvAllocator, value: ReceiveBuffers.allocator)
                 .childChannelInitializer { channel in
+                    // The accepted channel's options are set here, synchronously, before it
+                    // is registered (nothing is read before): as `childChannelOption`s NIO
+                    // applies each through a chain of futures, 15 allocations per connection.
+                    do {
+                        let options = channel.syncOptions
+                        try options?.setOption(.allowRemoteHalfClosure, value: true)
+                        try options?.setOption(.tcpOption(.tcp_nodelay), value: 1)
+                        try options?.setOption(.recvAllocator, value: ReceiveBuffers.allocator)
+                    } catch {
+                        return channel.eventLoop.makeFailedFuture(error)
+                    }
                     if connections.count >= DescriptorBudget.connectionCap() {
                         environment.statistics.recordDecision(.overCapacity)
                         return channel.eventLoop.makeCompletedFuture {
