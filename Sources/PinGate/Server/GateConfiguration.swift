@@ -81,8 +81,9 @@ public struct GateConfiguration: Sendable {
     public var upstreamPoolIdleTimeout: TimeAmount = .seconds(30)
     /// The most idle upstream connections kept per host (and port, SNI, address, parent proxy).
     public var upstreamPoolMaximumIdlePerHost = 16
-    /// The event-loop thread count (default: one per core).
-    public var eventLoopThreads: Int = System.coreCount
+    /// The event-loop thread count (default: one per CPU the process may use, its affinity
+    /// mask and cgroup considered; see `UsableProcessors`).
+    public var eventLoopThreads: Int = UsableProcessors.count
 
     /// The default configuration.
     public init() {}
