@@ -3,6 +3,7 @@ import NIOEmbedded
 import PinGateHTTP
 import PinGateNIO
 import PropertyBased
+import Synchronization
 import Testing
 @testable import PinGate
 @testable import pingate
@@ -224,6 +225,123 @@ struct UpstreamPoolStateTests {
             #expect(counters.parked + refused == nextConnection)
             #expect(counters.parked == idleTaken + departed)
         }
+    }
+
+    @Test("the first CONNECTs of a burst wait for the one h2 dial in flight on their key and loop, and take its connection once it is shared; without a waiter, or after waiting once, a CONNECT dials")
+    func burstSharesOneDial() {
+        var state = State(maximumIdlePerKey: 4)
+        let a = EventLoopID(Self.loopA), b = EventLoopID(Self.loopB)
+        let resumed = Recorded<String>()
+        #expect(Self.isDial(state.checkout(Self.pay, on: a, generation: 1, shareableDial: true, waiter: { }).checkout, registered: true))
+        // The same key and loop: they wait. Another loop or key: no dial to wait for.
+        #expect(Self.isWait(state.checkout(Self.pay, on: a, generation: 1, shareableDial: true, waiter: { resumed.append("one") }).checkout))
+        #expect(Self.isWait(state.checkout(Self.pay, on: a, generation: 1, shareableDial: true, waiter: { resumed.append("two") }).checkout))
+        #expect(Self.isDial(state.checkout(Self.pay, on: b, generation: 1, shareableDial: true, waiter: { }).checkout, registered: true))
+        #expect(Self.isDial(state.checkout(Self.shop, on: a, generation: 1, shareableDial: false, waiter: nil).checkout, registered: false))
+        // Without a waiter (it waited already), a CONNECT dials, unregistered: one dial is waited for.
+        #expect(Self.isDial(state.checkout(Self.pay, on: a, generation: 1, shareableDial: true, waiter: nil).checkout, registered: false))
+        #expect(state.waitingCheckouts == 2)
+        // The dial's connection goes to the pool, shared; then the dial is settled.
+        _ = state.park(7, key: Self.pay, on: a, generation: 1, currentGeneration: 1, trustedByCurrentList: true, shared: true)
+        for waiter in state.dialSettled(Self.pay, on: a) { waiter() }
+        #expect(resumed.values == ["one", "two"])
+        #expect(state.waitingCheckouts == 0)
+        #expect(state.dialSettled(Self.pay, on: a).isEmpty, "settled once")
+        // They check out again, without a waiter: both on the shared connection.
+        for _ in 0..<2 {
+            guard case .hit(let connection) = state.checkout(Self.pay, on: a, generation: 1, shareableDial: true, waiter: nil).checkout else {
+                Issue.record("no hit after the dial was shared")
+                continue
+            }
+            #expect(connection == 7)
+        }
+        #expect(state.counters.hits == 2 && state.counters.misses == 4 && state.counters.waitedForDial == 2)
+    }
+
+    @Test("over random checkouts, settles and shared parks on two keys and two loops: one registered dial per key and loop at most, a CONNECT waits only for one, every waiter runs once and only when its own dial settles, and hits, misses and waits add up to the checkouts")
+    func randomBursts() async {
+        await propertyCheck(count: 300, input: Gen.int(in: 0...1_000_000).array(of: 1...120)) { codes in
+            Self.checkBursts(codes)
+        }
+    }
+
+    /// One random sequence of `randomBursts`: each code picks a key and loop, and a checkout
+    /// (with or without a waiter, shareable or not), a settle, or a shared park.
+    private static func checkBursts(_ codes: [Int]) {
+        let keys = [Self.pay, Self.shop]
+        let loops = [EventLoopID(Self.loopA), EventLoopID(Self.loopB)]
+        var state = State(maximumIdlePerKey: 16)
+        var registered = Set<[Int]>()
+        // Waiters queued per slot in the model, and the slot each waiter ran for.
+        var queued: [[Int]: [Int]] = [:]
+        let runs = Recorded<WaiterRun>()
+        var checkouts = 0
+        var nextWaiter = 0
+        var nextConnection = 0
+        for code in codes {
+            let slot = [code % 2, (code / 2) % 2]
+            let key = keys[slot[0]], loop = loops[slot[1]]
+            switch (code / 4) % 4 {
+            case 0, 1:
+                checkouts += 1
+                let withWaiter = (code / 16) % 3 != 0
+                let shareable = (code / 48) % 4 != 0
+                nextWaiter += 1
+                let id = nextWaiter
+                let run = WaiterRun(id: id, slot: slot)
+                let waiter: (@Sendable () -> Void)? = withWaiter ? { @Sendable in runs.append(run) } : nil
+                let outcome = state.checkout(key, on: loop, generation: 1, canShare: { _ in true }, shareableDial: shareable, waiter: waiter)
+                switch outcome.checkout {
+                case .wait:
+                    #expect(withWaiter && registered.contains(slot), "waited without a dial in flight, or without a waiter")
+                    queued[slot, default: []].append(id)
+                case .dial(let isRegistered):
+                    #expect(!(withWaiter && registered.contains(slot)), "dialled although a dial was in flight")
+                    #expect(isRegistered == (shareable && !registered.contains(slot)))
+                    if isRegistered { registered.insert(slot) }
+                case .hit:
+                    break
+                }
+            case 2:
+                for waiter in state.dialSettled(key, on: loop) { waiter() }
+                registered.remove(slot)
+                for id in queued.removeValue(forKey: slot) ?? [] {
+                    #expect(runs.values.filter { $0.id == id }.map(\.slot) == [slot], "waiter \(id) did not run once, for its own slot")
+                }
+            default:
+                nextConnection += 1
+                _ = state.park(nextConnection, key: key, on: loop, generation: 1, currentGeneration: 1,
+                               trustedByCurrentList: true, shared: true)
+            }
+            // No waiter has run before its dial settled.
+            let waiting = Set(queued.values.flatMap { $0 })
+            #expect(runs.values.allSatisfy { !waiting.contains($0.id) })
+            #expect(state.waitingCheckouts == waiting.count)
+        }
+        let counters = state.counters
+        #expect(counters.hits + counters.misses + counters.waitedForDial == checkouts)
+    }
+
+    private struct WaiterRun: Sendable {
+        let id: Int
+        let slot: [Int]
+    }
+
+    /// What waiters did, in order (they must be `@Sendable`, as the pool's are).
+    private final class Recorded<Element: Sendable>: Sendable {
+        private let recorded = Mutex<[Element]>([])
+        func append(_ element: Element) { recorded.withLock { $0.append(element) } }
+        var values: [Element] { recorded.withLock { $0 } }
+    }
+
+    private static func isWait(_ checkout: State.Checkout) -> Bool {
+        if case .wait = checkout { return true }
+        return false
+    }
+
+    private static func isDial(_ checkout: State.Checkout, registered: Bool) -> Bool {
+        if case .dial(let isRegistered) = checkout { return isRegistered == registered }
+        return false
     }
 
     @Test("the pool's flags and config keys: on by default (30 s, 16 per host), the file's keys read, flags override them, nonsense refused with the fix named")

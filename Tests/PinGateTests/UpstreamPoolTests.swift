@@ -421,6 +421,31 @@ struct UpstreamPoolTests {
         }
     }
 
+    @Test("over h2 with a cold pool, 8 CONNECTs at once share one upstream connection: those that arrive while the first dials wait for its connection instead of dialling their own (one event loop)")
+    func coldBurstSharesOneDial() async throws {
+        try await Self.withOrigin(http2: true, configure: { $0.eventLoopThreads = 1 }) { gate, nginx, _ in
+            let url = Self.url(nginx)
+            async let r1 = curlThroughGate(gate, url)
+            async let r2 = curlThroughGate(gate, url)
+            async let r3 = curlThroughGate(gate, url)
+            async let r4 = curlThroughGate(gate, url)
+            async let r5 = curlThroughGate(gate, url)
+            async let r6 = curlThroughGate(gate, url)
+            async let r7 = curlThroughGate(gate, url)
+            async let r8 = curlThroughGate(gate, url)
+            let results = try await [r1, r2, r3, r4, r5, r6, r7, r8]
+            for result in results {
+                #expect(result.exitStatus == 0 && result.httpCode == "200" && result.body == Self.body, "\(result.httpCode) \(result.stderr)")
+            }
+            #expect(nginx.accessLogConnections().count == 8)
+            #expect(Set(nginx.accessLogConnections()).count == 1, "\(nginx.accessLogConnections())")
+            #expect(gate.statistics.upstreamConnections == 1)
+            let pool = try #require(gate.server.upstreamPool)
+            // One dial; the other seven took its connection, after waiting for it or not.
+            #expect(pool.misses == 1 && pool.hits == 7, "hits \(pool.hits), misses \(pool.misses), waited \(pool.waitedForDial)")
+        }
+    }
+
     @Test("on a shared h2 connection, a tunnel whose client leaves mid-download resets only its own stream: the other tunnel's download arrives whole, and the connection stays for the next tunnel")
     func laneLeavesMidDownload() async throws {
         let big = seededRandomBytes(4 << 20, seed: 23)

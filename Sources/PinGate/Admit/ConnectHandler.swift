@@ -47,6 +47,12 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     /// The request-aware tunnel's reports, once joined: it knows whether the upstream
     /// connection went to the pool when the client left (then it is not closed here).
     private var httpTunnel: HTTPTunnelFacts?
+    /// This tunnel's dial, while other CONNECTs to the same key on this loop may wait for
+    /// it (`UpstreamPool.checkout`): settled (`settleDial`) once its `h2` connection is
+    /// shared in the pool, or as soon as it will not be, on every way out.
+    private var registeredDial: UpstreamPoolKey?
+    /// Ends the others' wait if this tunnel's client is slow to finish its handshake.
+    private var dialWaitLimit: Scheduled<Void>?
 
     /// What the logs say about this connection; none of it steers anything.
     private struct ConnectionFacts {
@@ -102,7 +108,13 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         lingerClose = nil
         cancelTimers()
         perform(machine.clientClosed(), context: context)
+        settleDial(context: context)
         context.fireChannelInactive()
+    }
+
+    /// Taken out at the join, or with the pipeline: a dial still registered is settled.
+    func handlerRemoved(context: ChannelHandlerContext) {
+        settleDial(context: context)
     }
 
     func errorCaught(context: ChannelHandlerContext, error: Error) {
@@ -114,6 +126,14 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     private func perform(_ action: ConnectStateMachine<UpstreamConnection>.Action, context: ChannelHandlerContext) {
         defer { abandonPausedClientHelloUnlessReconnecting() }
+        // Whatever comes of this tunnel after these, its dial is settled for those waiting
+        // on it (after a join its `h2` connection is in the pool to share, if it can be).
+        let settles: Bool
+        switch action {
+        case .refuse, .reconnectUpstream, .join, .closeEarly, .closeUpstream: settles = true
+        default: settles = false
+        }
+        defer { if settles { settleDial(context: context) } }
         switch action {
         case .none, .forward:
             break
@@ -204,19 +224,44 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             && !environment.configuration.opaqueHosts.contains(request.host)
     }
 
-    private func connectUpstream(_ request: ConnectRequest, context: ChannelHandlerContext) {
+    /// `waited`: this CONNECT already waited once for another tunnel's dial (it does not
+    /// wait again).
+    private func connectUpstream(_ request: ConnectRequest, context: ChannelHandlerContext, waited: Bool = false) {
         let offer = environment.decisionPolicy.upstreamALPNOffer(configured: environment.configuration.upstreamALPNOffer)
         if let pool = environment.pool, inspectsRequests(request) {
             // A verified connection kept from an earlier tunnel: no handshake, and the
             // verdict from the chain its own handshake verified, under the list in force.
+            // With none yet, but another tunnel dialling the same key on this loop with an
+            // `h2` offer, this one waits for that connection rather than dial its own: the
+            // first CONNECTs of a burst share one connection.
             let generation = environment.store.generation
-            if let pooled = pool.take(environment.poolKey(for: request), on: context.eventLoop, generation: generation) {
+            let key = environment.poolKey(for: request)
+            let shareable = offer.contains("h2")
+            let resume: (() -> Void)? = shareable && !waited ? { self.dialWaitEnded(request, context: context) } : nil
+            switch pool.checkout(key, on: context.eventLoop, generation: generation, shareableDial: shareable, resume: resume) {
+            case .hit(let pooled):
                 verdictGeneration = generation
                 perform(machine.upstreamConnected(pooled, verdict: environment.verdict(host: request.host, on: pooled)), context: context)
                 return
+            case .wait:
+                return
+            case .dial(let registered):
+                if registered { registeredDial = key }
             }
         }
         openUpstream(request, offer: offer, context: context).assumeIsolated().whenComplete { result in
+            if case .success(let upstream) = result, self.registeredDial != nil {
+                if upstream.peer.alpn == "h2" {
+                    // Shared once this tunnel joins; a client slow to finish its handshake
+                    // does not hold the others back for longer than this.
+                    self.dialWaitLimit = context.eventLoop.assumeIsolated().scheduleTask(in: Self.dialWaitLimit) {
+                        self.settleDial(context: context)
+                    }
+                } else {
+                    // HTTP/1.1 carries one tunnel at a time: nothing to wait for.
+                    self.settleDial(context: context)
+                }
+            }
             switch result {
             case .success(let upstream):
                 self.environment.statistics.metrics.upstreamHandshake(nanoseconds: upstream.handshakeDuration.nanoseconds)
@@ -229,6 +274,27 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                 self.perform(self.machine.upstreamFailed(refusal), context: context)
             }
         }
+    }
+
+    /// How long CONNECTs wait, past the dial, for the tunnel that dialled to share its
+    /// connection (its client's TLS handshake with the gate: a few milliseconds locally).
+    private static let dialWaitLimit = TimeAmount.milliseconds(100)
+
+    /// The dial this CONNECT waited for is settled: it checks out again (a hit if that
+    /// connection is shared now), dialling itself otherwise.
+    private func dialWaitEnded(_ request: ConnectRequest, context: ChannelHandlerContext) {
+        // A client that left while it waited has been answered by the machine already.
+        guard context.channel.isActive, machine.isConnectingUpstream else { return }
+        connectUpstream(request, context: context, waited: true)
+    }
+
+    /// Ends other CONNECTs' wait for this tunnel's dial (once; nothing when none waits).
+    private func settleDial(context: ChannelHandlerContext) {
+        dialWaitLimit?.cancel()
+        dialWaitLimit = nil
+        guard let key = registeredDial else { return }
+        registeredDial = nil
+        environment.pool?.dialSettled(key, on: context.eventLoop)
     }
 
     private func openUpstream(_ request: ConnectRequest, offer: [String]?, context: ChannelHandlerContext) -> EventLoopFuture<UpstreamConnection> {

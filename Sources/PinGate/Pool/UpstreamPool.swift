@@ -65,10 +65,7 @@ final class UpstreamPool: Sendable {
         let (connection, stale, idle, departed) = state.withLock { state in
             let before = state.counters.departed
             let taken = state.take(key, on: EventLoopID(eventLoop), generation: generation,
-                                   isAlive: { $0.channel.isActive }) { connection in
-                guard case .pooled(let side) = connection.leg.value else { return false }
-                return side.reuseBlocker == nil
-            }
+                                   isAlive: { $0.channel.isActive }, canShare: Self.canShare)
             return (taken.connection, taken.stale, state.idleCount, state.counters.departed.merging(before) { $0 - $1 })
         }
         metrics.upstreamPoolIdle(idle)
@@ -76,6 +73,41 @@ final class UpstreamPool: Sendable {
         stale.forEach(close)
         metrics.upstreamPoolCheckout(hit: connection != nil)
         return connection
+    }
+
+    /// `take`, for a CONNECT that may share another tunnel's dial (see
+    /// `UpstreamPoolState.checkout`): `.wait` means `resume` runs on `eventLoop` once that
+    /// dial is settled; `.dial(registered: true)` means the caller's dial is the one others
+    /// wait for, and it must call `dialSettled` once its connection is shared or will not be.
+    func checkout(_ key: UpstreamPoolKey, on eventLoop: any EventLoop, generation: UInt64, shareableDial: Bool,
+                  resume: (() -> Void)?) -> UpstreamPoolState<UpstreamConnection>.Checkout {
+        let waiter: (@Sendable () -> Void)? = resume.map { resume in
+            let bound = NIOLoopBound(resume, eventLoop: eventLoop)
+            return { bound.value() }
+        }
+        let (checkout, stale, idle, departed) = state.withLock { state in
+            let before = state.counters.departed
+            let result = state.checkout(key, on: EventLoopID(eventLoop), generation: generation,
+                                        isAlive: { $0.channel.isActive }, canShare: Self.canShare,
+                                        shareableDial: shareableDial, waiter: waiter)
+            return (result.checkout, result.stale, state.idleCount, state.counters.departed.merging(before) { $0 - $1 })
+        }
+        metrics.upstreamPoolIdle(idle)
+        for (departure, count) in departed where count > 0 { metrics.upstreamPoolClosed(reason: departure.rawValue, count: count) }
+        stale.forEach(close)
+        switch checkout {
+        case .hit: metrics.upstreamPoolCheckout(hit: true)
+        case .dial: metrics.upstreamPoolCheckout(hit: false)
+        case .wait: break
+        }
+        return checkout
+    }
+
+    /// The registered dial for `key` on `eventLoop` is settled: the CONNECTs that waited for
+    /// it check out again, now (called on that loop).
+    func dialSettled(_ key: UpstreamPoolKey, on eventLoop: any EventLoop) {
+        let waiters = state.withLock { $0.dialSettled(key, on: EventLoopID(eventLoop)) }
+        waiters.forEach { $0() }
     }
 
     /// Offers `connection` (its side parked, or, `shared`, an `h2` connection that tunnels
@@ -115,6 +147,12 @@ final class UpstreamPool: Sendable {
             }
         }
         return true
+    }
+
+    /// A shared connection may carry one more tunnel (checked on its loop).
+    private static func canShare(_ connection: UpstreamConnection) -> Bool {
+        guard case .pooled(let side) = connection.leg.value else { return false }
+        return side.reuseBlocker == nil
     }
 
     /// Counts a connection not kept when its tunnel ended.

@@ -42,6 +42,9 @@ struct UpstreamPoolState<Connection> {
         var hits = 0
         /// CONNECTs that found none and opened a new connection.
         var misses = 0
+        /// CONNECTs that found none but another tunnel's dial to the same key in flight, and
+        /// waited for it instead of dialling (each then counts as a hit or a miss too).
+        var waitedForDial = 0
         /// Connections put in the pool.
         var parked = 0
         /// Connections not kept when their tunnel ended, by reason.
@@ -63,6 +66,19 @@ struct UpstreamPoolState<Connection> {
         let shared: Bool
     }
 
+    /// What `checkout` found.
+    enum Checkout {
+        /// A pooled connection: no handshake.
+        case hit(Connection)
+        /// None, but a dial to the same key on the same loop is in flight whose connection
+        /// may be shared: the waiter runs once it is settled (`dialSettled`), to check out
+        /// again, without waiting a second time.
+        case wait
+        /// None: the caller dials. `registered` when its dial is the one others may wait
+        /// for; the caller must then report it settled (`dialSettled`), whatever happens.
+        case dial(registered: Bool)
+    }
+
     /// The most idle connections one key may hold, over all loops.
     let maximumIdlePerKey: Int
     /// Idle connections by key and loop, the most recently parked last (taken first: the
@@ -72,6 +88,9 @@ struct UpstreamPoolState<Connection> {
     private var idlePerKey: [UpstreamPoolKey: Int] = [:]
     private var nextID: UInt64 = 1
     private(set) var counters = Counters()
+    /// Dials in flight whose connection may come to be shared (`h2` offered), one per
+    /// key and loop, with the checkouts waiting for them.
+    private var dials: [Slot: [@Sendable () -> Void]] = [:]
 
     init(maximumIdlePerKey: Int) {
         self.maximumIdlePerKey = maximumIdlePerKey
@@ -96,6 +115,47 @@ struct UpstreamPoolState<Connection> {
     mutating func take(_ key: UpstreamPoolKey, on loop: EventLoopID, generation: UInt64,
                        isAlive: (Connection) -> Bool = { _ in true },
                        canShare: (Connection) -> Bool = { _ in true }) -> (connection: Connection?, stale: [Connection]) {
+        let found = find(key, on: loop, generation: generation, isAlive: isAlive, canShare: canShare)
+        if found.connection == nil { counters.misses += 1 }
+        return found
+    }
+
+    /// `take`, for a CONNECT that could share a connection another tunnel is dialling
+    /// (`waiter` given: it offers `h2`, and has not waited already). With nothing pooled
+    /// and such a dial in flight on this loop, `waiter` is kept and `.wait` returned: the
+    /// first CONNECTs of a burst then share the first `h2` connection instead of each
+    /// dialling its own. `shareableDial`: the caller's own dial, if it makes one, may be
+    /// shared (it offers `h2`), so others may wait for it.
+    mutating func checkout(_ key: UpstreamPoolKey, on loop: EventLoopID, generation: UInt64,
+                           isAlive: (Connection) -> Bool = { _ in true },
+                           canShare: (Connection) -> Bool = { _ in true },
+                           shareableDial: Bool, waiter: (@Sendable () -> Void)?) -> (checkout: Checkout, stale: [Connection]) {
+        let found = find(key, on: loop, generation: generation, isAlive: isAlive, canShare: canShare)
+        if let connection = found.connection { return (.hit(connection), found.stale) }
+        let slot = Slot(key: key, loop: loop)
+        if let waiter, dials[slot] != nil {
+            dials[slot]?.append(waiter)
+            counters.waitedForDial += 1
+            return (.wait, found.stale)
+        }
+        counters.misses += 1
+        guard shareableDial, dials[slot] == nil else { return (.dial(registered: false), found.stale) }
+        dials[slot] = []
+        return (.dial(registered: true), found.stale)
+    }
+
+    /// The registered dial for `key` on `loop` is settled (its connection is in the pool to
+    /// share, or will not be): the checkouts that waited for it, to run (outside any lock).
+    mutating func dialSettled(_ key: UpstreamPoolKey, on loop: EventLoopID) -> [@Sendable () -> Void] {
+        dials.removeValue(forKey: Slot(key: key, loop: loop)) ?? []
+    }
+
+    /// Checkouts waiting for a dial now (tests).
+    var waitingCheckouts: Int { dials.values.reduce(0) { $0 + $1.count } }
+
+    private mutating func find(_ key: UpstreamPoolKey, on loop: EventLoopID, generation: UInt64,
+                               isAlive: (Connection) -> Bool,
+                               canShare: (Connection) -> Bool) -> (connection: Connection?, stale: [Connection]) {
         let slot = Slot(key: key, loop: loop)
         var stale: [Connection] = []
         var index = (idle[slot]?.count ?? 0) - 1
@@ -117,7 +177,6 @@ struct UpstreamPoolState<Connection> {
             }
             index -= 1
         }
-        counters.misses += 1
         return (nil, stale)
     }
 

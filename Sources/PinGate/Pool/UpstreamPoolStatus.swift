@@ -8,6 +8,10 @@ public struct UpstreamPoolStatus: Sendable, Equatable, Codable {
     public var hits: Int
     /// CONNECTs of request-aware tunnels that found none and opened a connection.
     public var misses: Int
+    /// CONNECTs that found none but another tunnel's `h2` dial to the same host in flight,
+    /// and waited for it (then counted as a hit on it, or a miss when it could not be
+    /// shared).
+    public var waitedForDial: Int = 0
     /// Connections put in the pool when their tunnel ended.
     public var parked: Int
     /// Connections not put in the pool when their tunnel ended, by reason token.

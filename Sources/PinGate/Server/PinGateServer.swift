@@ -405,7 +405,7 @@ public final class PinGateServer: Service, Sendable {
         let counters = pool.counters
         return UpstreamPoolStatus(
             idle: pool.idleCount, idleByHost: pool.idleByHost, hits: counters.hits, misses: counters.misses,
-            parked: counters.parked,
+            waitedForDial: counters.waitedForDial, parked: counters.parked,
             notPooled: Dictionary(uniqueKeysWithValues: counters.notPooled.map { ($0.key.rawValue, $0.value) }),
             closed: Dictionary(uniqueKeysWithValues: counters.departed.map { ($0.key.rawValue, $0.value) }),
             idleTimeoutSeconds: Double(pool.settings.idleTimeout.nanoseconds) / 1e9, maximumIdlePerHost: pool.settings.maximumIdlePerKey)
