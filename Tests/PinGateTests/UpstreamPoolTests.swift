@@ -247,7 +247,7 @@ struct UpstreamPoolTests {
         }
     }
 
-    @Test("while a tunnel admitted from the pool is open, the origin changes to an unpinned certificate and closes the connection: the next request gets 502 Pingate-Refusal: pin-mismatch inside the tunnel, and nothing reaches the origin")
+    @Test("while a tunnel admitted from the pool is open, the origin changes to an unpinned certificate and closes the connection: the next request gets 502 Pingate-Refusal: pin-mismatch inside the tunnel, nothing reaches the origin, and the failure goes to the report URI as a CONNECT's would")
     func reconnectRefusedInsideTheTunnel() async throws {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
@@ -258,9 +258,16 @@ struct UpstreamPoolTests {
         let certificate = directory.file("live.pem"), key = directory.file("live.key")
         try FileManager.default.copyItem(atPath: pinned.certificatePath, toPath: certificate)
         try FileManager.default.copyItem(atPath: pinned.keyPath, toPath: key)
+        let collectorIdentity = try pki.leaf([.dns("reports.pingate.test")], issuer: pki.originCA, file: "reports")
+        try await TestListServer.with(identity: collectorIdentity, behaviour: .status(204)) { collector in
         try await NginxOrigin.with(certificatePath: certificate, keyPath: key, files: ["a.txt": Self.body], http2: false) { nginx in
             try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, pinned.fingerprint)]),
-                                       resolve: ["\(Self.host):\(nginx.port)"], configure: { $0.eventLoopThreads = 1 }) { gate in
+                                       resolve: ["\(Self.host):\(nginx.port)", "reports.pingate.test:\(collector.port)"],
+                                       configure: {
+                                           $0.eventLoopThreads = 1
+                                           $0.reportURIs = [URL(string: "https://reports.pingate.test:\(collector.port)/pin-failures")!]
+                                           $0.reportTrust = .pemFiles([pki.originCA.certificatePath])
+                                       }) { gate in
                 try await Self.fetch(gate, nginx)
                 #expect(await Self.waitForIdle(gate, 1))
                 // A tunnel from the pool, held open by a client that sends a request, waits,
@@ -313,7 +320,16 @@ struct UpstreamPoolTests {
                 #expect(nginx.accessLogConnections().count == before, "a request reached the origin on the unpinned connection")
                 #expect(gate.statistics.requestsRefused(.pinMismatch) == 1)
                 #expect(gate.statistics.upstreamReconnects == ["pin-mismatch": 1])
+                // Reported as a CONNECT's pin failure is: the host, and what it presented.
+                #expect(await eventually(timeout: .seconds(5)) { collector.receivedBodies.count == 1 })
+                let report = try #require(collector.receivedBodies.first.flatMap { try? JSONSerialization.jsonObject(with: $0) as? [String: Any] })
+                #expect(report["hostname"] as? String == Self.host)
+                #expect(report["port"] as? Int == nginx.port)
+                #expect(report["enforce-pinning"] as? Bool == true)
+                #expect(report["pingate-observed-fingerprint"] as? String == unpinned.fingerprint)
+                #expect(report["known-pins"] as? [String] == ["cert-sha256=\"\(pinned.fingerprint)\""])
             }
+        }
         }
     }
 

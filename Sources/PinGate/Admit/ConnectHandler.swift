@@ -267,7 +267,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                 self.environment.statistics.metrics.upstreamHandshake(nanoseconds: upstream.handshakeDuration.nanoseconds)
                 self.verdictGeneration = self.environment.store.generation
                 let verdict = self.verdict(on: upstream, for: request)
-                self.reportIfPinFailure(verdict, request: request, upstream: upstream)
+                self.environment.reportIfPinFailure(verdict, host: request.host, port: request.port, upstream: upstream)
                 self.perform(self.machine.upstreamConnected(upstream, verdict: verdict), context: context)
             case .failure(let error):
                 let refusal = (error as? TLSClientError).map(Refusal.init) ?? .upstreamUnreachable("\(error)")
@@ -317,20 +317,6 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             upstream.discardSessions?()
         }
         return verdict
-    }
-
-    /// Pin failures (enforced or report-only) go to the report URIs, TrustKit style.
-    private func reportIfPinFailure(_ verdict: Verdict, request: ConnectRequest, upstream: UpstreamConnection) {
-        guard let reporter = environment.reporter else { return }
-        switch verdict {
-        case .untrusted, .reportOnlyViolation:
-            let now = environment.now()
-            reporter.report(host: request.host, port: request.port, verdict: verdict,
-                            pins: environment.store.list?.unexpiredEntries(for: request.host, at: now) ?? [],
-                            chain: upstream.peer.verifiedChain.isEmpty ? upstream.peer.chain : upstream.peer.verifiedChain, now: now)
-        default:
-            break
-        }
     }
 
     static func chainCheck(_ upstream: UpstreamConnection) -> PinPolicy.ChainCheck {
@@ -826,7 +812,8 @@ private final class HTTPTunnelFacts {
                 done(.connected)
                 return
             }
-            pooled.channel.close(promise: nil)
+            // Not for this tunnel; a shared h2 connection still carries other tunnels.
+            if !pooled.leg.value.isShared { pooled.channel.close(promise: nil) }
         }
         environment.connector.connect(host: host, port: port, alpnOffer: offer, on: clientChannel.eventLoop,
                                       countRelayed: bytes.counter(clientSide: false))
@@ -837,6 +824,7 @@ private final class HTTPTunnelFacts {
                     let chain = ConnectHandler.chainCheck(upstream)
                     let verdict = self.environment.verdict(host: host, on: upstream)
                     if upstream.peer.resumed { self.environment.statistics.upstreamSessionResumed() }
+                    self.environment.reportIfPinFailure(verdict, host: host, port: port, upstream: upstream)
                     guard verdict.isTrusted, let glue = upstream.glue else {
                         upstream.discardSessions?()
                         upstream.channel.close(promise: nil)
@@ -994,6 +982,21 @@ extension GateEnvironment {
 
     /// The verdict on `upstream`'s own handshake (its leaf and verified chain) for `host`,
     /// under the list in force now: a pooled connection's, at each tunnel it serves.
+    /// Pin failures (enforced or report-only) go to the report URIs, TrustKit style: from a
+    /// CONNECT's verdict, and from a tunnel's new upstream connection refused inside it.
+    func reportIfPinFailure(_ verdict: Verdict, host: String, port: Int, upstream: UpstreamConnection) {
+        guard let reporter else { return }
+        switch verdict {
+        case .untrusted, .reportOnlyViolation:
+            let now = now()
+            reporter.report(host: host, port: port, verdict: verdict,
+                            pins: store.list?.unexpiredEntries(for: host, at: now) ?? [],
+                            chain: upstream.peer.verifiedChain.isEmpty ? upstream.peer.chain : upstream.peer.verifiedChain, now: now)
+        default:
+            break
+        }
+    }
+
     func verdict(host: String, on upstream: UpstreamConnection) -> Verdict {
         decisionPolicy.verdict(host: host, leaf: upstream.leaf, chain: ConnectHandler.chainCheck(upstream), list: store.list, now: now())
     }
