@@ -464,6 +464,8 @@ public final class HTTP2Session {
 
     /// As `sendBody(streamID:_:endStream:trailers:)`, with the bytes appended by `append`
     /// straight into the session's queue (one copy, from wherever the caller holds them).
+    /// `append` runs with the queue borrowed in place: it must not call back into the
+    /// session.
     public func sendBody(streamID: Int32, count: Int, endStream: Bool, trailers: [HTTP2HeaderField]? = nil,
                          append: (inout [UInt8]) -> Void) throws(HTTP2Error) {
         // In place: a copy taken out of the dictionary and stored back shares its bytes, and

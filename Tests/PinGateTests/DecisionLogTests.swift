@@ -30,7 +30,7 @@ struct DecisionLogTests {
             for task in 0..<8 {
                 group.addTask {
                     for line in 0..<250 {
-                        logger.info("connect decision", metadata: ["task": "\(task)", "line": "\(line)", "host": "a/b.example"])
+                        logger.info("connect decision", metadata: ["task": "\(task)", "line": .stringConvertible(line), "host": "a/b.example"])
                     }
                 }
             }
@@ -48,15 +48,18 @@ struct DecisionLogTests {
         #expect((mode ?? 0o777) & 0o137 == 0, "created 0640 (less under a umask): \(String(mode ?? 0, radix: 8))")
     }
 
-    @Test("a line is one JSON object whatever its fields hold (quotes, backslashes, control characters, non-ASCII): every field reads back as written, integers as numbers, keys in sorted order, no line break inside")
+    @Test("a line is one JSON object whatever its fields hold (quotes, backslashes, control characters, non-ASCII, U+2028): every field reads back as written, integers logged as numbers are numbers and strings stay strings whatever they spell, keys in sorted order, no line break of any kind inside")
     func linesReadBack() async throws {
-        // Keys and values from the first 2,048 scalars: every control character, quotes,
-        // backslashes, slashes, Latin and other two-byte UTF-8.
+        // Keys and values from the first 2,048 scalars (every control character, C1 ones
+        // too, quotes, backslashes, slashes, Latin and other two-byte UTF-8) and the two
+        // Unicode line and paragraph separators.
         let text = Gen.character(in: "\u{0}"..."\u{7FF}").string(of: 0...16)
+            .map { $0 + ($0.count % 5 == 0 ? "\u{2028}x\u{2029}" : "") }
         let when = Date(timeIntervalSince1970: 1_795_000_000.25)
         await propertyCheck(count: 400, input: text.array(of: 0...6), text.array(of: 0...6), Gen.int(in: -1000...1000)) { keys, values, number in
-            var metadata: Logger.Metadata = ["count": "\(number)", "padded": "0\(abs(number))", "flag": "\(number > 0)"]
-            for (key, value) in zip(keys, values) where !["ts", "level", "message", "run", "count", "padded", "flag", "chain"].contains(key) {
+            var metadata: Logger.Metadata = ["count": .stringConvertible(number), "padded": "0\(abs(number))", "flag": "\(number > 0)",
+                                             "spelled": "\(number)"]
+            for (key, value) in zip(keys, values) where !["ts", "level", "message", "run", "count", "padded", "flag", "spelled", "chain"].contains(key) {
                 metadata[key] = .string(value)
             }
             metadata["chain"] = .array(values.map { .string($0) })
@@ -64,6 +67,11 @@ struct DecisionLogTests {
                                  file: #fileID, function: #function, line: #line)
             let line = JSONLineLogHandler.line(event, handlerMetadata: ["run": "a\u{1}b"], now: when)
             #expect(!line.contains(UInt8(ascii: "\n")) && !line.contains(UInt8(ascii: "\r")))
+            // No NEL (C2 85) and no U+2028/U+2029 (E2 80 A8/A9) written raw: readers that
+            // split on Unicode line ends would cut the line there.
+            let raw = Array(line)
+            #expect(!zip(raw, raw.dropFirst()).contains { $0 == 0xC2 && (0x80...0x9F).contains($1) })
+            #expect(!zip(zip(raw, raw.dropFirst()), raw.dropFirst(2)).contains { $0.0 == 0xE2 && $0.1 == 0x80 && ($1 == 0xA8 || $1 == 0xA9) })
             guard let object = (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any] else {
                 Issue.record("not a JSON object: \(String(decoding: line, as: UTF8.self))")
                 return
@@ -73,11 +81,12 @@ struct DecisionLogTests {
             #expect(object["message"] as? String == "connect \"decision\"\n")
             #expect(object["run"] as? String == "a\u{1}b")
             #expect(object["count"] as? Int == number)
-            #expect(object["padded"] as? String == "0\(abs(number))", "a leading zero is not a number")
+            #expect(object["spelled"] as? String == "\(number)", "a string that spells a number stays a string")
+            #expect(object["padded"] as? String == "0\(abs(number))")
             #expect(object["flag"] as? String == "\(number > 0)")
             #expect(object["chain"] as? [String] == values)
             for (key, value) in metadata {
-                if case .string(let text) = value, Int(text).map({ String($0) != text }) ?? true {
+                if case .string(let text) = value {
                     #expect(object[key] as? String == text, "\(key.debugDescription)")
                 }
             }

@@ -322,6 +322,9 @@ struct UpstreamPoolTests {
                 #expect(gate.statistics.upstreamReconnects == ["pin-mismatch": 1])
                 // Reported as a CONNECT's pin failure is: the host, and what it presented.
                 #expect(await eventually(timeout: .seconds(5)) { collector.receivedBodies.count == 1 })
+                // Once: a second report would have time to arrive in this (fixed) wait.
+                try await Task.sleep(for: .milliseconds(200))
+                #expect(collector.receivedBodies.count == 1)
                 let report = try #require(collector.receivedBodies.first.flatMap { try? JSONSerialization.jsonObject(with: $0) as? [String: Any] })
                 #expect(report["hostname"] as? String == Self.host)
                 #expect(report["port"] as? Int == nginx.port)
@@ -439,7 +442,12 @@ struct UpstreamPoolTests {
 
     @Test("over h2 with a cold pool, 8 CONNECTs at once share one upstream connection: those that arrive while the first dials wait for its connection instead of dialling their own (one event loop)")
     func coldBurstSharesOneDial() async throws {
-        try await Self.withOrigin(http2: true, configure: { $0.eventLoopThreads = 1 }) { gate, nginx, _ in
+        // The wait is as long as it takes here: eight curls starting at once on a loaded
+        // machine may take longer than the default 250 ms to finish the first handshake.
+        try await Self.withOrigin(http2: true, configure: {
+            $0.eventLoopThreads = 1
+            $0.upstreamDialShareWait = .seconds(10)
+        }) { gate, nginx, _ in
             let url = Self.url(nginx)
             async let r1 = curlThroughGate(gate, url)
             async let r2 = curlThroughGate(gate, url)

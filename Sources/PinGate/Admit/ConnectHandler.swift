@@ -51,8 +51,8 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     /// it (`UpstreamPool.checkout`): settled (`settleDial`) once its `h2` connection is
     /// shared in the pool, or as soon as it will not be, on every way out.
     private var registeredDial: UpstreamPoolKey?
-    /// Ends the others' wait if this tunnel's client is slow to finish its handshake.
-    private var dialWaitLimit: Scheduled<Void>?
+    /// While this CONNECT waits for another tunnel's dial: when it gives up waiting.
+    private var dialWait: Scheduled<Void>?
 
     /// What the logs say about this connection; none of it steers anything.
     private struct ConnectionFacts {
@@ -107,6 +107,8 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         lingerClose?.cancel()
         lingerClose = nil
         cancelTimers()
+        dialWait?.cancel()
+        dialWait = nil
         perform(machine.clientClosed(), context: context)
         settleDial(context: context)
         context.fireChannelInactive()
@@ -241,26 +243,26 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             switch pool.checkout(key, on: context.eventLoop, generation: generation, shareableDial: shareable, resume: resume) {
             case .hit(let pooled):
                 verdictGeneration = generation
-                perform(machine.upstreamConnected(pooled, verdict: environment.verdict(host: request.host, on: pooled)), context: context)
+                let verdict = environment.verdict(host: request.host, on: pooled)
+                environment.reportIfPinFailure(verdict, host: request.host, port: request.port, upstream: pooled)
+                perform(machine.upstreamConnected(pooled, verdict: verdict), context: context)
                 return
             case .wait:
+                // Bounded by our own clock: the dial waited for may hang, or its tunnel's
+                // client be slow to finish its handshake.
+                dialWait = context.eventLoop.assumeIsolated().scheduleTask(in: environment.configuration.upstreamDialShareWait) {
+                    self.dialWaitEnded(request, context: context)
+                }
                 return
             case .dial(let registered):
                 if registered { registeredDial = key }
             }
         }
         openUpstream(request, offer: offer, context: context).assumeIsolated().whenComplete { result in
-            if case .success(let upstream) = result, self.registeredDial != nil {
-                if upstream.peer.alpn == "h2" {
-                    // Shared once this tunnel joins; a client slow to finish its handshake
-                    // does not hold the others back for longer than this.
-                    self.dialWaitLimit = context.eventLoop.assumeIsolated().scheduleTask(in: Self.dialWaitLimit) {
-                        self.settleDial(context: context)
-                    }
-                } else {
-                    // HTTP/1.1 carries one tunnel at a time: nothing to wait for.
-                    self.settleDial(context: context)
-                }
+            if case .success(let upstream) = result, upstream.peer.alpn != "h2" {
+                // HTTP/1.1 carries one tunnel at a time: nothing to wait for. (An h2 one is
+                // settled as this tunnel joins and shares it, or fails to.)
+                self.settleDial(context: context)
             }
             switch result {
             case .success(let upstream):
@@ -276,13 +278,13 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         }
     }
 
-    /// How long CONNECTs wait, past the dial, for the tunnel that dialled to share its
-    /// connection (its client's TLS handshake with the gate: a few milliseconds locally).
-    private static let dialWaitLimit = TimeAmount.milliseconds(100)
-
-    /// The dial this CONNECT waited for is settled: it checks out again (a hit if that
-    /// connection is shared now), dialling itself otherwise.
+    /// The wait for another tunnel's dial ended (it was settled, or this CONNECT's own
+    /// limit passed, whichever came first; the other is then ignored): it checks out again,
+    /// a hit if that connection is shared by now, dialling itself otherwise.
     private func dialWaitEnded(_ request: ConnectRequest, context: ChannelHandlerContext) {
+        guard let wait = dialWait else { return }
+        wait.cancel()
+        dialWait = nil
         // A client that left while it waited has been answered by the machine already.
         guard context.channel.isActive, machine.isConnectingUpstream else { return }
         connectUpstream(request, context: context, waited: true)
@@ -290,8 +292,6 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     /// Ends other CONNECTs' wait for this tunnel's dial (once; nothing when none waits).
     private func settleDial(context: ChannelHandlerContext) {
-        dialWaitLimit?.cancel()
-        dialWaitLimit = nil
         guard let key = registeredDial else { return }
         registeredDial = nil
         environment.pool?.dialSettled(key, on: context.eventLoop)
@@ -480,7 +480,9 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         openUpstream(request, offer: offer, context: context).assumeIsolated().whenComplete { result in
             switch result {
             case .success(let upstream):
+                self.environment.statistics.metrics.upstreamHandshake(nanoseconds: upstream.handshakeDuration.nanoseconds)
                 let verdict = self.verdict(on: upstream, for: request)
+                self.environment.reportIfPinFailure(verdict, host: request.host, port: request.port, upstream: upstream)
                 self.perform(self.machine.upstreamConnected(upstream, verdict: verdict), context: context)
             case .failure(let error):
                 let refusal = (error as? TLSClientError).map(Refusal.init) ?? .upstreamUnreachable("\(error)")
@@ -643,13 +645,13 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         var metadata: Logger.Metadata = [
             "client": "\(connection.client)",
             "host": "\(request?.host ?? "-")",
-            "port": "\(request?.port ?? 0)",
+            "port": .stringConvertible(request?.port ?? 0),
             "verdict": "\(verdict)",
             "reason": "\(reason.rawValue)",
             "observed_fingerprint": "\(observed ?? "-")",
-            "bytes_up": "\(tunnelBytes.up.load(ordering: .relaxed))",
-            "bytes_down": "\(tunnelBytes.down.load(ordering: .relaxed))",
-            "duration_ms": "\((NIODeadline.now() - connection.started).nanoseconds / 1_000_000)",
+            "bytes_up": .stringConvertible(tunnelBytes.up.load(ordering: .relaxed)),
+            "bytes_down": .stringConvertible(tunnelBytes.down.load(ordering: .relaxed)),
+            "duration_ms": .stringConvertible((NIODeadline.now() - connection.started).nanoseconds / 1_000_000),
         ]
         if let pin = pinVerdict?.matchedPin {
             metadata["pin"] = "\(pin)"
@@ -658,7 +660,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             metadata["observed_chain"] = .array(RefusalLog.ChainPosition.positions(chain).map { .string("\($0)") })
         }
         if let upstream {
-            metadata["upstream_handshake_ms"] = "\(upstream.handshakeDuration.nanoseconds / 1_000_000)"
+            metadata["upstream_handshake_ms"] = .stringConvertible(upstream.handshakeDuration.nanoseconds / 1_000_000)
             metadata["upstream_pooled"] = "\(upstream.fromPool)"
             metadata["alpn"] = "\(connection.clientALPN ?? upstream.peer.alpn ?? "-")"
             metadata["upstream_resumed"] = "\(upstream.peer.resumed)"
@@ -980,10 +982,10 @@ extension GateEnvironment {
         return .ready
     }
 
-    /// The verdict on `upstream`'s own handshake (its leaf and verified chain) for `host`,
-    /// under the list in force now: a pooled connection's, at each tunnel it serves.
-    /// Pin failures (enforced or report-only) go to the report URIs, TrustKit style: from a
-    /// CONNECT's verdict, and from a tunnel's new upstream connection refused inside it.
+    /// Pin failures (enforced or report-only) go to the report URIs, TrustKit style: from
+    /// every verdict on an upstream connection (a CONNECT's, on a new or a pooled one, the
+    /// one reopened for the client's ALPN offer, and a tunnel's new connection refused
+    /// inside it).
     func reportIfPinFailure(_ verdict: Verdict, host: String, port: Int, upstream: UpstreamConnection) {
         guard let reporter else { return }
         switch verdict {
@@ -997,6 +999,8 @@ extension GateEnvironment {
         }
     }
 
+    /// The verdict on `upstream`'s own handshake (its leaf and verified chain) for `host`,
+    /// under the list in force now: a pooled connection's, at each tunnel it serves.
     func verdict(host: String, on upstream: UpstreamConnection) -> Verdict {
         decisionPolicy.verdict(host: host, leaf: upstream.leaf, chain: ConnectHandler.chainCheck(upstream), list: store.list, now: now())
     }

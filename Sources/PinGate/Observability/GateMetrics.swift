@@ -24,6 +24,7 @@ public final class GateMetrics: Sendable {
     private let creditUnplacedBytes: Counter
     private let poolHits: Counter
     private let poolMisses: Counter
+    private let poolWaits: Counter
     private let poolIdle: Gauge
     private let streamWindowGrowths: Counter
     /// Counters with labels made as they are first needed, by label and dimension values.
@@ -46,6 +47,7 @@ public final class GateMetrics: Sendable {
         creditUnplacedBytes = Counter(label: "pingate_http_credit_unplaced_total", factory: factory)
         poolHits = Counter(label: "pingate_upstream_pool_checkouts_total", dimensions: [("result", "hit")], factory: factory)
         poolMisses = Counter(label: "pingate_upstream_pool_checkouts_total", dimensions: [("result", "miss")], factory: factory)
+        poolWaits = Counter(label: "pingate_upstream_pool_checkouts_total", dimensions: [("result", "waited")], factory: factory)
         poolIdle = Gauge(label: "pingate_upstream_pool_idle_connections", factory: factory)
         streamWindowGrowths = Counter(label: "pingate_upstream_stream_window_growths_total", factory: factory)
         requestsForwarded = Counter(label: "pingate_requests_total", dimensions: [("outcome", "forwarded"), ("reason", "trusted")],
@@ -99,6 +101,8 @@ public final class GateMetrics: Sendable {
 
     /// A request-aware CONNECT looked in the upstream pool: found a connection (`hit`) or not.
     func upstreamPoolCheckout(hit: Bool) { (hit ? poolHits : poolMisses).increment() }
+    /// A CONNECT waited for another tunnel's dial (it checks out again afterwards).
+    func upstreamPoolWaited() { poolWaits.increment() }
     /// How many connections wait in the upstream pool now.
     func upstreamPoolIdle(_ count: Int) { poolIdle.record(count) }
     /// A connection not put in the pool when its tunnel ended: `pingate_upstream_pool_not_pooled_total{reason}`.

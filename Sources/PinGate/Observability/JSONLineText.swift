@@ -8,47 +8,51 @@ import Logging
 enum JSONLineText {
     /// Appends `text` as a JSON string: quotes, backslashes and control characters escaped
     /// (a path or a host is the client's to choose, and must not end a line or forge a
-    /// field). Everything else, `/` and non-ASCII UTF-8 included, is written as it is.
+    /// field), and so are the characters other readers take for a line end: C1 controls
+    /// (U+0085 among them) and U+2028/U+2029. Everything else, `/` and the rest of
+    /// non-ASCII included, is written as it is.
     static func appendString(_ text: String, to bytes: inout [UInt8]) {
         func escaped(_ character: UInt8) {
             bytes.append(UInt8(ascii: "\\"))
             bytes.append(character)
         }
-        func hexDigit(_ value: UInt8) -> UInt8 {
-            value < 10 ? UInt8(ascii: "0") + value : UInt8(ascii: "a") + value - 10
+        func hexDigit(_ value: UInt32) -> UInt8 {
+            value < 10 ? UInt8(ascii: "0") + UInt8(value) : UInt8(ascii: "a") + UInt8(value) - 10
         }
         bytes.append(UInt8(ascii: "\""))
-        for byte in text.utf8 {
-            switch byte {
-            case UInt8(ascii: "\""), UInt8(ascii: "\\"): escaped(byte)
-            case UInt8(ascii: "\n"): escaped(UInt8(ascii: "n"))
-            case UInt8(ascii: "\r"): escaped(UInt8(ascii: "r"))
-            case UInt8(ascii: "\t"): escaped(UInt8(ascii: "t"))
-            case 0..<0x20, 0x7F:
+        for scalar in text.unicodeScalars {
+            switch scalar.value {
+            case 0x22, 0x5C: escaped(UInt8(scalar.value))
+            case 0x0A: escaped(UInt8(ascii: "n"))
+            case 0x0D: escaped(UInt8(ascii: "r"))
+            case 0x09: escaped(UInt8(ascii: "t"))
+            case 0..<0x20, 0x7F...0x9F, 0x2028, 0x2029:
                 escaped(UInt8(ascii: "u"))
-                bytes.append(contentsOf: "00".utf8)
-                bytes.append(hexDigit(byte >> 4))
-                bytes.append(hexDigit(byte & 0xF))
-            default: bytes.append(byte)
+                for shift in [12, 8, 4, 0] as [UInt32] { bytes.append(hexDigit((scalar.value >> shift) & 0xF)) }
+            case 0..<0x80:
+                bytes.append(UInt8(scalar.value))
+            default:
+                bytes.append(contentsOf: String(scalar).utf8)
             }
         }
         bytes.append(UInt8(ascii: "\""))
     }
 
-    /// Appends a metadata value: a string that is an integer written in the usual way
-    /// (`"42"`, not `"042"` or `"+42"`) becomes a JSON number, so counts and durations stay
-    /// numbers; other strings and `CustomStringConvertible` values become strings; arrays
-    /// and dictionaries nest (dictionary keys sorted).
+    /// Appends a metadata value. Only a value logged as a number is a JSON number: an
+    /// integer passed as `.stringConvertible` (ports, byte counts, durations). A string is
+    /// always a string, whatever it spells: a host a client named `123` must not turn the
+    /// field's type into a number for whoever stores the lines. Other values become their
+    /// description, as strings; arrays and dictionaries nest (dictionary keys sorted).
     static func append(_ value: Logger.Metadata.Value, to bytes: inout [UInt8]) {
         switch value {
         case .string(let text):
-            if let number = Int(text), String(number) == text {
-                bytes.append(contentsOf: text.utf8)
-            } else {
-                appendString(text, to: &bytes)
-            }
+            appendString(text, to: &bytes)
         case .stringConvertible(let convertible):
-            appendString(convertible.description, to: &bytes)
+            if let number = convertible as? any BinaryInteger {
+                bytes.append(contentsOf: "\(number)".utf8)
+            } else {
+                appendString(convertible.description, to: &bytes)
+            }
         case .array(let values):
             bytes.append(UInt8(ascii: "["))
             for (index, element) in values.enumerated() {

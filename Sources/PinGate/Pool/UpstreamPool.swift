@@ -61,17 +61,9 @@ final class UpstreamPool: Sendable {
     /// `generation`; nil when none is waiting. Connections found closed or stale on the
     /// way are dropped (and counted as such, not as hits).
     func take(_ key: UpstreamPoolKey, on eventLoop: any EventLoop, generation: UInt64) -> UpstreamConnection? {
-        // On this loop, so each connection's channel and side can be asked.
-        let (connection, stale, idle, departed) = state.withLock { state in
-            let before = state.counters.departed
-            let taken = state.take(key, on: EventLoopID(eventLoop), generation: generation,
-                                   isAlive: { $0.channel.isActive }, canShare: Self.canShare)
-            return (taken.connection, taken.stale, state.idleCount, state.counters.departed.merging(before) { $0 - $1 })
+        guard case .hit(let connection) = checkout(key, on: eventLoop, generation: generation, shareableDial: false, resume: nil) else {
+            return nil
         }
-        metrics.upstreamPoolIdle(idle)
-        for (departure, count) in departed where count > 0 { metrics.upstreamPoolClosed(reason: departure.rawValue, count: count) }
-        stale.forEach(close)
-        metrics.upstreamPoolCheckout(hit: connection != nil)
         return connection
     }
 
@@ -98,7 +90,7 @@ final class UpstreamPool: Sendable {
         switch checkout {
         case .hit: metrics.upstreamPoolCheckout(hit: true)
         case .dial: metrics.upstreamPoolCheckout(hit: false)
-        case .wait: break
+        case .wait: metrics.upstreamPoolWaited()
         }
         return checkout
     }

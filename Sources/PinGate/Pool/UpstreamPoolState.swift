@@ -14,7 +14,9 @@ import PinGateHTTP
 ///   given back to be closed (idle timeout, peer close, list change, shutdown);
 /// - no key holds more than `maximumIdlePerKey` idle connections across the loops;
 /// - a connection is handed out only on its own loop, and only under the generation it
-///   was verified (or re-verified) under.
+///   was verified (or re-verified) under;
+/// - at most one dial per key and loop is registered for others to wait on, and each
+///   waiter is handed back exactly once, when that dial is settled.
 struct UpstreamPoolState<Connection> {
     /// Why a connection left the pool without carrying another tunnel.
     enum Departure: String, CaseIterable, Sendable {
@@ -43,7 +45,8 @@ struct UpstreamPoolState<Connection> {
         /// CONNECTs that found none and opened a new connection.
         var misses = 0
         /// CONNECTs that found none but another tunnel's dial to the same key in flight, and
-        /// waited for it instead of dialling (each then counts as a hit or a miss too).
+        /// waited for it instead of dialling. Each checks out again when the wait ends and
+        /// counts then as a hit or a miss, unless its client left meanwhile.
         var waitedForDial = 0
         /// Connections put in the pool.
         var parked = 0
@@ -115,9 +118,10 @@ struct UpstreamPoolState<Connection> {
     mutating func take(_ key: UpstreamPoolKey, on loop: EventLoopID, generation: UInt64,
                        isAlive: (Connection) -> Bool = { _ in true },
                        canShare: (Connection) -> Bool = { _ in true }) -> (connection: Connection?, stale: [Connection]) {
-        let found = find(key, on: loop, generation: generation, isAlive: isAlive, canShare: canShare)
-        if found.connection == nil { counters.misses += 1 }
-        return found
+        let (checkout, stale) = checkout(key, on: loop, generation: generation, isAlive: isAlive, canShare: canShare,
+                                         shareableDial: false, waiter: nil)
+        guard case .hit(let connection) = checkout else { return (nil, stale) }
+        return (connection, stale)
     }
 
     /// `take`, for a CONNECT that could share a connection another tunnel is dialling

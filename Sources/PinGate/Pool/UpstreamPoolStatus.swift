@@ -10,7 +10,7 @@ public struct UpstreamPoolStatus: Sendable, Equatable, Codable {
     public var misses: Int
     /// CONNECTs that found none but another tunnel's `h2` dial to the same host in flight,
     /// and waited for it (then counted as a hit on it, or a miss when it could not be
-    /// shared).
+    /// shared; neither when the client left while it waited).
     public var waitedForDial: Int = 0
     /// Connections put in the pool when their tunnel ended.
     public var parked: Int

@@ -81,6 +81,11 @@ public struct GateConfiguration: Sendable {
     public var upstreamPoolIdleTimeout: TimeAmount = .seconds(30)
     /// The most idle upstream connections kept per host (and port, SNI, address, parent proxy).
     public var upstreamPoolMaximumIdlePerHost = 16
+    /// How long a CONNECT waits for another tunnel's `h2` dial to the same host to be shared
+    /// before it dials for itself: enough for a dial across a 100 ms round trip and the
+    /// first tunnel's client handshake with the gate, short enough that a dial that hangs
+    /// (a black-holed origin) delays the others by no more than this.
+    public var upstreamDialShareWait: TimeAmount = .milliseconds(250)
     /// The event-loop thread count (default: one per CPU the process may use, its affinity
     /// mask and cgroup considered; see `UsableProcessors`).
     public var eventLoopThreads: Int = UsableProcessors.count

@@ -214,10 +214,12 @@ public final class PinGateServer: Service, Sendable {
                     // is registered (nothing is read before): as `childChannelOption`s NIO
                     // applies each through a chain of futures, 15 allocations per connection.
                     do {
-                        let options = channel.syncOptions
-                        try options?.setOption(.allowRemoteHalfClosure, value: true)
-                        try options?.setOption(.tcpOption(.tcp_nodelay), value: 1)
-                        try options?.setOption(.recvAllocator, value: ReceiveBuffers.allocator)
+                        // Every socket channel has synchronous options; one without them is
+                        // refused rather than served without these.
+                        guard let options = channel.syncOptions else { throw ChannelError.operationUnsupported }
+                        try options.setOption(.allowRemoteHalfClosure, value: true)
+                        try options.setOption(.tcpOption(.tcp_nodelay), value: 1)
+                        try options.setOption(.recvAllocator, value: ReceiveBuffers.allocator)
                     } catch {
                         return channel.eventLoop.makeFailedFuture(error)
                     }

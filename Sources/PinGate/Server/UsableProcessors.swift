@@ -12,10 +12,12 @@ import NIOCore
 /// connections. Go's `GOMAXPROCS`, the JVM's `availableProcessors` and nginx's
 /// `worker_processes auto` read the mask the same way.
 enum UsableProcessors {
-    /// The usable CPU count, at least 1.
-    static var count: Int {
-        max(1, min(System.coreCount, affinityCount ?? System.coreCount))
-    }
+    /// The usable CPU count, at least 1: read once per process (the mask and the cgroup
+    /// are set before the gate starts; every `GateConfiguration` takes its default from it).
+    static let count: Int = {
+        let cores = System.coreCount
+        return max(1, min(cores, affinityCount ?? cores))
+    }()
 
     /// The CPUs in this process's affinity mask, or nil when it cannot be read: the
     /// `Cpus_allowed` mask of `/proc/self/status` (hexadecimal words separated by commas).
