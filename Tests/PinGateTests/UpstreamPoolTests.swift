@@ -260,79 +260,79 @@ struct UpstreamPoolTests {
         try FileManager.default.copyItem(atPath: pinned.keyPath, toPath: key)
         let collectorIdentity = try pki.leaf([.dns("reports.pingate.test")], issuer: pki.originCA, file: "reports")
         try await TestListServer.with(identity: collectorIdentity, behaviour: .status(204)) { collector in
-        try await NginxOrigin.with(certificatePath: certificate, keyPath: key, files: ["a.txt": Self.body], http2: false) { nginx in
-            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, pinned.fingerprint)]),
-                                       resolve: ["\(Self.host):\(nginx.port)", "reports.pingate.test:\(collector.port)"],
-                                       configure: {
-                                           $0.eventLoopThreads = 1
-                                           $0.reportURIs = [URL(string: "https://reports.pingate.test:\(collector.port)/pin-failures")!]
-                                           $0.reportTrust = .pemFiles([pki.originCA.certificatePath])
-                                       }) { gate in
-                try await Self.fetch(gate, nginx)
-                #expect(await Self.waitForIdle(gate, 1))
-                // A tunnel from the pool, held open by a client that sends a request, waits,
-                // and sends another (tunnel.py), across the swap.
-                let script = """
-                import socket, ssl, sys, time
-                proxy, target, ca, flag = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-                s = socket.create_connection(("127.0.0.1", int(proxy)))
-                s.sendall(f"CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode())
-                head = b""
-                while b"\\r\\n\\r\\n" not in head:
-                    head += s.recv(1)
-                ctx = ssl.create_default_context(cafile=ca)
-                t = ctx.wrap_socket(s, server_hostname=target.split(":")[0])
-                def ask():
-                    t.sendall(f"GET /a.txt HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode())
-                    data = b""
-                    while b"\\r\\n\\r\\n" not in data:
-                        data += t.recv(65536)
-                    head, _, rest = data.partition(b"\\r\\n\\r\\n")
-                    length = int([l.split(b":")[1] for l in head.split(b"\\r\\n") if l.lower().startswith(b"content-length")][0])
-                    while len(rest) < length:
-                        rest += t.recv(65536)
-                    lines = head.decode().split("\\r\\n")
-                    refusal = [l.split(":", 1)[1].strip() for l in lines if l.lower().startswith("pingate-refusal")]
-                    print(lines[0].split()[1], refusal[0] if refusal else "-", flush=True)
-                ask()
-                open(flag, "w").close()
-                while open(flag).read() != "go":
-                    time.sleep(0.05)
-                ask()
-                """
-                let flag = directory.file("flag")
-                let (client, output) = try Self.python(script, ["\(gate.port)", "\(Self.host):\(nginx.port)", gate.caPath, flag])
-                defer { if client.isRunning { client.terminate() } }
-                #expect(await eventually { FileManager.default.fileExists(atPath: flag) })
-                let before = nginx.accessLogConnections().count
-                // The origin now presents the unpinned certificate, and its keep-alive
-                // connections close (a graceful reload ends idle ones).
-                try FileManager.default.removeItem(atPath: certificate)
-                try FileManager.default.removeItem(atPath: key)
-                try FileManager.default.copyItem(atPath: unpinned.certificatePath, toPath: certificate)
-                try FileManager.default.copyItem(atPath: unpinned.keyPath, toPath: key)
-                nginx.reload()
-                #expect(await eventually(timeout: .seconds(10)) { gate.statistics.upstreamConnectionsLostInTunnels == 1 })
-                try "go".write(toFile: flag, atomically: false, encoding: .utf8)
-                client.waitUntilExit()
-                let lines = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self).split(separator: "\n")
-                #expect(lines == ["200 -", "502 pin-mismatch"], "\(lines)")
-                #expect(nginx.accessLogConnections().count == before, "a request reached the origin on the unpinned connection")
-                #expect(gate.statistics.requestsRefused(.pinMismatch) == 1)
-                #expect(gate.statistics.upstreamReconnects == ["pin-mismatch": 1])
-                // Reported as a CONNECT's pin failure is: the host, and what it presented.
-                #expect(await eventually(timeout: .seconds(5)) { collector.receivedBodies.count == 1 })
-                // Once: a second report would have time to arrive in this (fixed) wait.
-                try await Task.sleep(for: .milliseconds(200))
-                #expect(collector.receivedBodies.count == 1)
-                let report = try #require(collector.receivedBodies.first.flatMap { try? JSONSerialization.jsonObject(with: $0) as? [String: Any] })
-                #expect(report["hostname"] as? String == Self.host)
-                #expect(report["port"] as? Int == nginx.port)
-                #expect(report["enforce-pinning"] as? Bool == true)
-                #expect(report["pingate-observed-fingerprint"] as? String == unpinned.fingerprint)
-                #expect(report["known-pins"] as? [String] == ["cert-sha256=\"\(pinned.fingerprint)\""])
+            try await NginxOrigin.with(certificatePath: certificate, keyPath: key, files: ["a.txt": Self.body], http2: false) { nginx in
+                try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, pinned.fingerprint)]),
+                                           resolve: ["\(Self.host):\(nginx.port)", "reports.pingate.test:\(collector.port)"],
+                                           configure: {
+                                               $0.eventLoopThreads = 1
+                                               $0.reportURIs = [URL(string: "https://reports.pingate.test:\(collector.port)/pin-failures")!]
+                                               $0.reportTrust = .pemFiles([pki.originCA.certificatePath])
+                                           }) { gate in
+                    try await Self.fetch(gate, nginx)
+                    #expect(await Self.waitForIdle(gate, 1))
+                    // A tunnel from the pool, held open by a client that sends a request, waits,
+                    // and sends another (tunnel.py), across the swap.
+                    let script = """
+                    import socket, ssl, sys, time
+                    proxy, target, ca, flag = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+                    s = socket.create_connection(("127.0.0.1", int(proxy)))
+                    s.sendall(f"CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode())
+                    head = b""
+                    while b"\\r\\n\\r\\n" not in head:
+                        head += s.recv(1)
+                    ctx = ssl.create_default_context(cafile=ca)
+                    t = ctx.wrap_socket(s, server_hostname=target.split(":")[0])
+                    def ask():
+                        t.sendall(f"GET /a.txt HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode())
+                        data = b""
+                        while b"\\r\\n\\r\\n" not in data:
+                            data += t.recv(65536)
+                        head, _, rest = data.partition(b"\\r\\n\\r\\n")
+                        length = int([l.split(b":")[1] for l in head.split(b"\\r\\n") if l.lower().startswith(b"content-length")][0])
+                        while len(rest) < length:
+                            rest += t.recv(65536)
+                        lines = head.decode().split("\\r\\n")
+                        refusal = [l.split(":", 1)[1].strip() for l in lines if l.lower().startswith("pingate-refusal")]
+                        print(lines[0].split()[1], refusal[0] if refusal else "-", flush=True)
+                    ask()
+                    open(flag, "w").close()
+                    while open(flag).read() != "go":
+                        time.sleep(0.05)
+                    ask()
+                    """
+                    let flag = directory.file("flag")
+                    let (client, output) = try Self.python(script, ["\(gate.port)", "\(Self.host):\(nginx.port)", gate.caPath, flag])
+                    defer { if client.isRunning { client.terminate() } }
+                    #expect(await eventually { FileManager.default.fileExists(atPath: flag) })
+                    let before = nginx.accessLogConnections().count
+                    // The origin now presents the unpinned certificate, and its keep-alive
+                    // connections close (a graceful reload ends idle ones).
+                    try FileManager.default.removeItem(atPath: certificate)
+                    try FileManager.default.removeItem(atPath: key)
+                    try FileManager.default.copyItem(atPath: unpinned.certificatePath, toPath: certificate)
+                    try FileManager.default.copyItem(atPath: unpinned.keyPath, toPath: key)
+                    nginx.reload()
+                    #expect(await eventually(timeout: .seconds(10)) { gate.statistics.upstreamConnectionsLostInTunnels == 1 })
+                    try "go".write(toFile: flag, atomically: false, encoding: .utf8)
+                    client.waitUntilExit()
+                    let lines = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self).split(separator: "\n")
+                    #expect(lines == ["200 -", "502 pin-mismatch"], "\(lines)")
+                    #expect(nginx.accessLogConnections().count == before, "a request reached the origin on the unpinned connection")
+                    #expect(gate.statistics.requestsRefused(.pinMismatch) == 1)
+                    #expect(gate.statistics.upstreamReconnects == ["pin-mismatch": 1])
+                    // Reported as a CONNECT's pin failure is: the host, and what it presented.
+                    #expect(await eventually(timeout: .seconds(5)) { collector.receivedBodies.count == 1 })
+                    // Once: a second report would have time to arrive in this (fixed) wait.
+                    try await Task.sleep(for: .milliseconds(200))
+                    #expect(collector.receivedBodies.count == 1)
+                    let report = try #require(collector.receivedBodies.first.flatMap { try? JSONSerialization.jsonObject(with: $0) as? [String: Any] })
+                    #expect(report["hostname"] as? String == Self.host)
+                    #expect(report["port"] as? Int == nginx.port)
+                    #expect(report["enforce-pinning"] as? Bool == true)
+                    #expect(report["pingate-observed-fingerprint"] as? String == unpinned.fingerprint)
+                    #expect(report["known-pins"] as? [String] == ["cert-sha256=\"\(pinned.fingerprint)\""])
+                }
             }
-        }
         }
     }
 

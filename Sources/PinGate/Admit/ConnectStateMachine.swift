@@ -114,6 +114,7 @@ struct ConnectStateMachine<Upstream: Equatable> {
     }
 
     private(set) var state: State
+    private let limits: Limits
 
     /// The upstream's connect is under way (or, for a CONNECT waiting for another tunnel's
     /// dial to share, about to be): only then is an upstream connection expected.
@@ -121,7 +122,6 @@ struct ConnectStateMachine<Upstream: Equatable> {
         if case .connectingUpstream = state { return true }
         return false
     }
-    private let limits: Limits
 
     /// A machine for a new connection whose heads may be `maximumHeadBytes` long.
     init(maximumHeadBytes: Int, limits: Limits = Limits()) {

@@ -59,7 +59,8 @@ public struct JSONLineLogHandler: LogHandler {
     }
 
     /// `event`'s JSON object, without the newline: `ts`, `level` and `message`, then the
-    /// handler's metadata and the event's (the event's win), all keys in sorted order.
+    /// handler's metadata and the event's (the event's win), keys in Swift's string order
+    /// (by code point: the same as before for the lowercase snake_case keys the gate logs).
     static func line(_ event: LogEvent, handlerMetadata: Logger.Metadata, now: Date = Date()) -> [UInt8] {
         enum Field {
             case time(Date)
