@@ -256,6 +256,15 @@ struct UpstreamPoolStateTests {
             #expect(connection == 7)
         }
         #expect(state.counters.hits == 2 && state.counters.misses == 4 && state.counters.waitedForDial == 2)
+        // An origin whose last dial negotiated HTTP/1.1: no one waits, and no dial is
+        // registered to wait on (the wait would only bunch the others' dials together);
+        // once it speaks h2 again, bursts share again.
+        state.dialed(Self.shop, negotiatedHTTP2: false)
+        #expect(Self.isDial(state.checkout(Self.shop, on: b, generation: 1, shareableDial: true, waiter: { }).checkout, registered: false))
+        #expect(Self.isDial(state.checkout(Self.shop, on: b, generation: 1, shareableDial: true, waiter: { }).checkout, registered: false))
+        state.dialed(Self.shop, negotiatedHTTP2: true)
+        #expect(Self.isDial(state.checkout(Self.shop, on: b, generation: 1, shareableDial: true, waiter: { }).checkout, registered: true))
+        #expect(Self.isWait(state.checkout(Self.shop, on: b, generation: 1, shareableDial: true, waiter: { }).checkout))
     }
 
     @Test("over random checkouts, settles and shared parks on two keys and two loops: one registered dial per key and loop at most, a CONNECT waits only for one, every waiter runs once and only when its own dial settles, and hits, misses and waits add up to the checkouts")

@@ -259,10 +259,11 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             }
         }
         openUpstream(request, offer: offer, context: context).assumeIsolated().whenComplete { result in
-            if case .success(let upstream) = result, upstream.peer.alpn != "h2" {
+            if case .success(let upstream) = result, let pool = self.environment.pool, self.inspectsRequests(request) {
+                pool.dialed(self.environment.poolKey(for: request), negotiatedHTTP2: upstream.peer.alpn == "h2")
                 // HTTP/1.1 carries one tunnel at a time: nothing to wait for. (An h2 one is
                 // settled as this tunnel joins and shares it, or fails to.)
-                self.settleDial(context: context)
+                if upstream.peer.alpn != "h2" { self.settleDial(context: context) }
             }
             switch result {
             case .success(let upstream):

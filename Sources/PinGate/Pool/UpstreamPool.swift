@@ -95,6 +95,12 @@ final class UpstreamPool: Sendable {
         return checkout
     }
 
+    /// A dial for `key` completed, negotiating `h2` or not: whether later CONNECTs to it
+    /// wait for a dial in flight (see `UpstreamPoolState.dialed`).
+    func dialed(_ key: UpstreamPoolKey, negotiatedHTTP2: Bool) {
+        state.withLock { $0.dialed(key, negotiatedHTTP2: negotiatedHTTP2) }
+    }
+
     /// The registered dial for `key` on `eventLoop` is settled: the CONNECTs that waited for
     /// it check out again, now (called on that loop).
     func dialSettled(_ key: UpstreamPoolKey, on eventLoop: any EventLoop) {

@@ -94,6 +94,14 @@ struct UpstreamPoolState<Connection> {
     /// Dials in flight whose connection may come to be shared (`h2` offered), one per
     /// key and loop, with the checkouts waiting for them.
     private var dials: [Slot: [@Sendable () -> Void]] = [:]
+    /// Whether each key's last dial negotiated `h2`. A CONNECT waits for a dial in flight
+    /// only while that may give a shared connection: for an origin known to answer with
+    /// HTTP/1.1 the wait buys nothing, and releasing a burst of waiters at once (they all
+    /// dial when the first connection turns out HTTP/1.1) would hit its listen backlog with
+    /// them together instead of as they came.
+    private var spokeHTTP2: [UpstreamPoolKey: Bool] = [:]
+    /// The most keys `spokeHTTP2` remembers (it is emptied beyond: a hint, not state).
+    static var rememberedProtocols: Int { 4096 }
 
     init(maximumIdlePerKey: Int) {
         self.maximumIdlePerKey = maximumIdlePerKey
@@ -137,13 +145,14 @@ struct UpstreamPoolState<Connection> {
         let found = find(key, on: loop, generation: generation, isAlive: isAlive, canShare: canShare)
         if let connection = found.connection { return (.hit(connection), found.stale) }
         let slot = Slot(key: key, loop: loop)
-        if let waiter, dials[slot] != nil {
+        let mayShare = shareableDial && spokeHTTP2[key] != false
+        if let waiter, mayShare, dials[slot] != nil {
             dials[slot]?.append(waiter)
             counters.waitedForDial += 1
             return (.wait, found.stale)
         }
         counters.misses += 1
-        guard shareableDial, dials[slot] == nil else { return (.dial(registered: false), found.stale) }
+        guard mayShare, dials[slot] == nil else { return (.dial(registered: false), found.stale) }
         dials[slot] = []
         return (.dial(registered: true), found.stale)
     }
@@ -152,6 +161,12 @@ struct UpstreamPoolState<Connection> {
     /// share, or will not be): the checkouts that waited for it, to run (outside any lock).
     mutating func dialSettled(_ key: UpstreamPoolKey, on loop: EventLoopID) -> [@Sendable () -> Void] {
         dials.removeValue(forKey: Slot(key: key, loop: loop)) ?? []
+    }
+
+    /// A dial for `key` completed, negotiating `h2` or not (any dial: registered or not).
+    mutating func dialed(_ key: UpstreamPoolKey, negotiatedHTTP2: Bool) {
+        if spokeHTTP2[key] == nil && spokeHTTP2.count >= Self.rememberedProtocols { spokeHTTP2.removeAll(keepingCapacity: true) }
+        spokeHTTP2[key] = negotiatedHTTP2
     }
 
     /// Checkouts waiting for a dial now (tests).
