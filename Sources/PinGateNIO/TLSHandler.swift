@@ -44,18 +44,15 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     public static let defaultCloseLinger = TimeAmount.seconds(30)
 
     private static let readChunk = 16 * 1024
-    /// The most plaintext one TLS record carries (RFC 8446 §5.1). Small writes queued
-    /// before a flush are gathered up to this size into one `SSL_write`: one record, one
-    /// AEAD pass and one ciphertext buffer instead of one of each per write. An HTTP
-    /// response written as head, body and end is then one record, as a byte relay's is.
+    /// The most plaintext one TLS record carries (RFC 8446 §5.1). Writes queued before a
+    /// flush are gathered into one `SSL_write` while the run fits in one record: one
+    /// record, one AEAD pass and one ciphertext buffer instead of one of each per write.
+    /// An HTTP response written as head, body and end is then one record, as a byte
+    /// relay's is; an HTTP/2 upstream's 8 KiB DATA frames (nginx's `http2_chunk_size`),
+    /// each its own write to the client, go out in pairs, for 8 % less CPU per byte than
+    /// as records of their own (the copy costs less than the record it saves). A write
+    /// that does not fit with its neighbours goes from its own buffer.
     private static let recordPlaintextLimit = 16 * 1024
-    /// Writes smaller than this are gathered with their neighbours while the run fits in
-    /// one record; a write of a whole record or more goes from its own buffer. An HTTP/2
-    /// upstream's body arrives in DATA frames of 8 KiB (nginx's `http2_chunk_size`), each
-    /// its own write to the client: gathered in pairs, they cost 8 % less CPU per byte
-    /// than as records of their own (the copy costs less than the record it saves), and
-    /// the client gets full records, as from a byte relay.
-    private static let gatherLimit = recordPlaintextLimit
 
     private let connection: TLSConnection
     private var state: State = .handshaking
@@ -392,8 +389,8 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     /// Encrypts every buffered write, in order, and queues the ciphertext (the caller
-    /// flushes). A run of small writes (each under `gatherLimit`) is gathered into one
-    /// `SSL_write` of at most one record; any other write goes from its own buffer, with no
+    /// flushes). A run of writes that fits in one record is gathered into one `SSL_write`;
+    /// any other write goes from its own buffer, with no
     /// copy. Each write's promise completes with the ciphertext that carries its last byte.
     private func encryptBufferedWrites(context: ChannelHandlerContext) {
         guard !bufferedWrites.isEmpty else { return }
@@ -418,8 +415,8 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
                 // The run of writes that share this record: [start, end).
                 var end = start + 1
                 var total = pending[start].0.readableBytes
-                if total < Self.gatherLimit {
-                    while end < pending.endIndex, pending[end].0.readableBytes < Self.gatherLimit,
+                if total < Self.recordPlaintextLimit {
+                    while end < pending.endIndex, pending[end].0.readableBytes < Self.recordPlaintextLimit,
                           total + pending[end].0.readableBytes <= Self.recordPlaintextLimit {
                         total += pending[end].0.readableBytes
                         end += 1

@@ -46,6 +46,28 @@ public struct PinEntry: Sendable, Equatable {
         case certificate = "sha256"
         /// SHA-256 of the leaf's SubjectPublicKeyInfo DER (TrustKit, HPKP, OkHttp).
         case spki
+
+        /// The kind and the canonical base64 hash of a pin written with a `sha256` or an
+        /// `spki` field, as pingate v2 lists and their drafts write pins: exactly one of
+        /// the two, base64 of 32 bytes. `what` names the pin in the error.
+        public static func of(sha256: String?, spki: String?, what: String) throws -> (kind: Kind, hash: String) {
+            let kind: Kind
+            let text: String
+            switch (sha256, spki) {
+            case (let hash?, nil): (kind, text) = (.certificate, hash)
+            case (nil, let hash?): (kind, text) = (.spki, hash)
+            default: throw PinListError.malformed("\(what) needs exactly one of sha256 and spki")
+            }
+            return (kind, try canonicalHash(text, what: what))
+        }
+
+        /// `text` as canonical base64, checked to be a 32-byte SHA-256.
+        static func canonicalHash(_ text: String, what: String) throws -> String {
+            guard let digest = Data(base64Encoded: text), digest.count == 32 else {
+                throw PinListError.malformed("\(what): not base64 of a 32-byte SHA-256")
+            }
+            return digest.base64EncodedString()
+        }
     }
 
     /// What a mismatch does.

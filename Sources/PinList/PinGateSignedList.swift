@@ -107,24 +107,17 @@ public enum PinGateSignedList {
         var entries: [PinEntry] = []
         for (index, pin) in payload.pins.enumerated() {
             let host = try HostPattern(parsing: pin.host)
-            let kind: PinEntry.Kind
-            let value: String
-            switch (pin.sha256, pin.spki) {
-            case (let hash?, nil): (kind, value) = (.certificate, hash)
-            case (nil, let hash?): (kind, value) = (.spki, hash)
-            default: throw PinListError.malformed("pin \(index) (\(pin.host)) needs exactly one of sha256 and spki")
-            }
+            let (kind, hash) = try PinEntry.Kind.of(sha256: pin.sha256, spki: pin.spki, what: "pin \(index) (\(pin.host))")
             let mode: PinEntry.Mode
             switch pin.mode ?? "enforce" {
             case "enforce": mode = .enforce
             case "report-only": mode = .reportOnly
             default: throw PinListError.malformed("pin \(index) (\(pin.host)): unknown mode \"\(pin.mode ?? "")\"")
             }
-            entries.append(PinEntry(host: host, fingerprint: try canonicalHash(value, what: "pin \(index) (\(pin.host))"),
-                                    kind: kind, expires: Date(timeIntervalSince1970: TimeInterval(pin.expires)), mode: mode,
+            entries.append(PinEntry(host: host, fingerprint: hash, kind: kind, expires: Date(timeIntervalSince1970: TimeInterval(pin.expires)), mode: mode,
                                     depth: pin.depth ?? .leaf))
         }
-        let revoked = try (payload.revoked ?? []).enumerated().map { try canonicalHash($1, what: "revoked[\($0)]") }
+        let revoked = try (payload.revoked ?? []).enumerated().map { try PinEntry.Kind.canonicalHash($1, what: "revoked[\($0)]") }
         return PinList(source: source, entries: entries, revoked: Set(revoked), metadata: .init(
             format: .pingateV2, sequence: payload.sequence,
             issuedAt: Date(timeIntervalSince1970: TimeInterval(payload.issuedAt)),
@@ -142,13 +135,6 @@ public enum PinGateSignedList {
                                 payload: payloadBytes.base64EncodedString(), signature: Data(signature).base64EncodedString())
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes, .prettyPrinted]
         return try encoder.encode(envelope) + Data("\n".utf8)
-    }
-
-    private static func canonicalHash(_ text: String, what: String) throws -> String {
-        guard let digest = Data(base64Encoded: text), digest.count == 32 else {
-            throw PinListError.malformed("\(what): not base64 of a 32-byte SHA-256")
-        }
-        return digest.base64EncodedString()
     }
 }
 

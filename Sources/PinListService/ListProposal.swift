@@ -39,16 +39,11 @@ public struct ListDraft: Codable, Sendable, Equatable {
     }
 
     /// The pins as a list's entries (enforced), for `list diff`; throws on a bad host
-    /// pattern or a pin with neither or both hashes.
+    /// pattern, a pin with neither or both hashes, or a hash that is not a SHA-256 (the
+    /// same checks a signed list's pins get, so a draft compares as it will sign).
     public func entries() throws -> [PinEntry] {
         try pins.enumerated().map { index, pin in
-            let kind: PinEntry.Kind
-            let fingerprint: String
-            switch (pin.sha256, pin.spki) {
-            case (let sha256?, nil): (kind, fingerprint) = (.certificate, sha256)
-            case (nil, let spki?): (kind, fingerprint) = (.spki, spki)
-            default: throw PinListError.malformed("draft pin \(index) (\(pin.host)) needs exactly one of sha256 and spki")
-            }
+            let (kind, fingerprint) = try PinEntry.Kind.of(sha256: pin.sha256, spki: pin.spki, what: "draft pin \(index) (\(pin.host))")
             return PinEntry(host: try HostPattern(parsing: pin.host), fingerprint: fingerprint, kind: kind,
                             expires: Date(timeIntervalSince1970: TimeInterval(pin.expires)), mode: .enforce, depth: pin.depth ?? .leaf)
         }

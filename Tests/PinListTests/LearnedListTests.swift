@@ -112,6 +112,26 @@ struct LearnedListTests {
         #expect(notes.contains("*.shop.example: grouped a.shop.example, b.shop.example: every host seen under it, with the same issuer key; the pattern also covers names never seen"))
     }
 
+    @Test("a draft's pins are checked as a signed list's are: exactly one of sha256 and spki, each base64 of 32 bytes (canonicalized), and the error names the pin")
+    func draftPinsChecked() throws {
+        let hash = Data(repeating: 7, count: 32).base64EncodedString()
+        func draft(_ pin: String) throws -> ListDraft {
+            try ListDraft.decode(Data(#"{"comment": "t", "pins": [\#(pin)]}"#.utf8))
+        }
+        let good = try draft(#"{"host": "a.example", "spki": "\#(hash)", "expires": 1900000000, "why": "w"}"#).entries()
+        #expect(good.map(\.fingerprint) == [hash] && good.map(\.kind) == [.spki])
+        let cases = [
+            (#"{"host": "a.example", "expires": 1900000000, "why": "w"}"#, "draft pin 0 (a.example) needs exactly one of sha256 and spki"),
+            (#"{"host": "a.example", "sha256": "\#(hash)", "spki": "\#(hash)", "expires": 1900000000, "why": "w"}"#,
+             "draft pin 0 (a.example) needs exactly one of sha256 and spki"),
+            (#"{"host": "a.example", "sha256": "c2hvcnQ=", "expires": 1900000000, "why": "w"}"#,
+             "draft pin 0 (a.example): not base64 of a 32-byte SHA-256"),
+        ]
+        for (pin, expected) in cases {
+            #expect(throws: PinListError.malformed(expected)) { try draft(pin).entries() }
+        }
+    }
+
     @Test("list diff: added, dropped and changed pins per host; a new host and a host no longer pinned say so; identical lists have no differences")
     func diff() throws {
         let year = Self.now.addingTimeInterval(365 * 86400)

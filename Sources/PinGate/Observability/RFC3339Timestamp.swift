@@ -5,16 +5,8 @@ import Foundation
 /// Built by hand: a Foundation formatter per line was the decision log's main cost, and
 /// a shared one is not documented as safe across threads.
 enum RFC3339Timestamp {
-    /// `date` as text.
-    static func string(_ date: Date) -> String {
-        var bytes: [UInt8] = []
-        bytes.reserveCapacity(24)
-        append(date, to: &bytes)
-        return String(decoding: bytes, as: UTF8.self)
-    }
-
-    /// Appends `date` as UTF-8 to `bytes`: the request log builds its lines as bytes,
-    /// and this spares it a `String` per line.
+    /// Appends `date` as UTF-8 to `bytes`: both JSON logs build their lines as bytes
+    /// (`JSONLineText`), and this spares them a `String` per line.
     static func append(_ date: Date, to bytes: inout [UInt8]) {
         let milliseconds = Int64((date.timeIntervalSince1970 * 1000).rounded())
         var seconds = time_t(milliseconds.floorDivided(by: 1000))
