@@ -155,7 +155,10 @@ let package = Package(
         .target(name: "PinGateTestSupport", path: "Tests/PinGateTestSupport"),
         // glibc's heap statistics (mallinfo2), for tests that hold memory to account.
         .systemLibrary(name: "CHeapStats", path: "Tests/CHeapStats"),
-        .testTarget(name: "PinGateTLSTests", dependencies: ["PinGateTLS", "PinGateNIO", "PinGateTestSupport", "CHeapStats"]),
+        .testTarget(name: "PinGateTLSTests", dependencies: [
+            "PinGateTLS", "PinGateNIO", "PinGateTestSupport", "CHeapStats",
+            .product(name: "PropertyBased", package: "swift-property-based"),
+        ]),
         .testTarget(name: "PinGateHTTP2Tests", dependencies: ["PinGateHTTP2", "PinGateTestSupport"]),
         // The HTTP layer's unit tests: framing decisions, the credit ledger and the router
         // between model sides, property-based; no sockets (the real peers are PinGateTests').

@@ -50,31 +50,14 @@ static inline void *pg_SSL_get_app_data(const SSL *ssl) {
     return SSL_get_app_data(ssl);
 }
 
-/// A memory BIO that answers "retry later" instead of EOF when it runs dry, which is
-/// what a sans-IO TLS engine needs: no bytes yet is not the end of the stream.
-static inline void pg_BIO_set_mem_eof_return(BIO *bio, int value) {
-    (void)BIO_set_mem_eof_return(bio, value);
-}
-
 /// The retry flags of a custom BIO are macros over BIO_set_flags / BIO_clear_flags.
 static inline void pg_BIO_set_retry_read(BIO *bio) { BIO_set_retry_read(bio); }
 static inline void pg_BIO_clear_retry_flags(BIO *bio) { BIO_clear_retry_flags(bio); }
 static inline int pg_BIO_TYPE_SOURCE_SINK(void) { return BIO_TYPE_SOURCE_SINK; }
 static inline int pg_BIO_CTRL_PENDING(void) { return BIO_CTRL_PENDING; }
+static inline int pg_BIO_CTRL_WPENDING(void) { return BIO_CTRL_WPENDING; }
 static inline int pg_BIO_CTRL_FLUSH(void) { return BIO_CTRL_FLUSH; }
 static inline int pg_BIO_CTRL_EOF(void) { return BIO_CTRL_EOF; }
-
-/// The BUF_MEM behind a read-write memory BIO (`max` is what it keeps allocated).
-static inline BUF_MEM *pg_BIO_get_mem_ptr(BIO *bio) {
-    BUF_MEM *mem = NULL;
-    (void)BIO_get_mem_ptr(bio, &mem);
-    return mem;
-}
-
-/// Gives a memory BIO `mem` as its buffer; the BIO frees the one it had and owns `mem`.
-static inline int pg_BIO_set_mem_buf_owned(BIO *bio, BUF_MEM *mem) {
-    return (int)BIO_set_mem_buf(bio, mem, BIO_CLOSE);
-}
 
 static inline void pg_OPENSSL_free(void *ptr) { OPENSSL_free(ptr); }
 

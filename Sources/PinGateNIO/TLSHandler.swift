@@ -52,7 +52,7 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     /// each its own write to the client, go out in pairs, for 8 % less CPU per byte than
     /// as records of their own (the copy costs less than the record it saves). A write
     /// that does not fit with its neighbours goes from its own buffer.
-    private static let recordPlaintextLimit = 16 * 1024
+    private static let recordPlaintextLimit = TLSConnection.recordPlaintextLimit
 
     private let connection: TLSConnection
     private var state: State = .handshaking
@@ -73,9 +73,6 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     /// Dropped when the burst ends: kept across bursts it would pin 16 KiB per idle
     /// connection, 32 KiB per idle tunnel (issue 12 measured 82 KiB per idle tunnel with it).
     private var spareBuffer: ByteBuffer?
-    /// Releases the engine's drained write buffer once writing has paused (see
-    /// `trimWriteBufferSoon`); nil when none is scheduled.
-    private var writeBufferTrim: Scheduled<Void>?
     /// Client, TLS 1.3, certificate requested: the handshake is complete but its promise
     /// waits for the server's verdict on the missing certificate (see `init`).
     private var confirming: (summary: TLSPeerSummary, timer: Scheduled<Void>)?
@@ -177,8 +174,6 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
         }
         handshakePromise = nil
         state = .closed
-        writeBufferTrim?.cancel()
-        writeBufferTrim = nil
         failBufferedWrites(ChannelError.ioOnClosedChannel)
         if let lingering = lingeringClose {
             // Closed while the close waited (the peer reset, or someone closed below us).
@@ -423,15 +418,14 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
                     }
                 }
                 if end - start == 1 {
-                    try pending[start].0.withUnsafeReadableBytes { try connection.writePlaintext($0) }
+                    try pending[start].0.withUnsafeReadableBytes { try seal($0, promises: pending[start..<end], context: context) }
                 } else {
                     // Allocated per run, not kept: a buffer held per connection would cost
                     // every idle tunnel its size.
                     var gathered = context.channel.allocator.buffer(capacity: total)
                     for (plaintext, _) in pending[start..<end] { gathered.writeImmutableBuffer(plaintext) }
-                    try gathered.withUnsafeReadableBytes { try connection.writePlaintext($0) }
+                    try gathered.withUnsafeReadableBytes { try seal($0, promises: pending[start..<end], context: context) }
                 }
-                sealed(pending[start..<end].compactMap { $0.1 }, context: context)
                 start = end
             }
         } catch {
@@ -440,14 +434,29 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
         }
     }
 
-    /// Queues the ciphertext of what was just encrypted; `promises` complete with it.
-    private func sealed(_ promises: [EventLoopPromise<Void>], context: ChannelHandlerContext) {
-        guard let first = promises.first else {
-            writeCiphertext(context: context, promise: nil)
-            return
+    /// Encrypts `plaintext` straight into the buffer that goes to the socket, and queues
+    /// it; the writes' promises complete with the ciphertext that carries its last byte.
+    ///
+    /// The buffer is sized for the records (`sealedCapacity`), so OpenSSL's record buffer
+    /// is the only copy after encryption. Ciphertext that waited already (a flight or an
+    /// alert) or did not fit follows from the engine (`writeCiphertext`), in order.
+    private func seal(_ plaintext: UnsafeRawBufferPointer, promises: ArraySlice<(ByteBuffer, EventLoopPromise<Void>?)>,
+                      context: ChannelHandlerContext) throws {
+        var promise: EventLoopPromise<Void>?
+        for case let (_, another?) in promises {
+            if let first = promise { first.futureResult.cascade(to: another) } else { promise = another }
         }
-        for other in promises.dropFirst() { first.futureResult.cascade(to: other) }
-        if !writeCiphertext(context: context, promise: first) { first.succeed(()) }
+        let capacity = TLSConnection.sealedCapacity(plaintextCount: plaintext.count)
+        var sealed = context.channel.allocator.buffer(capacity: capacity)
+        try sealed.writeWithUnsafeMutableBytes(minimumWritableBytes: capacity) {
+            try connection.writePlaintext(plaintext, sealingInto: $0)
+        }
+        let more = connection.pendingCiphertextCount > 0
+        if sealed.readableBytes > 0 {
+            context.write(wrapOutboundOut(sealed), promise: more ? nil : promise)
+            if !more { return }
+        }
+        if !writeCiphertext(context: context, promise: promise) { promise?.succeed(()) }
     }
 
     /// Moves all pending ciphertext to the socket; `promise` rides on the last write.
@@ -464,26 +473,7 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
             context.write(wrapOutboundOut(buffer), promise: last ? promise : nil)
             wrote = true
         }
-        if wrote { trimWriteBufferSoon(context: context) }
         return wrote
-    }
-
-    /// How long writing must pause before a large drained write buffer is given back.
-    private static let writeBufferTrimDelay = TimeAmount.milliseconds(200)
-
-    /// Gives the engine's write buffer back once writing has paused.
-    ///
-    /// Why not at once: releasing a buffer that held a whole flight makes the next flight
-    /// regrow it through reallocations, 8 % more CPU per GB relayed; why at all: kept, it
-    /// stays at the size of the largest burst for as long as the tunnel stays open (issue
-    /// 12: an idle tunnel after a download). One timer per quiet period, not per flight.
-    private func trimWriteBufferSoon(context: ChannelHandlerContext) {
-        guard writeBufferTrim == nil, connection.holdsIdleWriteBuffer else { return }
-        writeBufferTrim = context.eventLoop.assumeIsolated().scheduleTask(in: Self.writeBufferTrimDelay) { [weak self] in
-            guard let self else { return }
-            self.writeBufferTrim = nil
-            self.connection.releaseIdleWriteBuffer()
-        }
     }
 
     private func fireInputClosedOnce(context: ChannelHandlerContext) {

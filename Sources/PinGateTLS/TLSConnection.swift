@@ -118,7 +118,8 @@ public final class TLSConnection {
     private let ssl: OpaquePointer
     /// What the read BIO serves to OpenSSL (see `CiphertextInbox`).
     private let inbox: CiphertextInbox
-    private let writeBIO: OpaquePointer
+    /// Where the write BIO puts what OpenSSL sends (see `CiphertextOutbox`).
+    private let outbox: CiphertextOutbox
     private let hooks: TLSConnectionHooks
 
     /// The role this connection plays.
@@ -128,22 +129,26 @@ public final class TLSConnection {
         OpenSSLErrorQueue.clear()
         guard let ssl = SSL_new(context.pointer) else { throw OpenSSLError.drained("create TLS connection") }
         let inbox = CiphertextInbox()
+        let outbox = CiphertextOutbox()
         let readBIO: OpaquePointer
+        let writeBIO: OpaquePointer
         do {
             readBIO = try CiphertextInbox.makeBIO(reading: inbox)
         } catch {
             SSL_free(ssl)
             throw error
         }
-        guard let writeBIO = BIO_new(BIO_s_mem()) else {
+        do {
+            writeBIO = try CiphertextOutbox.makeBIO(writingTo: outbox)
+        } catch {
             BIO_free(readBIO)
             SSL_free(ssl)
-            throw OpenSSLError.drained("create memory BIO")
+            throw error
         }
         SSL_set_bio(ssl, readBIO, writeBIO) // the SSL now owns both BIOs
         self.ssl = ssl
         self.inbox = inbox
-        self.writeBIO = writeBIO
+        self.outbox = outbox
         self.hooks = hooks
         self.role = role
         _ = pg_SSL_set_app_data(ssl, Unmanaged.passUnretained(hooks).toOpaque())
@@ -203,50 +208,35 @@ public final class TLSConnection {
         try inbox.withIncoming(bytes, body)
     }
 
-    /// How many ciphertext bytes are waiting to go to the peer.
-    public var pendingCiphertextCount: Int { Int(BIO_ctrl_pending(writeBIO)) }
+    /// How many ciphertext bytes are waiting to go to the peer (outside any buffer given
+    /// to `writePlaintext(_:sealingInto:)`).
+    public var pendingCiphertextCount: Int { outbox.count }
 
-    /// Moves waiting ciphertext into `buffer`; returns how many bytes were moved.
+    /// Moves waiting ciphertext into `buffer`; returns how many bytes were moved. The
+    /// connection keeps no storage once everything waiting has been taken.
     public func takeCiphertext(into buffer: UnsafeMutableRawBufferPointer) -> Int {
-        guard let base = buffer.baseAddress, buffer.count > 0 else { return 0 }
-        let read = BIO_read(writeBIO, base, Int32(min(buffer.count, Int(Int32.max))))
-        // A small buffer (a handshake flight, a short answer) goes as soon as it is drained:
-        // growing it again is one allocation. A larger one means a busy connection, which
-        // would regrow it through reallocations that copy and cleanse per flight
-        // (measured: 8 % more CPU per GB relayed), so it is kept for the owner to release
-        // when the connection has gone quiet (`releaseIdleWriteBuffer`), or until this
-        // connection next waits for input (`readPlaintext`).
-        Self.releaseBufferIfDrained(writeBIO, atMost: Self.writeBufferReleasedAtOnce)
-        return max(0, Int(read))
+        outbox.take(into: buffer)
     }
 
-    /// Up to this size, a drained write buffer is released at once.
-    private static let writeBufferReleasedAtOnce = 4 * 1024
+    /// Every ciphertext byte so far that waited to be taken with `takeCiphertext` instead
+    /// of going straight into a buffer given to `writePlaintext(_:sealingInto:)`: the
+    /// handshake's flights, alerts, and writes whose buffer was too small.
+    public var ciphertextCopiedCount: Int { outbox.backlogBytesTotal }
 
-    /// Whether a drained write buffer larger than what goes at once is still held.
-    public var holdsIdleWriteBuffer: Bool {
-        guard BIO_ctrl_pending(writeBIO) == 0, let held = pg_BIO_get_mem_ptr(writeBIO) else { return false }
-        return held.pointee.max > 0
+    /// A buffer size that holds the records of `plaintextCount` bytes written at once,
+    /// with room for OpenSSL's largest record overhead (TLS 1.2 CBC with SHA-384: 5 bytes
+    /// of header, a 16-byte IV, a 48-byte MAC and up to 16 bytes of padding) per 16 KiB
+    /// record, and for one small record more (a KeyUpdate OpenSSL sends first). A peer
+    /// that negotiated smaller records gets more records than this allows for: what does
+    /// not fit waits as pending ciphertext, which costs a copy, never a byte.
+    public static func sealedCapacity(plaintextCount: Int) -> Int {
+        let records = (plaintextCount + recordPlaintextLimit - 1) / recordPlaintextLimit
+        return plaintextCount + records * recordOverheadAllowance + 64
     }
 
-    /// Releases the write buffer if everything in it has been taken.
-    public func releaseIdleWriteBuffer() {
-        Self.releaseBufferIfDrained(writeBIO)
-    }
-
-    /// Frees a memory BIO's buffer once everything in it has been read (and, with
-    /// `atMost`, only when it is no larger).
-    ///
-    /// A memory BIO keeps the largest buffer it ever needed (4/3 of it: it grows by a
-    /// third) for as long as it lives, and a connection has two: the handshake's flights,
-    /// or the biggest burst a busy tunnel moved, stayed allocated on every idle connection
-    /// (issue 12). An empty buffer is worth nothing, so it goes; the next write allocates
-    /// what it needs.
-    private static func releaseBufferIfDrained(_ bio: OpaquePointer, atMost limit: Int = .max) {
-        guard BIO_ctrl_pending(bio) == 0, let held = pg_BIO_get_mem_ptr(bio), held.pointee.max > 0,
-              held.pointee.max <= limit, let fresh = BUF_MEM_new() else { return }
-        if pg_BIO_set_mem_buf_owned(bio, fresh) != 1 { BUF_MEM_free(fresh) }
-    }
+    /// The most plaintext one TLS record carries (RFC 8446 §5.1).
+    public static let recordPlaintextLimit = 16 * 1024
+    private static let recordOverheadAllowance = 96
 
     // MARK: handshake
 
@@ -366,7 +356,6 @@ public final class TLSConnection {
         case SSL_ERROR_WANT_READ, SSL_ERROR_WANT_WRITE:
             // Everything fed has been read: nothing buffered is worth keeping while idle.
             releaseIdleRecordBuffers()
-            Self.releaseBufferIfDrained(writeBIO)
             return .needsMoreInput
         case SSL_ERROR_ZERO_RETURN:
             return .closeNotify
@@ -394,16 +383,25 @@ public final class TLSConnection {
         _ = SSL_free_buffers(ssl)
     }
 
-    /// Encrypts all of `bytes`; the ciphertext waits in the write BIO.
+    /// Encrypts all of `bytes`; the ciphertext waits to be taken (`takeCiphertext`).
     public func writePlaintext(_ bytes: UnsafeRawBufferPointer) throws {
         guard let base = bytes.baseAddress, bytes.count > 0 else { return }
         OpenSSLErrorQueue.clear()
         var written = 0
-        // Without partial-write mode and with an unbounded memory BIO, SSL_write_ex
-        // either takes everything or fails.
+        // Without partial-write mode and with a write BIO that takes everything,
+        // SSL_write_ex either takes everything or fails.
         guard SSL_write_ex(ssl, base, bytes.count, &written) == 1, written == bytes.count else {
             throw OpenSSLError.drained("TLS write")
         }
+    }
+
+    /// Encrypts all of `bytes` into `destination`, from its start, and returns how many
+    /// bytes of it were filled: no copy after encryption when it is large enough
+    /// (`sealedCapacity(plaintextCount:)`). Ciphertext that does not fit, or that was
+    /// already waiting, waits to be taken (`takeCiphertext`) and comes after what
+    /// `destination` got.
+    public func writePlaintext(_ bytes: UnsafeRawBufferPointer, sealingInto destination: UnsafeMutableRawBufferPointer) throws -> Int {
+        try outbox.withWindow(destination) { try writePlaintext(bytes) }.filled
     }
 
     /// Queues a close_notify alert for the peer. Further writes fail.

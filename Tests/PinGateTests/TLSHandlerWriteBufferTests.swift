@@ -6,16 +6,17 @@ import PinGateTestSupport
 import PinGateTLS
 import Testing
 
-/// The TLS handler's half of the write-buffer policy (the engine's half is in
-/// `TLSEngineTests`): a large flight's drained buffer is kept while the connection may
-/// still be busy, and the handler gives it back once writing has paused for 200 ms, so an
-/// idle connection does not hold its largest burst for as long as it stays open.
+/// The TLS handler's write path: plaintext is sealed straight into the buffer that goes to
+/// the socket, so a burst costs no copy after encryption and leaves nothing held in the
+/// engine (before, a memory BIO took every record and the handler copied it out again,
+/// and a burst's buffer stayed allocated until a timer gave it back).
 @Suite("TLS handler write buffer")
 struct TLSHandlerWriteBufferTests {
     static let payloadSize = 256 * 1024
 
-    @Test("over real TLS on loopback: a 256 KiB burst's drained write buffer is held just after it, and released once writing pauses")
-    func releasedAfterWritingPauses() async throws {
+    @Test("over real TLS on loopback: a 256 KiB write, and 256 writes of 1 KiB in one flush, go out with no ciphertext copied and none left in the engine",
+          arguments: [1, 256])
+    func burstSealedInPlace(writes: Int) async throws {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
         let pki = try TestPKI(directory: directory)
@@ -24,18 +25,15 @@ struct TLSHandlerWriteBufferTests {
         let clientContext = try TLSContext.client(trustRoots: .pemFiles([pki.originCA.certificatePath]))
         try await withResource(start: { MultiThreadedEventLoopGroup(numberOfThreads: 1) },
                                stop: { try? await $0.shutdownGracefully() }) { group in
-            try await Self.burstThenPause(loop: group.next(), serverContext: serverContext, clientContext: clientContext)
+            try await Self.burst(writes: writes, loop: group.next(), serverContext: serverContext, clientContext: clientContext)
         }
     }
 
-    private static func burstThenPause(loop: any EventLoop, serverContext: TLSContext, clientContext: TLSContext) async throws {
-
-        // The server writes the burst in one write as soon as its handshake completes, and
-        // notes whether its connection holds a drained write buffer right after it (the
-        // flush encrypted and took all of it in the same call). The client sends nothing
-        // after its handshake, so no read on the server releases the buffer: only the
-        // handler's timer can.
-        let served = loop.makePromise(of: (held: Bool, connection: NIOLoopBound<TLSConnection>).self)
+    private static func burst(writes: Int, loop: any EventLoop, serverContext: TLSContext, clientContext: TLSContext) async throws {
+        // The server writes the burst as soon as its handshake completes and notes, right
+        // after the flush, how many ciphertext bytes the engine copied for it and how many
+        // still wait there.
+        let served = loop.makePromise(of: (copied: Int, waiting: Int).self)
         let server = try await ServerBootstrap(group: loop)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
@@ -45,13 +43,17 @@ struct TLSHandlerWriteBufferTests {
                     try channel.pipeline.syncOperations.addHandler(TLSHandler(connection: connection, handshakePromise: handshake))
                     let bound = NIOLoopBound(connection, eventLoop: channel.eventLoop)
                     handshake.futureResult.whenSuccess { _ in
-                        // On a later turn of the loop, not inside the read that completed the
-                        // handshake: that read goes on to wait for input, which releases the
-                        // buffer itself, and the timer would not be what this test sees.
+                        // On a later turn of the loop: the handshake's own flights (session
+                        // tickets) have gone by then.
                         channel.eventLoop.execute {
-                            let burst = channel.allocator.buffer(repeating: 0x5A, count: Self.payloadSize)
-                            channel.pipeline.syncOperations.writeAndFlush(NIOAny(burst), promise: nil)
-                            served.succeed((bound.value.holdsIdleWriteBuffer, bound))
+                            let before = bound.value.ciphertextCopiedCount
+                            let each = Self.payloadSize / writes
+                            for _ in 0..<writes {
+                                let part = channel.allocator.buffer(repeating: 0x5A, count: each)
+                                channel.pipeline.syncOperations.write(NIOAny(part), promise: nil)
+                            }
+                            channel.pipeline.syncOperations.flush()
+                            served.succeed((bound.value.ciphertextCopiedCount - before, bound.value.pendingCiphertextCount))
                         }
                     }
                     handshake.futureResult.whenFailure { served.fail($0) }
@@ -75,15 +77,10 @@ struct TLSHandlerWriteBufferTests {
             .connect(host: "127.0.0.1", port: port).get()
         defer { client.close(promise: nil) }
 
-        let (heldJustAfter, serverConnection) = try await served.futureResult.get()
+        let (copied, waiting) = try await served.futureResult.get()
         try await received.futureResult.get()
-        // A flight this size is kept at first: regrowing it for every flight of a busy
-        // connection costs CPU (the engine releases only small ones at once).
-        #expect(heldJustAfter, "the burst's drained write buffer was released at once, not kept")
-        // Nothing more is written: 200 ms later the handler gives the buffer back.
-        try await Task.sleep(for: .milliseconds(600))
-        let heldLater = try await loop.submit { serverConnection.value.holdsIdleWriteBuffer }.get()
-        #expect(!heldLater, "the drained write buffer was still held 600 ms after writing paused")
+        #expect(copied == 0, "\(copied) ciphertext bytes of the burst were copied after encryption")
+        #expect(waiting == 0, "\(waiting) ciphertext bytes stayed in the engine after the flush")
     }
 
     /// Counts plaintext bytes and completes `done` once `expected` have arrived.

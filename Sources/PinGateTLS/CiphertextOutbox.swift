@@ -1,0 +1,143 @@
+internal import COpenSSL
+
+/// The write side of a `TLSConnection`: a custom BIO that OpenSSL writes ciphertext into,
+/// straight into the caller's buffer where it can.
+///
+/// Why: with a memory BIO every sent byte was copied twice after encryption, once from
+/// OpenSSL's record buffer into the BIO (`BIO_write`, which grows the BIO's buffer and
+/// zeroes what it grows into) and once out of it into the buffer that goes to the socket;
+/// and the BIO's buffer was allocated and freed around every small write (a keep-alive
+/// response). Here, while `TLSConnection.writePlaintext(_:sealingInto:)` runs, records go
+/// into the caller's buffer (`window`), which goes to the socket as it is. What does not
+/// fit, and what OpenSSL writes at other times (handshake flights, alerts, a KeyUpdate,
+/// close_notify), waits in `backlog` for `take(into:)`.
+///
+/// Order is kept: the window takes a record only while the backlog is empty, so whatever
+/// the backlog holds always comes after what the window got.
+///
+/// Owned by its `TLSConnection`; the BIO holds it unretained, and the `SSL` (which owns the
+/// BIO) is freed in the connection's `deinit`, before the outbox goes.
+final class CiphertextOutbox {
+    /// Ciphertext not yet taken, from `backlogStart` on.
+    private var backlog: [UInt8] = []
+    private var backlogStart = 0
+    /// The caller's buffer, writable only during `withWindow`; `windowUsed` is how much of
+    /// it OpenSSL has filled.
+    private var window: UnsafeMutableRawBufferPointer?
+    private var windowUsed = 0
+    /// Every ciphertext byte that went through the backlog (a copy in and a copy out),
+    /// for tests and for deciding how big a window must be.
+    private(set) var backlogBytesTotal = 0
+
+    /// Ciphertext waiting in the backlog.
+    var count: Int { backlog.count - backlogStart }
+
+    /// Takes OpenSSL's `bytes`: into the window while they fit and the backlog is empty,
+    /// else into the backlog. Never refuses: a TLS write either completes or fails.
+    func write(_ bytes: UnsafeRawBufferPointer) {
+        guard bytes.count > 0 else { return }
+        if let window, backlogStart == backlog.count, bytes.count <= window.count - windowUsed {
+            UnsafeMutableRawBufferPointer(rebasing: window[windowUsed..<(windowUsed + bytes.count)]).copyMemory(from: bytes)
+            windowUsed += bytes.count
+            return
+        }
+        if backlogStart == backlog.count {
+            backlog = []
+            backlogStart = 0
+        }
+        backlog.append(contentsOf: bytes)
+        backlogBytesTotal += bytes.count
+    }
+
+    /// Lets OpenSSL write into `destination` while `body` runs; returns `body`'s result and
+    /// how many bytes of `destination` it filled, from its start. Not reentrant: a nested
+    /// call (not made by the gate) gets no window, so its bytes go to the backlog.
+    func withWindow<Result>(_ destination: UnsafeMutableRawBufferPointer, _ body: () throws -> Result) rethrows -> (Result, filled: Int) {
+        guard window == nil else { return (try body(), 0) }
+        window = destination
+        windowUsed = 0
+        defer {
+            window = nil
+            windowUsed = 0
+        }
+        let result = try body()
+        return (result, windowUsed)
+    }
+
+    /// Moves up to `destination.count` waiting bytes out of the backlog.
+    func take(into destination: UnsafeMutableRawBufferPointer) -> Int {
+        let moved = min(destination.count, count)
+        guard moved > 0 else { return 0 }
+        backlog.withUnsafeBytes { stored in
+            destination.copyMemory(from: UnsafeRawBufferPointer(rebasing: stored[backlogStart..<(backlogStart + moved)]))
+        }
+        backlogStart += moved
+        if backlogStart == backlog.count {
+            // Emptied: its storage is not kept for the life of an idle connection.
+            backlog = []
+            backlogStart = 0
+        }
+        return moved
+    }
+
+    // MARK: the BIO
+
+    /// A new BIO writing into `outbox` (held unretained: the caller keeps it alive for as
+    /// long as the BIO, i.e. the `SSL` it is given to, lives).
+    static func makeBIO(writingTo outbox: CiphertextOutbox) throws -> OpaquePointer {
+        OpenSSLErrorQueue.clear()
+        guard let method = OutboxBIOMethod.shared?.pointer, let bio = BIO_new(method) else {
+            throw OpenSSLError.drained("create ciphertext BIO")
+        }
+        BIO_set_data(bio, Unmanaged.passUnretained(outbox).toOpaque())
+        BIO_set_init(bio, 1)
+        return bio
+    }
+
+    fileprivate static func outbox(of bio: OpaquePointer?) -> CiphertextOutbox? {
+        guard let bio, let data = BIO_get_data(bio) else { return nil }
+        return Unmanaged<CiphertextOutbox>.fromOpaque(data).takeUnretainedValue()
+    }
+}
+
+/// The `BIO_METHOD` of every outbox BIO, made once for the process and never freed (BIOs
+/// made from it may live until exit). Immutable once made, so shared across threads.
+private final class OutboxBIOMethod: @unchecked Sendable {
+    let pointer: OpaquePointer
+
+    static let shared: OutboxBIOMethod? = OutboxBIOMethod()
+
+    private init?() {
+        let type = BIO_get_new_index() | pg_BIO_TYPE_SOURCE_SINK()
+        guard let method = BIO_meth_new(type, "pingate ciphertext outbox") else { return nil }
+        pointer = method
+        _ = BIO_meth_set_write_ex(method) { bio, buffer, length, written in
+            guard let bio else { return 0 }
+            pg_BIO_clear_retry_flags(bio)
+            // A BIO without its outbox (never the case while the SSL lives) refuses the
+            // write, which fails the TLS write: no ciphertext is dropped silently.
+            guard let outbox = CiphertextOutbox.outbox(of: bio), let buffer else { return 0 }
+            outbox.write(UnsafeRawBufferPointer(start: buffer, count: length))
+            written?.pointee = length
+            return 1
+        }
+        _ = BIO_meth_set_ctrl(method) { bio, command, _, _ in
+            switch command {
+            case pg_BIO_CTRL_WPENDING(), pg_BIO_CTRL_PENDING():
+                return CiphertextOutbox.outbox(of: bio).map { $0.count } ?? 0
+            case pg_BIO_CTRL_FLUSH():
+                // The caller takes the ciphertext when the TLS call returns.
+                return 1
+            default:
+                // Push/pop, kTLS queries and the rest: not supported, which OpenSSL reads as 0.
+                return 0
+            }
+        }
+        _ = BIO_meth_set_create(method) { _ in 1 }
+        _ = BIO_meth_set_destroy(method) { bio in
+            // The outbox belongs to the connection; the BIO only forgets it.
+            if let bio { BIO_set_data(bio, nil); BIO_set_init(bio, 0) }
+            return 1
+        }
+    }
+}
