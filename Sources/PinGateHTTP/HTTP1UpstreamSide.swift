@@ -78,8 +78,9 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     // MARK: reuse
 
     var reuseBlocker: UpstreamNotPooledReason? {
-        if closing || context == nil { return .closing }
+        // Upgraded first: a switched connection is never HTTP again, closing or not.
         if upgraded || relaying != nil || translated != nil { return .upgraded }
+        if closing || context == nil { return .closing }
         if active != nil || !waiting.isEmpty || flow.bytesInFlight > 0 { return .inFlight }
         return nil
     }

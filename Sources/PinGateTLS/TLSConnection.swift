@@ -57,6 +57,11 @@ public struct TLSPeerSummary: Sendable {
     /// True when the handshake resumed an offered session: the server proved nothing
     /// new, and OpenSSL verified nothing (see `resumed(alpn:protocolVersion:)`).
     public internal(set) var resumed = false
+    /// Client only: the server asked for a client certificate (the gate sends none) in the
+    /// full handshake. Kept across resumption like the rest of the summary: a resumed
+    /// handshake carries no CertificateRequest, but whatever the server tied to the
+    /// session it tied in that full handshake.
+    public internal(set) var certificateRequested = false
 
     /// True when the chain validated to a trusted root and matched the expected host.
     public var chainAndHostnameValid: Bool { leaf != nil && verifyCode == Int(X509_V_OK) }
@@ -332,7 +337,7 @@ public final class TLSConnection {
         let chain = Certificate.owningEach(of: verifiedStack ?? SSL_get_peer_cert_chain(ssl))
         let verified = code == Int(X509_V_OK) && leaf != nil && verifiedStack != nil ? chain : []
         return TLSPeerSummary(leaf: leaf, verifyCode: code, verifyReason: reason, alpn: negotiatedALPN, protocolVersion: version,
-                              chain: chain, verifiedChain: verified)
+                              chain: chain, verifiedChain: verified, certificateRequested: hooks.certificateRequested)
     }
 
     /// The ALPN protocol agreed in the handshake, if any.

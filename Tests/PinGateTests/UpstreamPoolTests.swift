@@ -119,6 +119,25 @@ struct UpstreamPoolTests {
         }
     }
 
+    @Test("a connection on which the origin asked for a client certificate (none is sent, and it let the client on) is never pooled, over an HTTP/1.1 and an h2 origin",
+          arguments: [false, true])
+    func clientCertificateRequestedNeverPooled(http2: Bool) async throws {
+        // optional_no_ca: nginx sends a CertificateRequest and carries on without one.
+        try await Self.withOrigin(http2: http2, serverDirectives: "ssl_verify_client optional_no_ca;",
+                                  configure: { $0.eventLoopThreads = 1 }) { gate, nginx, _ in
+            for round in 1...3 {
+                try await Self.fetch(gate, nginx)
+                let settled = await eventually(timeout: .seconds(5)) { gate.server.upstreamPool?.notPooled["client-certificate"] == round }
+                #expect(settled, "round \(round): \(String(describing: gate.server.upstreamPool))")
+            }
+            let connections = nginx.accessLogConnections()
+            #expect(connections.count == 3 && Set(connections).count == 3, "\(connections)")
+            let pool = try #require(gate.server.upstreamPool)
+            #expect(pool.hits == 0 && pool.idle == 0 && pool.parked == 0, "\(pool)")
+            #expect(pool.notPooled == ["client-certificate": 3], "\(pool)")
+        }
+    }
+
     @Test("a list update that drops the pin closes the pooled connections, and the next CONNECT is refused (verified on a new connection)")
     func listUpdateDropsPooled() async throws {
         try await Self.withOrigin(configure: { $0.eventLoopThreads = 1 }) { gate, nginx, pki in

@@ -9,6 +9,46 @@ import Testing
 struct WebSocketTests {
     @Test("a wss:// echo server behind the gate: the upgrade, text and binary frames, and the close handshake all pass")
     func websocketEcho() async throws {
+        let (result, stats, _) = try await Self.throughGate(clientPart: """
+        with connect(f"ws://{host}:{port}/echo", sock=tls) as ws:
+            ws.send("hello through the gate")
+            text = ws.recv(timeout=10)
+            payload = os.urandom(16384)  # incompressible, so permessage-deflate cannot shrink it
+            ws.send(payload)
+            binary = ws.recv(timeout=10)
+        server.shutdown()
+        print(text == "hello through the gate", binary == payload)
+        """)
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "True True")
+        #expect(stats.count(.trusted) == 1)
+        #expect(stats.bytesDown > 16_384)
+    }
+
+    @Test("an upgraded connection never goes to the upstream pool: the client leaves a WebSocket open at the origin, and the pool records it as not pooled (upgraded), holding nothing")
+    func upgradedConnectionNotPooled() async throws {
+        // The client drops its TCP connection without the close handshake, so the origin
+        // still holds the WebSocket open when the gate decides what becomes of it.
+        let (result, _, pool) = try await Self.throughGate(clientPart: """
+        ws = connect(f"ws://{host}:{port}/echo", sock=tls)
+        ws.send("one message")
+        print(ws.recv(timeout=10) == "one message")
+        raw.close()
+        tls.close()
+        """, poolSettled: { $0.notPooled["upgraded"] == 1 })
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "True")
+        #expect(pool?.notPooled == ["upgraded": 1], "\(String(describing: pool))")
+        #expect(pool?.idle == 0 && pool?.parked == 0, "\(String(describing: pool))")
+    }
+
+    /// Runs a `websockets` echo origin and, in the same Python process, a client that
+    /// CONNECTs through a gate started for it and runs `clientPart` (Python, with `host`,
+    /// `port`, `raw` (the TCP socket), `tls` (TLS to the gate's leaf), `server` and `connect`
+    /// in scope). Returns the script's result, the gate's statistics, and its pool's status
+    /// once `poolSettled` holds (or after 10 s).
+    static func throughGate(clientPart: String, poolSettled: @escaping @Sendable (UpstreamPoolStatus) -> Bool = { _ in true })
+        async throws -> (TestProcess.Result, GateStatistics.Snapshot, UpstreamPoolStatus?) {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
         let pki = try TestPKI(directory: directory)
@@ -47,31 +87,21 @@ struct WebSocketTests {
         assert head.startswith(b"HTTP/1.1 200"), head
         tls = ssl.create_default_context(cafile=ca).wrap_socket(raw, server_hostname=host)
         # The socket is already TLS (to the gate-minted leaf), so the URI says ws://.
-        with connect(f"ws://{host}:{port}/echo", sock=tls) as ws:
-            ws.send("hello through the gate")
-            text = ws.recv(timeout=10)
-            payload = os.urandom(16384)  # incompressible, so permessage-deflate cannot shrink it
-            ws.send(payload)
-            binary = ws.recv(timeout=10)
-        server.shutdown()
-        print(text == "hello through the gate", binary == payload)
-        """
+
+        """ + clientPart
         let client = Task {
             try await TestProcess.run("python3", ["-c", script, host, leaf.certificatePath, leaf.keyPath, clientCA, portFile, gateFile], timeout: 60)
         }
         _ = await eventually(timeout: .seconds(30), interval: .milliseconds(50)) { FileManager.default.fileExists(atPath: portFile) }
         let originPort = try String(contentsOfFile: portFile, encoding: .utf8)
-        let (result, stats) = try await GateFixture.with(pki: pki, listPath: try pki.signedList([(host, leaf.fingerprint)]),
-                                                         resolve: ["\(host):\(originPort)"]) { gate in
+        return try await GateFixture.with(pki: pki, listPath: try pki.signedList([(host, leaf.fingerprint)]),
+                                          resolve: ["\(host):\(originPort)"]) { gate in
             try FileManager.default.copyItem(atPath: gate.caPath, toPath: clientCA)
             try directory.write("gate-port.tmp", "\(gate.port)")
             try FileManager.default.moveItem(atPath: directory.file("gate-port.tmp"), toPath: gateFile)
             let result = try await client.value
-            return (result, gate.statistics)
+            _ = await eventually(timeout: .seconds(10)) { gate.server.upstreamPool.map(poolSettled) ?? false }
+            return (result, gate.statistics, gate.server.upstreamPool)
         }
-        #expect(result.status == 0, "\(result.stderr)")
-        #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "True True")
-        #expect(stats.count(.trusted) == 1)
-        #expect(stats.bytesDown > 16_384)
     }
 }

@@ -887,9 +887,11 @@ private final class HTTPTunnelFacts {
     private func notPoolable() -> UpstreamNotPooledReason? {
         if environment.isShuttingDown() { return .shuttingDown }
         // A server that asked for a client certificate (none is sent) may bind what it
-        // grants to the connection, as with NTLM.
+        // grants to the connection, as with NTLM; and to the session, so a connection that
+        // resumed a session made where it asked counts as asked (`certificateRequested` is
+        // the full handshake's).
         guard let tls = try? upstream.channel.pipeline.syncOperations.handler(type: TLSHandler.self) else { return .closing }
-        if tls.serverRequestedCertificate { return .clientCertificate }
+        if tls.serverRequestedCertificate || upstream.peer.certificateRequested { return .clientCertificate }
         return nil
     }
 
