@@ -65,6 +65,12 @@ struct UpstreamPoolTests {
             // HTTP/1.1: parked after each tunnel; h2: shared once, from the first tunnel on.
             #expect(pool.hits == 19 && pool.misses == 1 && pool.parked == (http2 ? 1 : 20), "\(pool)")
             #expect(pool.notPooled.isEmpty, "\(pool)")
+            // HTTP/1.1: each park schedules an idle timer and each hit cancels it, so one
+            // is pending (the idle connection's); a timer left to fire for every stay that
+            // ended kept a busy pool's scheduled tasks, and the gate's RSS, growing.
+            let timers = try #require(gate.server.upstreamPoolIdleTimers)
+            #expect(timers.scheduled == (http2 ? 0 : 20) && timers.cancelled == (http2 ? 0 : 19), "\(timers)")
+            #expect(timers.fired == 0 && timers.pending == (http2 ? 0 : 1), "\(timers)")
         }
     }
 

@@ -32,6 +32,24 @@ final class UpstreamPool: Sendable {
     /// Channels whose close the pool already watches (one watch per connection, however
     /// often it is parked).
     private let watched = Mutex<Set<ObjectIdentifier>>([])
+    /// The idle timer of each connection parked idle (not shared), by channel, with its
+    /// stay: cancelled when the stay ends another way (taken, closed, dropped). Left to
+    /// fire, a busy pool kept one pending 30 s timer per tunnel it served: 600 sequential
+    /// tunnels a second held about 18,000 scheduled tasks, 3.8 MB of the gate's RSS.
+    private let idleTimers = Mutex<IdleTimers>(IdleTimers())
+
+    /// The pending idle timers, and how many were ever scheduled, cancelled and fired.
+    struct IdleTimers {
+        var pending: [ObjectIdentifier: (stay: PooledConnectionID, timer: Scheduled<Void>)] = [:]
+        var scheduled = 0
+        var cancelled = 0
+        var fired = 0
+    }
+
+    /// How many idle timers are pending, scheduled, cancelled and fired so far.
+    var idleTimerCounts: (pending: Int, scheduled: Int, cancelled: Int, fired: Int) {
+        idleTimers.withLock { ($0.pending.count, $0.scheduled, $0.cancelled, $0.fired) }
+    }
     private let metrics: GateMetrics
     private let logger: Logger
 
@@ -88,7 +106,9 @@ final class UpstreamPool: Sendable {
         for (departure, count) in departed where count > 0 { metrics.upstreamPoolClosed(reason: departure.rawValue, count: count) }
         stale.forEach(close)
         switch checkout {
-        case .hit: metrics.upstreamPoolCheckout(hit: true)
+        case .hit(let connection):
+            cancelIdleTimer(of: connection.channel)
+            metrics.upstreamPoolCheckout(hit: true)
         case .dial: metrics.upstreamPoolCheckout(hit: false)
         case .wait: metrics.upstreamPoolWaited()
         }
@@ -130,14 +150,26 @@ final class UpstreamPool: Sendable {
             // Its own timer: it is idle only once its last tunnel left.
             side.share(timeout: settings.idleTimeout) { [self] in _ = remove(id, departure: .idleTimeout) }
         } else {
-            _ = eventLoop.assumeIsolated().scheduleTask(in: settings.idleTimeout) { [self] in
+            let channelID = ObjectIdentifier(connection.channel)
+            let timer = eventLoop.assumeIsolated().scheduleTask(in: settings.idleTimeout) { [self] in
+                idleTimers.withLock { timers in
+                    timers.fired += 1
+                    if timers.pending[channelID]?.stay == id { timers.pending[channelID] = nil }
+                }
                 if let expired = remove(id, departure: .idleTimeout) { close(expired) }
             }
+            let replaced = idleTimers.withLock { timers in
+                timers.scheduled += 1
+                return timers.pending.updateValue((id, timer), forKey: channelID)
+            }
+            // A connection has one idle stay at a time; an earlier stay's timer is moot.
+            if let replaced { cancel(replaced.timer) }
         }
         let channelID = ObjectIdentifier(connection.channel)
         if watched.withLock({ $0.insert(channelID).inserted }) {
             connection.channel.closeFuture.whenComplete { [self] _ in
                 _ = watched.withLock { $0.remove(channelID) }
+                cancelIdleTimer(of: connection.channel)
                 // Whichever stay it is in now (a connection is parked again after each tunnel).
                 if let closed = state.withLock({ $0.stayID(of: { $0.channel === connection.channel }) }) {
                     _ = remove(closed, departure: .peerClosed)
@@ -187,6 +219,7 @@ final class UpstreamPool: Sendable {
         metrics.upstreamPoolIdle(0)
         if !all.isEmpty { metrics.upstreamPoolClosed(reason: Departure.shutdown.rawValue, count: all.count) }
         for connection in all {
+            cancelIdleTimer(of: connection.channel)
             let leg = connection.leg
             connection.channel.eventLoop.execute {
                 if case .pooled(let side) = leg.value { side.stopSharing() } else { connection.channel.close(promise: nil) }
@@ -194,7 +227,19 @@ final class UpstreamPool: Sendable {
         }
     }
 
+    /// Cancels the idle timer of `channel`'s stay, if one is pending: the stay ended.
+    private func cancelIdleTimer(of channel: Channel) {
+        let pending = idleTimers.withLock { $0.pending.removeValue(forKey: ObjectIdentifier(channel)) }
+        if let pending { cancel(pending.timer) }
+    }
+
+    private func cancel(_ timer: Scheduled<Void>) {
+        timer.cancel()
+        idleTimers.withLock { $0.cancelled += 1 }
+    }
+
     private func close(_ connection: UpstreamConnection) {
+        cancelIdleTimer(of: connection.channel)
         let leg = connection.leg
         connection.channel.eventLoop.execute {
             if case .pooled(let side) = leg.value { side.close() } else { connection.channel.close(promise: nil) }

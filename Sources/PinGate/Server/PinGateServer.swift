@@ -413,6 +413,13 @@ public final class PinGateServer: Service, Sendable {
             idleTimeoutSeconds: Double(pool.settings.idleTimeout.nanoseconds) / 1e9, maximumIdlePerHost: pool.settings.maximumIdlePerKey)
     }
 
+    /// The pool's idle timers (pending, and ever scheduled, cancelled, fired); nil when
+    /// pooling is off. For tests: every timer is pending, cancelled or fired, and none is
+    /// left pending for a stay that ended.
+    var upstreamPoolIdleTimers: (pending: Int, scheduled: Int, cancelled: Int, fired: Int)? {
+        environment.pool?.idleTimerCounts
+    }
+
     /// The version of the linked libnghttp2.
     public static var nghttp2Version: String { HTTP2Session.libraryVersion }
 }
