@@ -242,6 +242,10 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
                 // flushed or not (the close flushes it), as when writes were encrypted
                 // at once.
                 encryptBufferedWrites(context: context)
+            }
+            // A write that failed there has closed the connection (`fail`): nothing more of
+            // its ciphertext may go, close_notify included.
+            if state == .active && !sentCloseNotify {
                 connection.sendCloseNotify()
                 let written = context.eventLoop.makePromise(of: Void.self)
                 closeNotifyWrite = .queued

@@ -118,8 +118,8 @@ private final class InboxBIOMethod: @unchecked Sendable {
     static let shared: InboxBIOMethod? = InboxBIOMethod()
 
     private init?() {
-        let type = BIO_get_new_index() | pg_BIO_TYPE_SOURCE_SINK()
-        guard let method = BIO_meth_new(type, "pingate ciphertext inbox") else { return nil }
+        let index = BIO_get_new_index()
+        guard index != -1, let method = BIO_meth_new(index | pg_BIO_TYPE_SOURCE_SINK(), "pingate ciphertext inbox") else { return nil }
         pointer = method
         _ = BIO_meth_set_read_ex(method) { bio, buffer, length, readBytes in
             guard let bio else { return 0 }

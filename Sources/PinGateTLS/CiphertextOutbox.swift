@@ -51,9 +51,14 @@ final class CiphertextOutbox {
 
     /// Lets OpenSSL write into `destination` while `body` runs; returns `body`'s result and
     /// how many bytes of `destination` it filled, from its start. Not reentrant: a nested
-    /// call (not made by the gate) gets no window, so its bytes go to the backlog.
+    /// call (not made by the gate) gets no window, and the outer one is closed while it
+    /// runs, so the nested call's bytes go to the backlog, after what the outer window got.
     func withWindow<Result>(_ destination: UnsafeMutableRawBufferPointer, _ body: () throws -> Result) rethrows -> (Result, filled: Int) {
-        guard window == nil else { return (try body(), 0) }
+        if let outer = window {
+            window = nil
+            defer { window = outer }
+            return (try body(), 0)
+        }
         window = destination
         windowUsed = 0
         defer {
@@ -108,8 +113,8 @@ private final class OutboxBIOMethod: @unchecked Sendable {
     static let shared: OutboxBIOMethod? = OutboxBIOMethod()
 
     private init?() {
-        let type = BIO_get_new_index() | pg_BIO_TYPE_SOURCE_SINK()
-        guard let method = BIO_meth_new(type, "pingate ciphertext outbox") else { return nil }
+        let index = BIO_get_new_index()
+        guard index != -1, let method = BIO_meth_new(index | pg_BIO_TYPE_SOURCE_SINK(), "pingate ciphertext outbox") else { return nil }
         pointer = method
         _ = BIO_meth_set_write_ex(method) { bio, buffer, length, written in
             guard let bio else { return 0 }

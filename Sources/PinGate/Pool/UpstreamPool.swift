@@ -152,9 +152,13 @@ final class UpstreamPool: Sendable {
         } else {
             let channelID = ObjectIdentifier(connection.channel)
             let timer = eventLoop.assumeIsolated().scheduleTask(in: settings.idleTimeout) { [self] in
+                // Counted as fired only while still pending: a timer cancelled as it ran
+                // (from another thread) was counted as cancelled.
                 idleTimers.withLock { timers in
-                    timers.fired += 1
-                    if timers.pending[channelID]?.stay == id { timers.pending[channelID] = nil }
+                    if timers.pending[channelID]?.stay == id {
+                        timers.pending[channelID] = nil
+                        timers.fired += 1
+                    }
                 }
                 if let expired = remove(id, departure: .idleTimeout) { close(expired) }
             }
@@ -163,7 +167,7 @@ final class UpstreamPool: Sendable {
                 return timers.pending.updateValue((id, timer), forKey: channelID)
             }
             // A connection has one idle stay at a time; an earlier stay's timer is moot.
-            if let replaced { cancel(replaced.timer) }
+            if let replaced { cancelRemoved(replaced.timer) }
         }
         let channelID = ObjectIdentifier(connection.channel)
         if watched.withLock({ $0.insert(channelID).inserted }) {
@@ -230,10 +234,11 @@ final class UpstreamPool: Sendable {
     /// Cancels the idle timer of `channel`'s stay, if one is pending: the stay ended.
     private func cancelIdleTimer(of channel: Channel) {
         let pending = idleTimers.withLock { $0.pending.removeValue(forKey: ObjectIdentifier(channel)) }
-        if let pending { cancel(pending.timer) }
+        if let pending { cancelRemoved(pending.timer) }
     }
 
-    private func cancel(_ timer: Scheduled<Void>) {
+    /// Cancels a timer just taken out of `pending` (by whoever took it: only one can).
+    private func cancelRemoved(_ timer: Scheduled<Void>) {
         timer.cancel()
         idleTimers.withLock { $0.cancelled += 1 }
     }
