@@ -174,7 +174,7 @@ struct UpstreamPoolStateTests {
                     }
                 case .take(let key, let loop):
                     let taken = state.take(keys[key], on: loops[loop], generation: generation,
-                                           isAlive: { !dead.contains($0) }, canShare: hasRoom)
+                                           unusable: { dead.contains($0) ? .peerClosed : nil }, canShare: hasRoom)
                     for stale in taken.stale { end(stale, "stale") }
                     if let connection = taken.connection {
                         #expect(!dead.contains(connection), "a closed connection was handed out")

@@ -175,6 +175,58 @@ struct UpstreamPoolTests {
         }
     }
 
+    @Test("a list that expires while its connection waits in the pool: the next CONNECT is refused as when no connection waits, the pooled one carries nothing, and nothing of the refused tunnel reaches the origin")
+    func listExpiresWhilePooled() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
+        let expires = Date().addingTimeInterval(3)
+        try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: ["a.txt": Self.body],
+                                   http2: false, serverDirectives: "") { nginx in
+            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)], expires: expires),
+                                       resolve: ["\(Self.host):\(nginx.port)"], configure: { $0.eventLoopThreads = 1 }) { gate in
+                try await Self.fetch(gate, nginx)
+                #expect(await Self.waitForIdle(gate, 1))
+                try await Task.sleep(for: .seconds(max(0, expires.timeIntervalSinceNow) + 0.5))
+                let refused = try await curlThroughGate(gate, Self.url(nginx))
+                #expect(refused.stderr.contains("< HTTP/1.1 503"), "\(refused.stderr)")
+                #expect(refused.proxyHeaders["pingate-refusal"] == "list-expired", "\(refused.proxyHeaders)")
+                let pool = try #require(gate.server.upstreamPool)
+                #expect(pool.hits == 0, "the expired list's pooled connection carried a tunnel: \(pool)")
+                #expect(nginx.accessLogConnections().count == 1, "something of the refused tunnel reached the origin")
+            }
+        }
+    }
+
+    @Test("a pooled connection whose certificate expires while it waits carries no further tunnel: the next CONNECT dials anew (and a new handshake refuses the expired chain), over an h2 and an HTTP/1.1 origin",
+          arguments: [true, false])
+    func certificateExpiresWhilePooled(http2: Bool) async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        // Certificate times have one-second resolution: the leaf is valid for about 3 s more.
+        let notAfter = Date().addingTimeInterval(3)
+        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin", notAfter: notAfter)
+        try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: ["a.txt": Self.body],
+                                   http2: http2, serverDirectives: "") { nginx in
+            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
+                                       resolve: ["\(Self.host):\(nginx.port)"], configure: { $0.eventLoopThreads = 1 }) { gate in
+                try await Self.fetch(gate, nginx)
+                #expect(await Self.waitForIdle(gate, 1))
+                try await Task.sleep(for: .seconds(max(0, notAfter.timeIntervalSinceNow) + 1.2))
+                let refused = try await curlThroughGate(gate, Self.url(nginx))
+                #expect(refused.stderr.contains("< HTTP/1.1 502"), "\(refused.stderr)")
+                #expect(refused.proxyHeaders["pingate-refusal"] == "chain-invalid", "\(refused.proxyHeaders)")
+                #expect(await Self.waitForIdle(gate, 0))
+                let pool = try #require(gate.server.upstreamPool)
+                #expect(pool.hits == 0 && pool.misses == 2, "\(pool)")
+                #expect(pool.closed["certificate-expired"] == 1, "\(pool)")
+                #expect(nginx.accessLogConnections().count == 1, "something of the refused tunnel reached the origin")
+            }
+        }
+    }
+
     @Test("a list update that still trusts the pin keeps the pooled connection, re-stamped: the next CONNECT is a hit")
     func listUpdateKeepsTrusted() async throws {
         try await Self.withOrigin(configure: { $0.eventLoopThreads = 1 }) { gate, nginx, _ in

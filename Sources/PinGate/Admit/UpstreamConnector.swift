@@ -1,3 +1,4 @@
+import Foundation
 import NIOCore
 import PinGateHTTP
 import PinGateNIO
@@ -29,6 +30,10 @@ final class UpstreamConnection: Sendable {
     let verifiedChain: [CertificateHashes]
     /// How long TCP connect plus TLS handshake took.
     let handshakeDuration: TimeAmount
+    /// When the first certificate of the verified chain (the leaf's, when OpenSSL built
+    /// none) expires: the pool admits no CONNECT on the connection from then on. Read once,
+    /// at the handshake.
+    let chainValidUntil: Date?
     /// Keeps the TLS sessions this upstream hands out for resumption; call it only when
     /// the verdict trusted a verified server (nil: resumption is off).
     let keepSessions: (@Sendable () -> Void)?
@@ -47,12 +52,14 @@ final class UpstreamConnection: Sendable {
         self.handshakeDuration = handshakeDuration
         self.keepSessions = keepSessions
         self.discardSessions = discardSessions
+        let certificates = peer.verifiedChain.isEmpty ? (peer.leaf.map { [$0] } ?? []) : peer.verifiedChain
+        self.chainValidUntil = certificates.compactMap(\.notAfter).min()
     }
 
     /// A connection with `leg` as it is (no sessions to keep: a pooled connection's were
     /// dealt with on its first verdict).
     init(channel: Channel, leg: NIOLoopBound<RequestAwareTunnel.UpstreamLeg>, fromPool: Bool, peer: TLSPeerSummary,
-         leaf: CertificateHashes?, verifiedChain: [CertificateHashes], handshakeDuration: TimeAmount) {
+         leaf: CertificateHashes?, verifiedChain: [CertificateHashes], handshakeDuration: TimeAmount, chainValidUntil: Date?) {
         self.channel = channel
         self.leg = leg
         self.fromPool = fromPool
@@ -60,6 +67,7 @@ final class UpstreamConnection: Sendable {
         self.leaf = leaf
         self.verifiedChain = verifiedChain
         self.handshakeDuration = handshakeDuration
+        self.chainValidUntil = chainValidUntil
         self.keepSessions = nil
         self.discardSessions = nil
     }
@@ -71,7 +79,7 @@ extension UpstreamConnection {
     convenience init(pooling connection: UpstreamConnection, side: PooledUpstreamSide) {
         self.init(channel: connection.channel, leg: NIOLoopBound(.pooled(side), eventLoop: connection.channel.eventLoop),
                   fromPool: true, peer: connection.peer, leaf: connection.leaf, verifiedChain: connection.verifiedChain,
-                  handshakeDuration: .zero)
+                  handshakeDuration: .zero, chainValidUntil: connection.chainValidUntil)
     }
 
     /// The unpaired glue of a fresh connection (a byte relay joins it); nil for a pooled one.

@@ -1,3 +1,4 @@
+import Foundation
 import Logging
 import NIOCore
 import PinGateHTTP
@@ -95,16 +96,20 @@ final class UpstreamPool: Sendable {
             let bound = NIOLoopBound(resume, eventLoop: eventLoop)
             return { bound.value() }
         }
+        let now = Date()
         let (checkout, stale, idle, departed) = state.withLock { state in
             let before = state.counters.departed
             let result = state.checkout(key, on: EventLoopID(eventLoop), generation: generation,
-                                        isAlive: { $0.channel.isActive }, canShare: Self.canShare,
+                                        unusable: { Self.unusable($0, at: now) }, canShare: Self.canShare,
                                         shareableDial: shareableDial, waiter: waiter)
             return (result.checkout, result.stale, state.idleCount, state.counters.departed.merging(before) { $0 - $1 })
         }
         metrics.upstreamPoolIdle(idle)
         for (departure, count) in departed where count > 0 { metrics.upstreamPoolClosed(reason: departure.rawValue, count: count) }
-        stale.forEach(close)
+        for connection in stale {
+            // An expired chain's tunnels finish first; anything else found unusable is dead.
+            if Self.unusable(connection, at: now) == .certificateExpired { retire(connection) } else { close(connection) }
+        }
         switch checkout {
         case .hit(let connection):
             cancelIdleTimer(of: connection.channel)
@@ -183,6 +188,14 @@ final class UpstreamPool: Sendable {
         return true
     }
 
+    /// Why a pooled connection cannot carry a new tunnel at `now`, or nil when it can: it
+    /// closed, or a certificate of its verified chain has expired since its handshake.
+    private static func unusable(_ connection: UpstreamConnection, at now: Date) -> UpstreamPoolState<UpstreamConnection>.Departure? {
+        if !connection.channel.isActive { return .peerClosed }
+        if let validUntil = connection.chainValidUntil, validUntil <= now { return .certificateExpired }
+        return nil
+    }
+
     /// A shared connection may carry one more tunnel (checked on its loop).
     private static func canShare(_ connection: UpstreamConnection) -> Bool {
         guard case .pooled(let side) = connection.leg.value else { return false }
@@ -222,12 +235,16 @@ final class UpstreamPool: Sendable {
         let all = state.withLock { $0.removeAll() }
         metrics.upstreamPoolIdle(0)
         if !all.isEmpty { metrics.upstreamPoolClosed(reason: Departure.shutdown.rawValue, count: all.count) }
-        for connection in all {
-            cancelIdleTimer(of: connection.channel)
-            let leg = connection.leg
-            connection.channel.eventLoop.execute {
-                if case .pooled(let side) = leg.value { side.stopSharing() } else { connection.channel.close(promise: nil) }
-            }
+        all.forEach(retire)
+    }
+
+    /// Closes `connection` once the tunnels on it (a shared one's) have finished; at once
+    /// when none is on it.
+    private func retire(_ connection: UpstreamConnection) {
+        cancelIdleTimer(of: connection.channel)
+        let leg = connection.leg
+        connection.channel.eventLoop.execute {
+            if case .pooled(let side) = leg.value { side.stopSharing() } else { connection.channel.close(promise: nil) }
         }
     }
 

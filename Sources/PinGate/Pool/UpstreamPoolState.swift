@@ -26,6 +26,9 @@ struct UpstreamPoolState<Connection> {
         case peerClosed = "peer-closed"
         /// A new list no longer trusts it.
         case listChanged = "list-changed"
+        /// A certificate of the chain its handshake verified has expired since: a CONNECT
+        /// admitted on it would be admitted on a chain a new handshake would refuse.
+        case certificateExpired = "certificate-expired"
         /// The gate shut down.
         case shutdown = "shutdown"
     }
@@ -121,12 +124,12 @@ struct UpstreamPoolState<Connection> {
     /// one leaves the pool, a shared one stays (if `canShare` says it has room). Entries met
     /// on the way that cannot serve leave the pool and are handed back in `stale`, to be
     /// closed: those of another generation (a list was put in force between the caller's
-    /// read of the generation and now) and those `isAlive` finds closed (their close is on
-    /// its way to the loop).
+    /// read of the generation and now) and those `unusable` gives a reason for (closed,
+    /// their close on its way to the loop; or their chain expired).
     mutating func take(_ key: UpstreamPoolKey, on loop: EventLoopID, generation: UInt64,
-                       isAlive: (Connection) -> Bool = { _ in true },
+                       unusable: (Connection) -> Departure? = { _ in nil },
                        canShare: (Connection) -> Bool = { _ in true }) -> (connection: Connection?, stale: [Connection]) {
-        let (checkout, stale) = checkout(key, on: loop, generation: generation, isAlive: isAlive, canShare: canShare,
+        let (checkout, stale) = checkout(key, on: loop, generation: generation, unusable: unusable, canShare: canShare,
                                          shareableDial: false, waiter: nil)
         guard case .hit(let connection) = checkout else { return (nil, stale) }
         return (connection, stale)
@@ -139,10 +142,10 @@ struct UpstreamPoolState<Connection> {
     /// dialling its own. `shareableDial`: the caller's own dial, if it makes one, may be
     /// shared (it offers `h2`), so others may wait for it.
     mutating func checkout(_ key: UpstreamPoolKey, on loop: EventLoopID, generation: UInt64,
-                           isAlive: (Connection) -> Bool = { _ in true },
+                           unusable: (Connection) -> Departure? = { _ in nil },
                            canShare: (Connection) -> Bool = { _ in true },
                            shareableDial: Bool, waiter: (@Sendable () -> Void)?) -> (checkout: Checkout, stale: [Connection]) {
-        let found = find(key, on: loop, generation: generation, isAlive: isAlive, canShare: canShare)
+        let found = find(key, on: loop, generation: generation, unusable: unusable, canShare: canShare)
         if let connection = found.connection { return (.hit(connection), found.stale) }
         let slot = Slot(key: key, loop: loop)
         let mayShare = shareableDial && spokeHTTP2[key] != false
@@ -173,13 +176,13 @@ struct UpstreamPoolState<Connection> {
     var waitingCheckouts: Int { dials.values.reduce(0) { $0 + $1.count } }
 
     private mutating func find(_ key: UpstreamPoolKey, on loop: EventLoopID, generation: UInt64,
-                               isAlive: (Connection) -> Bool,
+                               unusable: (Connection) -> Departure?,
                                canShare: (Connection) -> Bool) -> (connection: Connection?, stale: [Connection]) {
         let slot = Slot(key: key, loop: loop)
         var stale: [Connection] = []
         var index = (idle[slot]?.count ?? 0) - 1
         while index >= 0, let entry = idle[slot]?[index] {
-            let departure: Departure? = entry.generation != generation ? .listChanged : (isAlive(entry.connection) ? nil : .peerClosed)
+            let departure: Departure? = entry.generation != generation ? .listChanged : unusable(entry.connection)
             if let departure {
                 idle[slot]?.remove(at: index)
                 forget(entry.id, slot: slot)

@@ -35,11 +35,12 @@ struct TestPKI {
     }
 
     /// A leaf for `names` issued by `issuer`.
-    func leaf(_ names: [SubjectAltName], issuer: Identity, file: String) throws -> Identity {
+    func leaf(_ names: [SubjectAltName], issuer: Identity, file: String,
+              notAfter: Date = Date().addingTimeInterval(30 * 86400)) throws -> Identity {
         let key = try PrivateKey.generateP256()
         let certificate = try CertificateBuilder.serverLeaf(
             names: names, subjectKey: key, issuer: issuer.certificate, issuerKey: issuer.key,
-            notBefore: Date().addingTimeInterval(-3600), notAfter: Date().addingTimeInterval(30 * 86400))
+            notBefore: Date().addingTimeInterval(-3600), notAfter: notAfter)
         return Identity(
             certificate: certificate, key: key,
             certificatePath: try directory.write("\(file).pem", try certificate.pemString()),
