@@ -409,6 +409,16 @@ public final class TLSConnection {
         try outbox.withWindow(destination) { try writePlaintext(bytes) }.filled
     }
 
+    /// TLS 1.3: asks OpenSSL to update this end's sending keys with its next record, and
+    /// the peer to update its own (`peerToo`). The gate never asks; its tests do, to see
+    /// that records OpenSSL sends of its own accord keep their place among the sealed ones.
+    func requestKeyUpdate(peerToo: Bool) throws {
+        OpenSSLErrorQueue.clear()
+        guard SSL_key_update(ssl, peerToo ? SSL_KEY_UPDATE_REQUESTED : SSL_KEY_UPDATE_NOT_REQUESTED) == 1 else {
+            throw OpenSSLError.drained("request key update")
+        }
+    }
+
     /// Queues a close_notify alert for the peer. Further writes fail.
     public func sendCloseNotify() {
         OpenSSLErrorQueue.clear()

@@ -124,4 +124,44 @@ struct CiphertextOutboxTests {
             #expect(received == payload, "buffer of \(size) bytes")
         }
     }
+
+    @Test("over real TLS in memory: a KeyUpdate OpenSSL answers with of its own accord goes ahead of the data sealed after it, into the caller's buffer or the backlog, and the peer reads every byte under the new keys", arguments: [64 * 1024, 100, 0])
+    func keyUpdateKeepsItsPlace(windowSize: Int) throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let peers = try TLSEngineTests.makePeers(names: [.dns("engine.test")], directory: directory)
+        let client = try TLSConnection(clientOf: peers.clientContext, options: .init(expectedHost: "engine.test", alpnOffer: nil))
+        let server = try TLSConnection(serverOf: peers.serverContext, options: .init(preferredALPN: nil, pauseWhenPreferredALPNMissing: false))
+        let (clientState, serverState) = TLSEngineTests.pump(client, server)
+        #expect(clientState == .complete && serverState == .complete)
+        var sink = [UInt8](repeating: 0, count: 64 * 1024)
+        func drain(_ reader: TLSConnection) -> [UInt8] {
+            var received: [UInt8] = []
+            while case .bytes(let count) = sink.withUnsafeMutableBytes({ reader.readPlaintext(into: $0) }), count > 0 {
+                received += sink.prefix(count)
+            }
+            return received
+        }
+        _ = drain(client) // the server's session tickets
+        // The client updates its keys and asks the server to update its own.
+        try client.requestKeyUpdate(peerToo: true)
+        let ping = Array("ping".utf8)
+        try ping.withUnsafeBytes { try client.writePlaintext($0) }
+        TLSEngineTests.move(client, server)
+        #expect(drain(server) == ping)
+        // The server's next write sends its KeyUpdate first, then the data, under new keys.
+        let payload = (0..<40_000).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+        var window = [UInt8](repeating: 0, count: windowSize)
+        let filled = try payload.withUnsafeBytes { plaintext in
+            try window.withUnsafeMutableBytes { try server.writePlaintext(plaintext, sealingInto: $0) }
+        }
+        var rest = [UInt8](repeating: 0, count: server.pendingCiphertextCount)
+        _ = rest.withUnsafeMutableBytes { server.takeCiphertext(into: $0) }
+        (Array(window.prefix(filled)) + rest).withUnsafeBytes { client.feedCiphertext($0) }
+        #expect(drain(client) == payload, "window of \(windowSize) bytes, \(filled) filled, \(rest.count) from the backlog")
+        // And the other way again, under the client's new keys.
+        try ping.withUnsafeBytes { try client.writePlaintext($0) }
+        TLSEngineTests.move(client, server)
+        #expect(drain(server) == ping)
+    }
 }
