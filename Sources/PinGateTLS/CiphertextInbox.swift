@@ -95,36 +95,16 @@ final class CiphertextInbox {
     /// A new BIO reading from `inbox` (held unretained: the caller keeps it alive for as
     /// long as the BIO, i.e. the `SSL` it is given to, lives).
     static func makeBIO(reading inbox: CiphertextInbox) throws -> OpaquePointer {
-        OpenSSLErrorQueue.clear()
-        guard let method = InboxBIOMethod.shared?.pointer, let bio = BIO_new(method) else {
-            throw OpenSSLError.drained("create ciphertext BIO")
-        }
-        BIO_set_data(bio, Unmanaged.passUnretained(inbox).toOpaque())
-        BIO_set_init(bio, 1)
-        return bio
+        guard let method = Self.method else { throw OpenSSLError.drained("create ciphertext BIO method") }
+        return try method.makeBIO(carrying: inbox)
     }
 
-    fileprivate static func inbox(of bio: OpaquePointer?) -> CiphertextInbox? {
-        guard let bio, let data = BIO_get_data(bio) else { return nil }
-        return Unmanaged<CiphertextInbox>.fromOpaque(data).takeUnretainedValue()
-    }
-}
-
-/// The `BIO_METHOD` of every inbox BIO, made once for the process and never freed (BIOs
-/// made from it may live until exit). Immutable once made, so shared across threads.
-private final class InboxBIOMethod: @unchecked Sendable {
-    let pointer: OpaquePointer
-
-    static let shared: InboxBIOMethod? = InboxBIOMethod()
-
-    private init?() {
-        let index = BIO_get_new_index()
-        guard index != -1, let method = BIO_meth_new(index | pg_BIO_TYPE_SOURCE_SINK(), "pingate ciphertext inbox") else { return nil }
-        pointer = method
+    /// The method of every inbox BIO.
+    private static let method = CustomBIOMethod(name: "pingate ciphertext inbox") { method in
         _ = BIO_meth_set_read_ex(method) { bio, buffer, length, readBytes in
             guard let bio else { return 0 }
             pg_BIO_clear_retry_flags(bio)
-            guard let inbox = CiphertextInbox.inbox(of: bio), let buffer, length > 0 else { return 0 }
+            guard let inbox = CustomBIOMethod.owner(of: bio, as: CiphertextInbox.self), let buffer, length > 0 else { return 0 }
             let moved = inbox.read(into: UnsafeMutableRawBufferPointer(start: buffer, count: length))
             readBytes?.pointee = moved
             guard moved > 0 else {
@@ -138,7 +118,7 @@ private final class InboxBIOMethod: @unchecked Sendable {
         _ = BIO_meth_set_ctrl(method) { bio, command, _, _ in
             switch command {
             case pg_BIO_CTRL_PENDING():
-                return CiphertextInbox.inbox(of: bio).map { $0.count } ?? 0
+                return CustomBIOMethod.owner(of: bio, as: CiphertextInbox.self).map { $0.count } ?? 0
             case pg_BIO_CTRL_FLUSH():
                 return 1
             case pg_BIO_CTRL_EOF():
@@ -147,12 +127,6 @@ private final class InboxBIOMethod: @unchecked Sendable {
                 // Push/pop, kTLS queries and the rest: not supported, which OpenSSL reads as 0.
                 return 0
             }
-        }
-        _ = BIO_meth_set_create(method) { _ in 1 }
-        _ = BIO_meth_set_destroy(method) { bio in
-            // The inbox belongs to the connection; the BIO only forgets it.
-            if let bio { BIO_set_data(bio, nil); BIO_set_init(bio, 0) }
-            return 1
         }
     }
 }

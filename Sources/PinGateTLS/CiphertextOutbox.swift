@@ -90,38 +90,18 @@ final class CiphertextOutbox {
     /// A new BIO writing into `outbox` (held unretained: the caller keeps it alive for as
     /// long as the BIO, i.e. the `SSL` it is given to, lives).
     static func makeBIO(writingTo outbox: CiphertextOutbox) throws -> OpaquePointer {
-        OpenSSLErrorQueue.clear()
-        guard let method = OutboxBIOMethod.shared?.pointer, let bio = BIO_new(method) else {
-            throw OpenSSLError.drained("create ciphertext BIO")
-        }
-        BIO_set_data(bio, Unmanaged.passUnretained(outbox).toOpaque())
-        BIO_set_init(bio, 1)
-        return bio
+        guard let method = Self.method else { throw OpenSSLError.drained("create ciphertext BIO method") }
+        return try method.makeBIO(carrying: outbox)
     }
 
-    fileprivate static func outbox(of bio: OpaquePointer?) -> CiphertextOutbox? {
-        guard let bio, let data = BIO_get_data(bio) else { return nil }
-        return Unmanaged<CiphertextOutbox>.fromOpaque(data).takeUnretainedValue()
-    }
-}
-
-/// The `BIO_METHOD` of every outbox BIO, made once for the process and never freed (BIOs
-/// made from it may live until exit). Immutable once made, so shared across threads.
-private final class OutboxBIOMethod: @unchecked Sendable {
-    let pointer: OpaquePointer
-
-    static let shared: OutboxBIOMethod? = OutboxBIOMethod()
-
-    private init?() {
-        let index = BIO_get_new_index()
-        guard index != -1, let method = BIO_meth_new(index | pg_BIO_TYPE_SOURCE_SINK(), "pingate ciphertext outbox") else { return nil }
-        pointer = method
+    /// The method of every outbox BIO.
+    private static let method = CustomBIOMethod(name: "pingate ciphertext outbox") { method in
         _ = BIO_meth_set_write_ex(method) { bio, buffer, length, written in
             guard let bio else { return 0 }
             pg_BIO_clear_retry_flags(bio)
             // A BIO without its outbox (never the case while the SSL lives) refuses the
             // write, which fails the TLS write: no ciphertext is dropped silently.
-            guard let outbox = CiphertextOutbox.outbox(of: bio), let buffer else { return 0 }
+            guard let outbox = CustomBIOMethod.owner(of: bio, as: CiphertextOutbox.self), let buffer else { return 0 }
             outbox.write(UnsafeRawBufferPointer(start: buffer, count: length))
             written?.pointee = length
             return 1
@@ -129,7 +109,7 @@ private final class OutboxBIOMethod: @unchecked Sendable {
         _ = BIO_meth_set_ctrl(method) { bio, command, _, _ in
             switch command {
             case pg_BIO_CTRL_WPENDING(), pg_BIO_CTRL_PENDING():
-                return CiphertextOutbox.outbox(of: bio).map { $0.count } ?? 0
+                return CustomBIOMethod.owner(of: bio, as: CiphertextOutbox.self).map { $0.count } ?? 0
             case pg_BIO_CTRL_FLUSH():
                 // The caller takes the ciphertext when the TLS call returns.
                 return 1
@@ -137,12 +117,6 @@ private final class OutboxBIOMethod: @unchecked Sendable {
                 // Push/pop, kTLS queries and the rest: not supported, which OpenSSL reads as 0.
                 return 0
             }
-        }
-        _ = BIO_meth_set_create(method) { _ in 1 }
-        _ = BIO_meth_set_destroy(method) { bio in
-            // The outbox belongs to the connection; the BIO only forgets it.
-            if let bio { BIO_set_data(bio, nil); BIO_set_init(bio, 0) }
-            return 1
         }
     }
 }

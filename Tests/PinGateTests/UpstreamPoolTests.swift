@@ -16,16 +16,17 @@ struct UpstreamPoolTests {
     /// An nginx origin for `host` (a fresh PKI, its leaf pinned) and a gate in front.
     static func withOrigin<Value>(
         http2: Bool = true, serverDirectives: String = "",
+        leafNotAfter: Date = Date().addingTimeInterval(30 * 86400), listExpires: Date = Date().addingTimeInterval(365 * 86400),
         configure: (inout GateConfiguration) -> Void = { _ in },
         _ body: (GateFixture, NginxOrigin, TestPKI) async throws -> Value
     ) async throws -> Value {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
         let pki = try TestPKI(directory: directory)
-        let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
+        let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin", notAfter: leafNotAfter)
         return try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: ["a.txt": Self.body],
                                           http2: http2, serverDirectives: serverDirectives) { nginx in
-            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(host, leaf.fingerprint)]),
+            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(host, leaf.fingerprint)], expires: listExpires),
                                        resolve: ["\(host):\(nginx.port)"], configure: configure) { gate in
                 try await body(gate, nginx, pki)
             }
@@ -177,53 +178,37 @@ struct UpstreamPoolTests {
 
     @Test("a list that expires while its connection waits in the pool: the next CONNECT is refused as when no connection waits, the pooled one carries nothing, and nothing of the refused tunnel reaches the origin")
     func listExpiresWhilePooled() async throws {
-        let directory = try TemporaryDirectory()
-        defer { directory.remove() }
-        let pki = try TestPKI(directory: directory)
-        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
         let expires = Date().addingTimeInterval(3)
-        try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: ["a.txt": Self.body],
-                                   http2: false, serverDirectives: "") { nginx in
-            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)], expires: expires),
-                                       resolve: ["\(Self.host):\(nginx.port)"], configure: { $0.eventLoopThreads = 1 }) { gate in
-                try await Self.fetch(gate, nginx)
-                #expect(await Self.waitForIdle(gate, 1))
-                try await Task.sleep(for: .seconds(max(0, expires.timeIntervalSinceNow) + 0.5))
-                let refused = try await curlThroughGate(gate, Self.url(nginx))
-                #expect(refused.stderr.contains("< HTTP/1.1 503"), "\(refused.stderr)")
-                #expect(refused.proxyHeaders["pingate-refusal"] == "list-expired", "\(refused.proxyHeaders)")
-                let pool = try #require(gate.server.upstreamPool)
-                #expect(pool.hits == 0, "the expired list's pooled connection carried a tunnel: \(pool)")
-                #expect(nginx.accessLogConnections().count == 1, "something of the refused tunnel reached the origin")
-            }
+        try await Self.withOrigin(http2: false, listExpires: expires, configure: { $0.eventLoopThreads = 1 }) { gate, nginx, _ in
+            try await Self.fetch(gate, nginx)
+            #expect(await Self.waitForIdle(gate, 1))
+            try await Task.sleep(for: .seconds(max(0, expires.timeIntervalSinceNow) + 0.5))
+            let refused = try await curlThroughGate(gate, Self.url(nginx))
+            #expect(refused.stderr.contains("< HTTP/1.1 503"), "\(refused.stderr)")
+            #expect(refused.proxyHeaders["pingate-refusal"] == "list-expired", "\(refused.proxyHeaders)")
+            let pool = try #require(gate.server.upstreamPool)
+            #expect(pool.hits == 0, "the expired list's pooled connection carried a tunnel: \(pool)")
+            #expect(nginx.accessLogConnections().count == 1, "something of the refused tunnel reached the origin")
         }
     }
 
     @Test("a pooled connection whose certificate expires while it waits carries no further tunnel: the next CONNECT dials anew (and a new handshake refuses the expired chain), over an h2 and an HTTP/1.1 origin",
           arguments: [true, false])
     func certificateExpiresWhilePooled(http2: Bool) async throws {
-        let directory = try TemporaryDirectory()
-        defer { directory.remove() }
-        let pki = try TestPKI(directory: directory)
         // Certificate times have one-second resolution: the leaf is valid for about 3 s more.
         let notAfter = Date().addingTimeInterval(3)
-        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin", notAfter: notAfter)
-        try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: ["a.txt": Self.body],
-                                   http2: http2, serverDirectives: "") { nginx in
-            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
-                                       resolve: ["\(Self.host):\(nginx.port)"], configure: { $0.eventLoopThreads = 1 }) { gate in
-                try await Self.fetch(gate, nginx)
-                #expect(await Self.waitForIdle(gate, 1))
-                try await Task.sleep(for: .seconds(max(0, notAfter.timeIntervalSinceNow) + 1.2))
-                let refused = try await curlThroughGate(gate, Self.url(nginx))
-                #expect(refused.stderr.contains("< HTTP/1.1 502"), "\(refused.stderr)")
-                #expect(refused.proxyHeaders["pingate-refusal"] == "chain-invalid", "\(refused.proxyHeaders)")
-                #expect(await Self.waitForIdle(gate, 0))
-                let pool = try #require(gate.server.upstreamPool)
-                #expect(pool.hits == 0 && pool.misses == 2, "\(pool)")
-                #expect(pool.closed["certificate-expired"] == 1, "\(pool)")
-                #expect(nginx.accessLogConnections().count == 1, "something of the refused tunnel reached the origin")
-            }
+        try await Self.withOrigin(http2: http2, leafNotAfter: notAfter, configure: { $0.eventLoopThreads = 1 }) { gate, nginx, _ in
+            try await Self.fetch(gate, nginx)
+            #expect(await Self.waitForIdle(gate, 1))
+            try await Task.sleep(for: .seconds(max(0, notAfter.timeIntervalSinceNow) + 1.2))
+            let refused = try await curlThroughGate(gate, Self.url(nginx))
+            #expect(refused.stderr.contains("< HTTP/1.1 502"), "\(refused.stderr)")
+            #expect(refused.proxyHeaders["pingate-refusal"] == "chain-invalid", "\(refused.proxyHeaders)")
+            #expect(await Self.waitForIdle(gate, 0))
+            let pool = try #require(gate.server.upstreamPool)
+            #expect(pool.hits == 0 && pool.misses == 2, "\(pool)")
+            #expect(pool.closed["certificate-expired"] == 1, "\(pool)")
+            #expect(nginx.accessLogConnections().count == 1, "something of the refused tunnel reached the origin")
         }
     }
 
