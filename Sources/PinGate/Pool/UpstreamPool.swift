@@ -54,10 +54,14 @@ final class UpstreamPool: Sendable {
     private let metrics: GateMetrics
     private let logger: Logger
 
-    init(settings: Settings, metrics: GateMetrics, logger: Logger) {
+    /// The gate's clock (the one its verdicts use), for the chains' expiry.
+    private let now: @Sendable () -> Date
+
+    init(settings: Settings, metrics: GateMetrics, logger: Logger, now: @escaping @Sendable () -> Date = { Date() }) {
         self.settings = settings
         self.metrics = metrics
         self.logger = logger
+        self.now = now
         state = Mutex(UpstreamPoolState(maximumIdlePerKey: settings.maximumIdlePerKey))
     }
 
@@ -96,7 +100,7 @@ final class UpstreamPool: Sendable {
             let bound = NIOLoopBound(resume, eventLoop: eventLoop)
             return { bound.value() }
         }
-        let now = Date()
+        let now = self.now()
         let (checkout, stale, idle, departed) = state.withLock { state in
             let before = state.counters.departed
             let result = state.checkout(key, on: EventLoopID(eventLoop), generation: generation,

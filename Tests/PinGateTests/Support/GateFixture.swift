@@ -28,6 +28,7 @@ struct GateFixture {
         resolve: [String] = [],
         listSource: PinListSource? = nil,
         stateDirectory: String? = nil,
+        now: @escaping @Sendable () -> Date = { Date() },
         configure: (inout GateConfiguration) -> Void = { _ in }
     ) async throws -> GateFixture {
         let directory = try TemporaryDirectory()
@@ -43,7 +44,7 @@ struct GateFixture {
             let list = try listPath.map { try SignedListDocument.read(file: $0).verify(keys: [pki.signer.publicKey()]) }
             let server = try await PinGateServer.start(
                 configuration: configuration, store: PinListStore(list), ca: ca, logger: quietLogger,
-                listSource: listSource, stateDirectory: listSource == nil ? nil : state)
+                listSource: listSource, stateDirectory: listSource == nil ? nil : state, now: now)
             let schedule = server.updater.map { updater in Task { _ = try? await updater.run() } }
             return GateFixture(server: server, caPath: LocalCA.Paths(stateDirectory: state).certificate, directory: directory,
                                schedule: schedule)
@@ -63,6 +64,7 @@ struct GateFixture {
         resolve: [String] = [],
         listSource: PinListSource? = nil,
         stateDirectory: String? = nil,
+        now: @escaping @Sendable () -> Date = { Date() },
         isolation: isolated (any Actor)? = #isolation,
         configure: (inout GateConfiguration) -> Void = { _ in },
         _ body: (GateFixture) async throws -> Value
@@ -70,7 +72,7 @@ struct GateFixture {
         try await withResource(
             start: {
                 try await start(pki: pki, listPath: listPath, resolve: resolve, listSource: listSource,
-                                stateDirectory: stateDirectory, configure: configure)
+                                stateDirectory: stateDirectory, now: now, configure: configure)
             },
             stop: { gate in
                 await gate.stop()
