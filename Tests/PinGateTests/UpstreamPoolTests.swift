@@ -79,6 +79,24 @@ struct UpstreamPoolTests {
         }
     }
 
+    @Test("a HEAD answered on a connection leaves it in step for the next tunnel: that tunnel's GET, on the same pooled connection, gets its own body whole, over an HTTP/1.1 and an h2 origin",
+          arguments: [false, true])
+    func headLeavesThePooledConnectionInStep(http2: Bool) async throws {
+        try await Self.withOrigin(http2: http2, configure: { $0.eventLoopThreads = 1 }) { gate, nginx, _ in
+            // A response to HEAD carries a Content-Length and no body: read as a GET's, the
+            // next response on the connection would be taken for its body.
+            let head = try await curlThroughGate(gate, Self.url(nginx), ["--head"])
+            #expect(head.exitStatus == 0 && head.httpCode == "200", "\(head.httpCode) \(head.stderr)")
+            #expect(await Self.waitForIdle(gate, 1))
+            for _ in 0..<2 {
+                try await Self.fetch(gate, nginx)
+                #expect(await Self.waitForIdle(gate, 1))
+            }
+            let connections = nginx.accessLogConnections()
+            #expect(connections.count == 3 && Set(connections).count == 1, "\(connections)")
+        }
+    }
+
     @Test("with two event loops the pool is per loop, as nginx's keep-alive cache is per worker: 20 sequential tunnels cost at most two connections")
     func perLoopPools() async throws {
         try await Self.withOrigin { gate, nginx, _ in
@@ -580,6 +598,33 @@ struct UpstreamPoolTests {
                 #expect(Set(nginx.accessLogConnections()).count == 1, "\(nginx.accessLogConnections())")
                 try await Self.fetch(gate, nginx)
                 #expect(gate.statistics.upstreamConnections == 1)
+            }
+        }
+    }
+
+    @Test("on an HTTP/1.1 connection, a tunnel whose client leaves mid-download does not give the connection to the pool (the rest of that body is still on it): the next tunnel opens a new one and gets its own body, whole")
+    func clientLeavesMidDownloadHTTP1() async throws {
+        let big = seededRandomBytes(4 << 20, seed: 29)
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
+        try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath,
+                                   files: ["a.txt": Self.body, "big.bin": big], http2: false,
+                                   serverDirectives: "location /big.bin { limit_rate 2m; }") { nginx in
+            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
+                                       resolve: ["\(Self.host):\(nginx.port)"], configure: { $0.eventLoopThreads = 1 }) { gate in
+                let left = try await curlThroughGate(gate, "https://\(Self.host):\(nginx.port)/big.bin", ["--max-time", "0.5"])
+                #expect(left.exitStatus == 28, "curl exit \(left.exitStatus): \(left.stderr.suffix(300))")
+                #expect(left.body.count < big.count)
+                let settled = await eventually(timeout: .seconds(5)) { gate.statistics.openTunnels == 0 }
+                #expect(settled)
+                let pool = try #require(gate.server.upstreamPool)
+                #expect(pool.idle == 0 && pool.parked == 0, "\(pool)")
+                #expect(pool.notPooled.values.reduce(0, +) == 1, "\(pool)")
+                try await Self.fetch(gate, nginx)
+                let connections = nginx.accessLogConnections()
+                #expect(connections.count == 2 && Set(connections).count == 2, "\(connections)")
             }
         }
     }
