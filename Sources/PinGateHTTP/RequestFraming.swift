@@ -67,8 +67,8 @@ enum RequestBodyFraming: Equatable, Sendable {
     /// A body-less `POST`, `PUT` or `PATCH` gets `Content-Length: 0` (RFC 9110 §8.6: a user
     /// agent sends it, so the server does not wait for content).
     func applyHTTP1(to headers: inout HTTPHeaders, method: String) {
-        headers.remove(name: "content-length")
-        headers.remove(name: "transfer-encoding")
+        headers.removeIfPresent(name: "content-length")
+        headers.removeIfPresent(name: "transfer-encoding")
         switch self {
         case .none:
             if Self.expectsContent(method) { headers.add(name: "content-length", value: "0") }
@@ -83,7 +83,7 @@ enum RequestBodyFraming: Equatable, Sendable {
     /// server may check it, RFC 9113 §8.1.1), none otherwise: DATA frames and END_STREAM
     /// delimit the body.
     func applyHTTP2(to headers: inout HTTPHeaders) {
-        headers.remove(name: "content-length")
+        headers.removeIfPresent(name: "content-length")
         if case .length(let count) = self { headers.add(name: "content-length", value: String(count)) }
     }
 
@@ -135,5 +135,14 @@ struct RequestBodyMeter: Equatable, Sendable {
             return "the body ended after \(passed) of its content-length \(length) bytes"
         }
         return nil
+    }
+}
+
+extension HTTPHeaders {
+    /// `remove(name:)`, only when a field of that name is there: NIO's removal copies the
+    /// fields whenever they are shared, even to remove nothing (an allocation per request
+    /// for fields the gate built without them).
+    mutating func removeIfPresent(name: String) {
+        if contains(name: name) { remove(name: name) }
     }
 }

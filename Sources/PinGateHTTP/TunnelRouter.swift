@@ -71,7 +71,10 @@ package final class TunnelRouter {
         package var refusal: RequestRefusal?
     }
 
-    private struct Exchange {
+    /// A class: the router updates an exchange in place on every body chunk, and a struct
+    /// this size in a dictionary was copied out and back each time (a heap-allocated
+    /// accessor frame per update, six per keep-alive request).
+    private final class Exchange {
         let started: Date
         let startedTick: NIODeadline
         let method: String
@@ -90,6 +93,14 @@ package final class TunnelRouter {
         /// an idempotent method, no body, sent on a reused connection (RFC 9110 §9.2.2,
         /// RFC 9112 §9.3.1).
         var retry: PendingRequest?
+
+        init(started: Date, startedTick: NIODeadline, method: String, path: String, authority: String) {
+            self.started = started
+            self.startedTick = startedTick
+            self.method = method
+            self.path = path
+            self.authority = authority
+        }
     }
 
     /// A request waiting for the tunnel's new upstream connection, with what the client
@@ -184,7 +195,7 @@ package final class TunnelRouter {
     /// A request head arrived. It is checked here, before anything of it goes upstream.
     func requestHead(_ id: Int, _ head: ExchangeRequestHead, endStream: Bool) {
         guard !ended else { return }
-        var exchange = Exchange(started: now(), startedTick: .now(), method: head.method, path: head.path,
+        let exchange = Exchange(started: now(), startedTick: .now(), method: head.method, path: head.path,
                                 authority: head.authority ?? "-")
         if let failure = upstreamFailure {
             // No upstream can carry it: the gate answers with why, whatever was asked (the
@@ -220,7 +231,7 @@ package final class TunnelRouter {
     /// Passes request `id`, whose authority passed, on to the upstream side (or refuses it
     /// for what the upstream cannot carry).
     private func forward(_ id: Int, _ started: Exchange, _ head: ExchangeRequestHead, authority: RequestAuthority, endStream: Bool) {
-        var exchange = started
+        let exchange = started
         guard let upstream else {
             // No upstream and none to be had (the tunnel is ending): answered, not dropped.
             refuse(id, exchange, status: 502, reason: .upstreamUnreachable, detail: "the tunnel's upstream connection is gone")
@@ -291,7 +302,7 @@ package final class TunnelRouter {
 
     /// Answers exchange `id` itself: nothing of it goes upstream.
     private func refuse(_ id: Int, _ refused: Exchange, status: Int, reason: RequestRefusal, detail: String) {
-        var exchange = refused
+        let exchange = refused
         exchange.refusal = reason
         exchange.status = status
         exchange.responseEnded = true
@@ -349,7 +360,7 @@ package final class TunnelRouter {
     /// when no such exchange is open (a refused request's body, or one already answered).
     @discardableResult
     func abandonRequest(_ id: Int, detail: String) -> Bool {
-        guard var exchange = exchanges[id] else { return false }
+        guard let exchange = exchanges[id] else { return false }
         dropPending(id)
         // Detached first: cancelling an HTTP/1.1 upstream closes its connection, whose
         // going (reported at once) must not answer this exchange with a 502 of its own.
@@ -359,7 +370,6 @@ package final class TunnelRouter {
             ledger.sinkFinishing(.request, sinkID: upstreamID)
         }
         exchange.upstreamID = nil
-        exchanges[id] = exchange
         if exchange.status == nil {
             refuse(id, exchange, status: 400, reason: .malformedRequest, detail: detail)
         } else {
@@ -567,11 +577,10 @@ package final class TunnelRouter {
 
     /// A response head arrived for upstream exchange `upstreamID`.
     func responseHead(_ upstreamID: Int, _ head: ExchangeResponseHead, endStream: Bool) {
-        guard let id = clientIDByUpstreamID[upstreamID], var exchange = exchanges[id] else { return }
+        guard let id = clientIDByUpstreamID[upstreamID], let exchange = exchanges[id] else { return }
         // Informational heads (1xx, bar 101) are passed on; the final status is the one logged.
         if head.status >= 200 || head.status == 101 { exchange.status = head.status }
         if endStream { exchange.responseEnded = true }
-        exchanges[id] = exchange
         client?.sendResponseHead(id, head, endStream: endStream)
         if endStream { finishIfDone(id) }
     }

@@ -353,6 +353,12 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
 
     private func readPlaintext(context: ChannelHandlerContext) {
         while state == .active && !receivedCloseNotify {
+            // Nothing left to read: no buffer is allocated only to come back empty (two
+            // allocations per read burst, four per keep-alive exchange through the gate).
+            guard spareBuffer != nil || connection.hasInputToRead else {
+                connection.inputDrained()
+                return
+            }
             var outcome = TLSReadOutcome.needsMoreInput
             // Reuse the last buffer when it came back empty: most calls end with one
             // read that finds no whole record, and that should not cost an allocation.

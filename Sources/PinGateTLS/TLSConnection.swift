@@ -351,6 +351,18 @@ public final class TLSConnection {
 
     // MARK: plaintext
 
+    /// Whether a read could find anything now: received ciphertext waits unread, or
+    /// OpenSSL holds some (the rest of a record, plaintext not yet taken). When false, a
+    /// read would only answer `needsMoreInput`, and `inputDrained()` does what it would
+    /// have done besides, with no buffer to read into.
+    public var hasInputToRead: Bool { inbox.count > 0 || SSL_has_pending(ssl) == 1 }
+
+    /// What a read that finds nothing does besides answering `needsMoreInput`: frees the
+    /// record buffers of a connection gone quiet (see `releaseIdleRecordBuffers`).
+    public func inputDrained() {
+        releaseIdleRecordBuffers()
+    }
+
     /// Decrypts into `buffer` as much as one call can.
     public func readPlaintext(into buffer: UnsafeMutableRawBufferPointer) -> TLSReadOutcome {
         guard let base = buffer.baseAddress, buffer.count > 0 else { return .bytes(0) }
