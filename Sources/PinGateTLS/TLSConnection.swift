@@ -352,9 +352,10 @@ public final class TLSConnection {
     // MARK: plaintext
 
     /// Whether a read could find anything now: received ciphertext waits unread, or
-    /// OpenSSL holds some (the rest of a record, plaintext not yet taken). When false, a
-    /// read would only answer `needsMoreInput`, and `inputDrained()` does what it would
-    /// have done besides, with no buffer to read into.
+    /// OpenSSL holds some (part of a record, plaintext not yet taken; a record header whose
+    /// body has not begun to arrive it does not report, but then the inbox is empty too and
+    /// a read could only wait). When false, a read would only answer `needsMoreInput`, and
+    /// `inputDrained()` does what it would have done besides, with no buffer to read into.
     public var hasInputToRead: Bool { inbox.count > 0 || SSL_has_pending(ssl) == 1 }
 
     /// What a read that finds nothing does besides answering `needsMoreInput`: frees the
