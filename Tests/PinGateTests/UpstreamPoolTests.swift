@@ -16,7 +16,7 @@ struct UpstreamPoolTests {
 
     /// An nginx origin for `host` (a fresh PKI, its leaf pinned) and a gate in front.
     static func withOrigin<Value>(
-        http2: Bool = true, serverDirectives: String = "",
+        http2: Bool = true, serverDirectives: String = "", extraFiles: [String: Data] = [:],
         leafNotAfter: Date = Date().addingTimeInterval(30 * 86400), listExpires: Date = Date().addingTimeInterval(365 * 86400),
         now: @escaping @Sendable () -> Date = { Date() },
         configure: (inout GateConfiguration) -> Void = { _ in },
@@ -26,7 +26,8 @@ struct UpstreamPoolTests {
         defer { directory.remove() }
         let pki = try TestPKI(directory: directory)
         let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin", notAfter: leafNotAfter)
-        return try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: ["a.txt": Self.body],
+        return try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath,
+                                          files: extraFiles.merging(["a.txt": Self.body]) { _, new in new },
                                           http2: http2, serverDirectives: serverDirectives) { nginx in
             try await GateFixture.with(pki: pki, listPath: try pki.signedList([(host, leaf.fingerprint)], expires: listExpires),
                                        resolve: ["\(host):\(nginx.port)"], now: now, configure: configure) { gate in
@@ -576,56 +577,40 @@ struct UpstreamPoolTests {
     @Test("on a shared h2 connection, a tunnel whose client leaves mid-download resets only its own stream: the other tunnel's download arrives whole, and the connection stays for the next tunnel")
     func laneLeavesMidDownload() async throws {
         let big = seededRandomBytes(4 << 20, seed: 23)
-        let directory = try TemporaryDirectory()
-        defer { directory.remove() }
-        let pki = try TestPKI(directory: directory)
-        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
-        try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath,
-                                   files: ["a.txt": Self.body, "big.bin": big], http2: true,
-                                   serverDirectives: "location /big.bin { limit_rate 2m; }") { nginx in
-            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
-                                       resolve: ["\(Self.host):\(nginx.port)"], configure: { $0.eventLoopThreads = 1 }) { gate in
-                try await Self.fetch(gate, nginx)
-                let url = "https://\(Self.host):\(nginx.port)/big.bin"
-                // The one that leaves: curl gives up after 0.5 s, mid-body.
-                async let leaver = curlThroughGate(gate, url, ["--max-time", "0.5"])
-                async let keeper = curlThroughGate(gate, url)
-                let (left, kept) = try await (leaver, keeper)
-                #expect(left.exitStatus == 28, "curl exit \(left.exitStatus): \(left.stderr.suffix(300))")
-                #expect(left.body.count < big.count)
-                #expect(kept.exitStatus == 0 && kept.httpCode == "200", "\(kept.stderr.suffix(300))")
-                #expect(kept.body == big, "the other tunnel's download was disturbed: \(kept.body.count) bytes")
-                #expect(Set(nginx.accessLogConnections()).count == 1, "\(nginx.accessLogConnections())")
-                try await Self.fetch(gate, nginx)
-                #expect(gate.statistics.upstreamConnections == 1)
-            }
+        try await Self.withOrigin(http2: true, serverDirectives: "location /big.bin { limit_rate 2m; }", extraFiles: ["big.bin": big],
+                                  configure: { $0.eventLoopThreads = 1 }) { gate, nginx, _ in
+            try await Self.fetch(gate, nginx)
+            let url = "https://\(Self.host):\(nginx.port)/big.bin"
+            // The one that leaves: curl gives up after 0.5 s, mid-body.
+            async let leaver = curlThroughGate(gate, url, ["--max-time", "0.5"])
+            async let keeper = curlThroughGate(gate, url)
+            let (left, kept) = try await (leaver, keeper)
+            #expect(left.exitStatus == 28, "curl exit \(left.exitStatus): \(left.stderr.suffix(300))")
+            #expect(left.body.count < big.count)
+            #expect(kept.exitStatus == 0 && kept.httpCode == "200", "\(kept.stderr.suffix(300))")
+            #expect(kept.body == big, "the other tunnel's download was disturbed: \(kept.body.count) bytes")
+            #expect(Set(nginx.accessLogConnections()).count == 1, "\(nginx.accessLogConnections())")
+            try await Self.fetch(gate, nginx)
+            #expect(gate.statistics.upstreamConnections == 1)
         }
     }
 
     @Test("on an HTTP/1.1 connection, a tunnel whose client leaves mid-download does not give the connection to the pool (the rest of that body is still on it): the next tunnel opens a new one and gets its own body, whole")
     func clientLeavesMidDownloadHTTP1() async throws {
         let big = seededRandomBytes(4 << 20, seed: 29)
-        let directory = try TemporaryDirectory()
-        defer { directory.remove() }
-        let pki = try TestPKI(directory: directory)
-        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
-        try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath,
-                                   files: ["a.txt": Self.body, "big.bin": big], http2: false,
-                                   serverDirectives: "location /big.bin { limit_rate 2m; }") { nginx in
-            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
-                                       resolve: ["\(Self.host):\(nginx.port)"], configure: { $0.eventLoopThreads = 1 }) { gate in
-                let left = try await curlThroughGate(gate, "https://\(Self.host):\(nginx.port)/big.bin", ["--max-time", "0.5"])
-                #expect(left.exitStatus == 28, "curl exit \(left.exitStatus): \(left.stderr.suffix(300))")
-                #expect(left.body.count < big.count)
-                let settled = await eventually(timeout: .seconds(5)) { gate.statistics.openTunnels == 0 }
-                #expect(settled)
-                let pool = try #require(gate.server.upstreamPool)
-                #expect(pool.idle == 0 && pool.parked == 0, "\(pool)")
-                #expect(pool.notPooled.values.reduce(0, +) == 1, "\(pool)")
-                try await Self.fetch(gate, nginx)
-                let connections = nginx.accessLogConnections()
-                #expect(connections.count == 2 && Set(connections).count == 2, "\(connections)")
-            }
+        try await Self.withOrigin(http2: false, serverDirectives: "location /big.bin { limit_rate 2m; }", extraFiles: ["big.bin": big],
+                                  configure: { $0.eventLoopThreads = 1 }) { gate, nginx, _ in
+            let left = try await curlThroughGate(gate, "https://\(Self.host):\(nginx.port)/big.bin", ["--max-time", "0.5"])
+            #expect(left.exitStatus == 28, "curl exit \(left.exitStatus): \(left.stderr.suffix(300))")
+            #expect(left.body.count < big.count)
+            let settled = await eventually(timeout: .seconds(5)) { gate.statistics.openTunnels == 0 }
+            #expect(settled)
+            let pool = try #require(gate.server.upstreamPool)
+            #expect(pool.idle == 0 && pool.parked == 0, "\(pool)")
+            #expect(pool.notPooled.values.reduce(0, +) == 1, "\(pool)")
+            try await Self.fetch(gate, nginx)
+            let connections = nginx.accessLogConnections()
+            #expect(connections.count == 2 && Set(connections).count == 2, "\(connections)")
         }
     }
 }
