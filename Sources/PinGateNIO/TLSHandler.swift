@@ -355,7 +355,7 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
         while state == .active && !receivedCloseNotify {
             // Nothing left to read: no buffer is allocated only to come back empty (two
             // allocations per read burst, four per keep-alive exchange through the gate).
-            guard spareBuffer != nil || connection.hasInputToRead else {
+            guard connection.hasInputToRead else {
                 connection.inputDrained()
                 return
             }
@@ -395,8 +395,8 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
 
     /// Encrypts every buffered write, in order, and queues the ciphertext (the caller
     /// flushes). A run of writes that fits in one record is gathered into one `SSL_write`;
-    /// any other write goes from its own buffer, with no
-    /// copy. Each write's promise completes with the ciphertext that carries its last byte.
+    /// any other write goes from its own buffer, with no copy. Each write's promise
+    /// completes with the ciphertext that carries its last byte.
     private func encryptBufferedWrites(context: ChannelHandlerContext) {
         guard !bufferedWrites.isEmpty else { return }
         var pending = bufferedWrites

@@ -111,7 +111,7 @@ struct UpstreamPoolStateTests {
         #expect(dropped == [2])
         #expect(state.idleCount == 1 && state.idleCount(for: Self.shop) == 0)
         let taken = state.take(Self.pay, on: a, generation: 3)
-        #expect(taken.connection == nil && taken.stale == [1])
+        #expect(taken.connection == nil && taken.stale.map(\.connection) == [1] && taken.stale.map(\.departure) == [.listChanged])
         #expect(state.counters.departed[.listChanged] == 2)
         #expect(state.idleCount == 0)
     }
@@ -175,7 +175,7 @@ struct UpstreamPoolStateTests {
                 case .take(let key, let loop):
                     let taken = state.take(keys[key], on: loops[loop], generation: generation,
                                            unusable: { dead.contains($0) ? .peerClosed : nil }, canShare: hasRoom)
-                    for stale in taken.stale { end(stale, "stale") }
+                    for stale in taken.stale { end(stale.connection, "stale") }
                     if let connection = taken.connection {
                         #expect(!dead.contains(connection), "a closed connection was handed out")
                         #expect(idle[connection]?.key == key && idle[connection]?.loop == loop, "handed out on another key or loop")

@@ -110,9 +110,9 @@ final class UpstreamPool: Sendable {
         }
         metrics.upstreamPoolIdle(idle)
         for (departure, count) in departed where count > 0 { metrics.upstreamPoolClosed(reason: departure.rawValue, count: count) }
-        for connection in stale {
+        for entry in stale {
             // An expired chain's tunnels finish first; anything else found unusable is dead.
-            if Self.unusable(connection, at: now) == .certificateExpired { retire(connection) } else { close(connection) }
+            if entry.departure == .certificateExpired { retire(entry.connection) } else { close(entry.connection) }
         }
         switch checkout {
         case .hit(let connection):

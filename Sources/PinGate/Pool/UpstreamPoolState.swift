@@ -33,6 +33,13 @@ struct UpstreamPoolState<Connection> {
         case shutdown = "shutdown"
     }
 
+    /// An entry that left the pool because it could not serve, and why: handed back for
+    /// the caller to close (or, its chain expired, to retire once its tunnels finish).
+    struct Stale {
+        let connection: Connection
+        let departure: Departure
+    }
+
     /// What `park` did.
     enum ParkOutcome {
         /// Kept: it waits as `id` (the idle timer and the close watch name it).
@@ -128,7 +135,7 @@ struct UpstreamPoolState<Connection> {
     /// their close on its way to the loop; or their chain expired).
     mutating func take(_ key: UpstreamPoolKey, on loop: EventLoopID, generation: UInt64,
                        unusable: (Connection) -> Departure? = { _ in nil },
-                       canShare: (Connection) -> Bool = { _ in true }) -> (connection: Connection?, stale: [Connection]) {
+                       canShare: (Connection) -> Bool = { _ in true }) -> (connection: Connection?, stale: [Stale]) {
         let (checkout, stale) = checkout(key, on: loop, generation: generation, unusable: unusable, canShare: canShare,
                                          shareableDial: false, waiter: nil)
         guard case .hit(let connection) = checkout else { return (nil, stale) }
@@ -144,7 +151,7 @@ struct UpstreamPoolState<Connection> {
     mutating func checkout(_ key: UpstreamPoolKey, on loop: EventLoopID, generation: UInt64,
                            unusable: (Connection) -> Departure? = { _ in nil },
                            canShare: (Connection) -> Bool = { _ in true },
-                           shareableDial: Bool, waiter: (@Sendable () -> Void)?) -> (checkout: Checkout, stale: [Connection]) {
+                           shareableDial: Bool, waiter: (@Sendable () -> Void)?) -> (checkout: Checkout, stale: [Stale]) {
         let found = find(key, on: loop, generation: generation, unusable: unusable, canShare: canShare)
         if let connection = found.connection { return (.hit(connection), found.stale) }
         let slot = Slot(key: key, loop: loop)
@@ -177,9 +184,9 @@ struct UpstreamPoolState<Connection> {
 
     private mutating func find(_ key: UpstreamPoolKey, on loop: EventLoopID, generation: UInt64,
                                unusable: (Connection) -> Departure?,
-                               canShare: (Connection) -> Bool) -> (connection: Connection?, stale: [Connection]) {
+                               canShare: (Connection) -> Bool) -> (connection: Connection?, stale: [Stale]) {
         let slot = Slot(key: key, loop: loop)
-        var stale: [Connection] = []
+        var stale: [Stale] = []
         var index = (idle[slot]?.count ?? 0) - 1
         while index >= 0, let entry = idle[slot]?[index] {
             let departure: Departure? = entry.generation != generation ? .listChanged : unusable(entry.connection)
@@ -187,7 +194,7 @@ struct UpstreamPoolState<Connection> {
                 idle[slot]?.remove(at: index)
                 forget(entry.id, slot: slot)
                 counters.departed[departure, default: 0] += 1
-                stale.append(entry.connection)
+                stale.append(Stale(connection: entry.connection, departure: departure))
             } else if !entry.shared {
                 idle[slot]?.remove(at: index)
                 forget(entry.id, slot: slot)
