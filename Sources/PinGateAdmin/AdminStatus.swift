@@ -148,6 +148,10 @@ public struct AdminSnapshot: Sendable, Codable {
         /// New upstream connections opened inside such tunnels, by outcome (`connected`,
         /// `pooled`, or the refusal's reason token).
         public var upstreamReconnects: [String: Int] = [:]
+        /// Upstream connections closed because the upstream sent bytes no request asked for
+        /// while a tunnel used them (between responses, or after a response's end); those
+        /// parked in the pool are counted under its `closed` reasons.
+        public var upstreamUnsolicitedBytes: Int = 0
         /// Times an `h2` upstream stream's receive window grew past 64 KiB because its
         /// client took the bytes faster than one window per round trip.
         public var upstreamStreamWindowGrowths: Int = 0
@@ -234,6 +238,7 @@ public struct AdminSnapshot: Sendable, Codable {
                 requestsRefusedByReason: stats.requestsRefusedByReason,
                 requestsCancelledByClient: stats.requestsCancelledByClient, creditUnplacedBytes: stats.creditUnplacedBytes,
                 upstreamConnectionsLostInTunnels: stats.upstreamConnectionsLostInTunnels, upstreamReconnects: stats.upstreamReconnects,
+                upstreamUnsolicitedBytes: stats.upstreamUnsolicitedBytes,
                 upstreamStreamWindowGrowths: stats.upstreamStreamWindowGrowths,
                 upstreamStreamWindowLargestBytes: stats.upstreamStreamWindowLargestBytes,
                 heapTrims: stats.heapTrims, heapTrimReleasedBytes: stats.heapTrimReleasedBytes),

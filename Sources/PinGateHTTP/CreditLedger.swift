@@ -63,6 +63,11 @@ struct CreditLedger {
         /// The sink will write no more for this exchange: the account closes once nothing
         /// is outstanding.
         var sinkDone = false
+        /// The source's connection is gone (a tunnel's upstream connection that closed while
+        /// its last response was still being written to the client): what the account gives
+        /// back has no one to go to, and must not reach the connection that replaced it,
+        /// whose exchange ids start again at 1.
+        var sourceGone = false
     }
 
     private var accounts: [Key: Account] = [:]
@@ -74,6 +79,9 @@ struct CreditLedger {
     /// Bytes a gone sink reported after `sinkGone` had settled them: expected, harmless,
     /// and kept apart from `unplaced` so a real miscount still shows.
     private(set) var reportedAfterSinkGone = 0
+    /// Bytes given back for a source that was gone by then (`sourceGone`): settled, with
+    /// no one to tell.
+    private(set) var givenToGoneSource = 0
     /// Body bytes taken and given back over the ledger's life, per direction (for tests
     /// and the soak: at quiescence the two are equal).
     private(set) var taken: [Direction: Int] = [.request: 0, .response: 0]
@@ -199,6 +207,17 @@ struct CreditLedger {
         return credits
     }
 
+    /// The source leg of `direction` is gone (its connection closed; a new one may take its
+    /// place): the accounts open now keep counting their sink's reports, and give nothing
+    /// back (`givenToGoneSource`), so no credit of the old connection reaches the new one.
+    mutating func sourceGone(_ direction: Direction) {
+        for (key, account) in accounts where key.direction == direction {
+            var account = account
+            account.sourceGone = true
+            accounts[key] = account
+        }
+    }
+
     /// A new sink took over `direction` (a tunnel's new upstream connection): what it
     /// reports is placed against its own accounts again.
     mutating func sinkAttached(_ direction: Direction) {
@@ -214,6 +233,10 @@ struct CreditLedger {
         }
         guard bytes > 0 else { return nil }
         given[key.direction, default: 0] += bytes
+        if account.sourceGone {
+            givenToGoneSource += bytes
+            return nil
+        }
         return Credit(direction: key.direction, sourceID: account.sourceID, bytes: bytes)
     }
 }

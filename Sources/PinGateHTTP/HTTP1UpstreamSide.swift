@@ -62,6 +62,18 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     private var upgradesAsked: Set<Int> = []
     /// Whether the HTTP codecs are in front of this handler (from the first request on).
     private var codecsAdded = false
+    /// In front of the decoder (with the codecs): where the inbound bytes stand between
+    /// responses, byte-exactly (`HTTP1ResponseBoundary`).
+    private var boundaryGuard: HTTP1ResponseBoundaryHandler?
+    /// A response ended inside a read that is still being delivered: the next request
+    /// waits until the read is known to have ended with it (`boundaryReached`).
+    private var awaitingBoundary = false
+    /// The upstream's last response said it closes (or the gate's request was still being
+    /// sent after its answer): no new request goes on this connection.
+    private var carriesNoMoreRequests = false
+    /// Set when the upstream sent bytes no request asked for: the connection closed out of
+    /// step (counted by the pool as `unsolicited-bytes` when it was parked).
+    package private(set) var sentUnsolicitedBytes = false
 
     init(router: TunnelRouter) {
         self.router = router
@@ -80,8 +92,11 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     var reuseBlocker: UpstreamNotPooledReason? {
         // Upgraded first: a switched connection is never HTTP again, closing or not.
         if upgraded || relaying != nil || translated != nil { return .upgraded }
-        if closing || context == nil { return .closing }
-        if active != nil || !waiting.isEmpty || flow.bytesInFlight > 0 { return .inFlight }
+        if sentUnsolicitedBytes { return .unsolicitedBytes }
+        if closing || carriesNoMoreRequests || context == nil { return .closing }
+        if active != nil || !waiting.isEmpty || flow.bytesInFlight > 0 || awaitingBoundary { return .inFlight }
+        // Codecs in: the last response must have been confirmed to end at a boundary.
+        if let boundaryGuard, !boundaryGuard.boundary.isAtBoundary { return .inFlight }
         return nil
     }
 
@@ -141,7 +156,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         head.framing.applyHTTP1(to: &headers, method: head.method)
         let requestHead = HTTPRequestHead(version: .http1_1, method: HTTPMethod(rawValue: head.method), uri: head.path, headers: headers)
         let parts: [Part] = endStream ? [.head(requestHead), .end(nil)] : [.head(requestHead)]
-        if active == nil {
+        if mayStartNow {
             activate(id)
             for part in parts { write(part, id: id) }
         } else {
@@ -178,7 +193,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         translated = (id, key, [], false)
         let requestHead = HTTPRequestHead(version: .http1_1, method: .GET, uri: head.path, headers: headers)
         let parts: [Part] = [.head(requestHead), .end(nil)]
-        if active == nil {
+        if mayStartNow {
             activate(id)
             for part in parts { write(part, id: id) }
         } else {
@@ -270,6 +285,13 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         }
     }
 
+    /// Whether a new request may go on the wire now: nothing else is, the last response
+    /// was confirmed to end at a boundary, and the connection still takes requests. Else it
+    /// waits in `waiting` (and is reported not processed if the connection closes first).
+    private var mayStartNow: Bool {
+        active == nil && !awaitingBoundary && !carriesNoMoreRequests && !closing
+    }
+
     private func activate(_ id: Int) {
         active = id
         activeResponseHeadSeen = false
@@ -285,6 +307,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         switch part {
         case .head(let head):
             context.write(wrapOutboundOut(.head(head)), promise: nil)
+            boundaryGuard?.requestSent()
         case .body(let bytes):
             let count = bytes.readableBytes
             context.write(wrapOutboundOut(.body(.byteBuffer(bytes))), promise: nil)
@@ -314,7 +337,11 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         do {
             let decoder = ByteToMessageHandler(HTTPResponseDecoder(leftOverBytesStrategy: .forwardBytes,
                                                                    informationalResponseStrategy: .forward))
-            try context.pipeline.syncOperations.addHandlers([HTTPRequestEncoder(), decoder], position: .before(self))
+            let boundaryGuard = HTTP1ResponseBoundaryHandler(events: .init(
+                unsolicited: { [weak self] in self?.unsolicitedBytes() },
+                boundaryReached: { [weak self] in self?.boundaryReached() }))
+            try context.pipeline.syncOperations.addHandlers([HTTPRequestEncoder(), boundaryGuard, decoder], position: .before(self))
+            self.boundaryGuard = boundaryGuard
         } catch {
             close()
             return false
@@ -339,8 +366,9 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             return
         }
         guard let id = active else {
-            // A response nobody asked for: the upstream is out of step; end the tunnel.
-            close()
+            // A response nobody asked for (or, before the codecs, any byte): the upstream is
+            // out of step, and its connection closes.
+            unsolicitedBytes()
             return
         }
         switch unwrapInboundIn(data) {
@@ -357,6 +385,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
                 router?.responseHead(id, ExchangeResponseHead(
                     status: 101, headers: WebSocketHandshake.withoutHandshakeFields(HTTP1HeadFields(head.headers).endToEnd),
                     upgrade: WebSocketHandshake.token), endStream: false)
+                boundaryGuard?.switchedProtocols()
                 upgraded = true
                 switchingProtocols = true
                 relaying = id
@@ -379,6 +408,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
                 let upgrade = head.headers.first(name: "upgrade")
                 router?.responseHead(id, ExchangeResponseHead(status: 101, headers: HTTP1HeadFields(head.headers).endToEnd,
                                                              upgrade: upgrade), endStream: false)
+                boundaryGuard?.switchedProtocols()
                 upgraded = true
                 switchingProtocols = true
                 return
@@ -403,20 +433,47 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             router?.responseBody(id, bytes)
         case .end(let trailers):
             guard activeResponseHeadSeen else { return }  // the end of an informational response
+            // This exchange's own state decides what the connection does next, read before
+            // the router hears of the end: the router may hand over a pipelined request at
+            // once, and its state must not judge this one's (issue 31: a pipelined POST's
+            // head, sent before its body, closed the connection as if its answer had come).
+            let keepsConnection = activeKeepAlive && activeRequestEnded
+            let atBoundary = boundaryGuard?.responseEnded() ?? true
             active = nil
-            router?.responseEnd(id, trailers: trailers)
-            if !activeKeepAlive || !activeRequestEnded {
+            if !keepsConnection {
                 // The upstream will close, or our request is still being sent after its
                 // answer: the connection cannot carry another exchange in step.
+                carriesNoMoreRequests = true
+            } else if !atBoundary {
+                awaitingBoundary = true
+            }
+            router?.responseEnd(id, trailers: trailers)
+            if !keepsConnection {
                 close()
                 return
             }
-            startNextWaiting()
+            if atBoundary { startNextWaiting() }
         }
     }
 
+    /// The read that carried the last response's end ended with it: the next request goes.
+    private func boundaryReached() {
+        awaitingBoundary = false
+        startNextWaiting()
+    }
+
+    /// The upstream sent bytes that no request asked for: while parked, between responses,
+    /// or after a response's end in the same read. The connection is out of step; it
+    /// closes, and what waited on it is reported not processed as it goes.
+    private func unsolicitedBytes() {
+        guard !sentUnsolicitedBytes else { return }
+        sentUnsolicitedBytes = true
+        router?.upstreamSentUnsolicitedBytes()
+        close()
+    }
+
     private func startNextWaiting() {
-        guard active == nil, !waiting.isEmpty else { return }
+        guard mayStartNow, !waiting.isEmpty else { return }
         let next = waiting.removeFirst()
         activate(next.id)
         for part in next.parts { write(part, id: next.id) }
@@ -439,7 +496,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         // An active exchange with no answer yet is the router's to fail or, on a reused
         // connection, to retry (`upstreamClosed`).
         // Queued behind the active one: not one byte of them was sent.
-        for entry in waiting { router?.responseNotProcessed(entry.id) }
+        for entry in waiting { router?.requestNotSent(entry.id) }
         waiting = []
         router?.upstreamClosed()
         context.fireChannelInactive()

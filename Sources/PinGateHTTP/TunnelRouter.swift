@@ -36,6 +36,9 @@ package final class TunnelRouter {
         package var ended: () -> Void = {}
         /// The upstream connection of a tunnel that reconnects went while the client's stayed.
         package var upstreamLost: () -> Void = {}
+        /// The upstream connection sent bytes no request asked for (a stray between
+        /// responses, or after one's end): it is closed as out of step.
+        package var upstreamSentUnsolicitedBytes: () -> Void = {}
         /// An `h2` upstream stream's receive window grew to `window` bytes, because its
         /// client took the bytes faster than one window per round trip (`StreamWindowTuner`).
         package var upstreamStreamWindowGrew: (_ window: Int) -> Void = { _ in }
@@ -93,6 +96,10 @@ package final class TunnelRouter {
         /// an idempotent method, no body, sent on a reused connection (RFC 9110 §9.2.2,
         /// RFC 9112 §9.3.1).
         var retry: PendingRequest?
+        /// The request as sent upstream, kept until it is on the wire: a bodyless request
+        /// that its connection never wrote (queued behind an answer that closed it) goes to
+        /// the tunnel's next connection, whatever its method, since it was never sent.
+        var unsent: PendingRequest?
 
         init(started: Date, startedTick: NIODeadline, method: String, path: String, authority: String) {
             self.started = started
@@ -276,8 +283,10 @@ package final class TunnelRouter {
                    detail: "a request asking for an upgrade carries no body through the gate")
             return
         }
-        if upstreamReused && endStream && head.upgrade == nil && Self.idempotentMethods.contains(head.method) {
-            exchange.retry = PendingRequest(id: id, head: head, authority: authority, endStream: true, ended: true)
+        if endStream && head.upgrade == nil {
+            let request = PendingRequest(id: id, head: head, authority: authority, endStream: true, ended: true)
+            exchange.unsent = request
+            if upstreamReused && Self.idempotentMethods.contains(head.method) { exchange.retry = request }
         }
         exchanges[id] = exchange
         observer.forwarded()
@@ -634,6 +643,25 @@ package final class TunnelRouter {
         finishIfDone(id)
     }
 
+    /// Exchange `upstreamID` was never written to its connection, which is closing (it was
+    /// queued behind an answer that closed it): a bodyless request waits for the tunnel's
+    /// next connection, opened as the close is reported (`upstreamClosed`); sending it
+    /// there is sending it once. Any other (a body was queued with it, or the tunnel
+    /// cannot reconnect) is answered as not processed.
+    func requestNotSent(_ upstreamID: Int) {
+        guard reconnectUpstream != nil, !ended, let id = clientIDByUpstreamID[upstreamID], let exchange = exchanges[id],
+              exchange.status == nil, let request = exchange.unsent else {
+            responseNotProcessed(upstreamID)
+            return
+        }
+        clientIDByUpstreamID[upstreamID] = nil
+        ledger.sinkFinishing(.request, sinkID: upstreamID)
+        exchange.upstreamID = nil
+        exchange.unsent = nil
+        exchange.retry = nil
+        pending.append(request)
+    }
+
     /// The upstream's answer to exchange `upstreamID` cannot be passed on (`detail` says
     /// why): as `responseCancelled`, with that text in the client's 502 under `reason`.
     /// `reason` is what went wrong upstream: `upstream-protocol-error` when the upstream
@@ -684,6 +712,12 @@ package final class TunnelRouter {
         observer.upstreamStreamWindowGrew(window)
     }
 
+    /// The upstream connection sent bytes no request asked for; its side closes it (and
+    /// then reports it closed, as any upstream close).
+    func upstreamSentUnsolicitedBytes() {
+        observer.upstreamSentUnsolicitedBytes()
+    }
+
     /// The upstream's channel is writable again.
     func upstreamDrained() {
         for credit in ledger.drained(.request) { deliver(credit) }
@@ -719,7 +753,9 @@ package final class TunnelRouter {
         // then goes to a side that is gone, which is harmless, and nothing is unplaced.
         for credit in ledger.sinkGone(.request) { deliver(credit) }
         guard upstreamFailure == nil else { return }
-        if reconnectUpstream != nil && !ended {
+        // A connection that switched protocols carried the tunnel as a byte relay: it ends
+        // with it (there is no HTTP to go on with).
+        if reconnectUpstream != nil && !ended && upstream?.reuseBlocker != .upgraded {
             upstreamClosedReconnecting()
             return
         }
@@ -749,6 +785,9 @@ package final class TunnelRouter {
     /// opens the new upstream connection.
     private func upstreamClosedReconnecting() {
         upstream = nil
+        // Response bytes of the old connection still on their way to the client: their
+        // credit has no connection to go back to (the next one's exchange ids start again).
+        ledger.sourceGone(.response)
         observer.upstreamLost()
         let unfinished = exchanges.values.compactMap { $0.responseEnded ? nil : $0.upstreamID }.sorted()
         for upstreamID in unfinished {
@@ -758,6 +797,7 @@ package final class TunnelRouter {
                 ledger.sinkFinishing(.request, sinkID: upstreamID)
                 exchanges[id]?.upstreamID = nil
                 exchanges[id]?.retry = nil
+                exchanges[id]?.unsent = nil
                 pending.append(retry)
             } else {
                 responseFailed(upstreamID, detail: "the upstream's connection closed before the response ended")
@@ -765,6 +805,10 @@ package final class TunnelRouter {
         }
         pending.sort { $0.id < $1.id }
         if !pending.isEmpty { startReconnect() }
+        // What the connection answered before it went, and the cuts above, go out now: the
+        // close came inside its read, whose read-complete (the usual flush) never arrives
+        // (issue 31: an h2 client's 400 waited for the client's next frame, up to 60 s).
+        client?.flush()
     }
 
     /// Ends the client's connection: through its side when the client's first bytes chose

@@ -12,6 +12,10 @@ package enum UpstreamNotPooledReason: String, Sendable, Hashable, CaseIterable {
     /// It was already closing: the upstream said `Connection: close`, broke its protocol,
     /// went quiet past its set-up, or the tunnel cut it.
     case closing = "closing"
+    /// The upstream sent bytes no request asked for (between responses, or after a
+    /// response's end): it is out of step, and its next bytes could be taken for another
+    /// exchange's answer.
+    case unsolicitedBytes = "unsolicited-bytes"
     /// The upstream sent HTTP/2 GOAWAY: it takes no new streams.
     case goAway = "goaway"
     /// A request on it carried connection-bound authentication (`Authorization: NTLM` or
@@ -97,6 +101,15 @@ package final class PooledUpstreamSide {
         switch kind {
         case .http1(let side): side.close()
         case .http2(let connection): connection.stopSharing()
+        }
+    }
+
+    /// True when it closed because the upstream sent bytes no request asked for (while
+    /// parked, or between responses): the pool counts its departure as `unsolicited-bytes`.
+    package var sentUnsolicitedBytes: Bool {
+        switch kind {
+        case .http1(let side): return side.reuseBlocker == .unsolicitedBytes
+        case .http2(let connection): return connection.connectionBlocker == .unsolicitedBytes
         }
     }
 

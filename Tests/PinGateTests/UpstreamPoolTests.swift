@@ -295,7 +295,7 @@ struct UpstreamPoolTests {
         }
     }
 
-    @Test("a response with Connection: close is not pooled: the tunnel's connection closes with it")
+    @Test("a response with Connection: close is not pooled: the tunnel's connection closes with it, and the client's connection stays for its next request, on a new one")
     func connectionCloseNotPooled() async throws {
         try await Self.withOrigin(http2: false, serverDirectives: "keepalive_requests 1;", configure: { $0.eventLoopThreads = 1 }) { gate, nginx, _ in
             try await Self.fetch(gate, nginx)
@@ -303,7 +303,13 @@ struct UpstreamPoolTests {
             try await Self.fetch(gate, nginx)
             #expect(Set(nginx.accessLogConnections()).count == 2)
             let pool = try #require(gate.server.upstreamPool)
-            #expect(pool.parked == 0 && (pool.notPooled["closing"] ?? 0) >= 1, "\(pool)")
+            #expect(pool.parked == 0 && pool.hits == 0 && pool.idle == 0, "\(pool)")
+            // Two requests on one client connection (one tunnel): each on its own upstream one.
+            let both = try await curlThroughGate(gate, urls: [Self.url(nginx), Self.url(nginx)])
+            #expect(both.exitStatus == 0 && both.body == Self.body + Self.body, "\(both.stderr)")
+            #expect(both.stderr.components(separatedBy: "> CONNECT ").count == 2, "\(both.stderr)")
+            #expect(Set(nginx.accessLogConnections()).count == 4)
+            #expect(gate.server.upstreamPool?.parked == 0)
         }
     }
 

@@ -559,17 +559,18 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             cancelledByClient: { facts.cancelledByClient() },
             ended: { facts.ended() })
         observer.upstreamLost = { facts.upstreamLost() }
+        observer.upstreamSentUnsolicitedBytes = { facts.upstreamSentUnsolicitedBytes() }
         observer.upstreamStreamWindowGrew = { facts.upstreamStreamWindowGrew(to: $0) }
         let router = TunnelRouter(binding: binding, clientUsesStreamIDs: clientALPN == "h2", observer: observer, now: environment.now)
         if environment.pool != nil { router.releaseUpstream = { facts.release($0) } }
-        if upstream.fromPool {
-            // Its connection may go (the origin's keep-alive timeout) while the client's
-            // stays: the next request gets a new one, verified like the first.
-            let clientChannel = context.channel
-            router.reconnectUpstream = { [weak router] done in
-                guard let router else { return }
-                facts.reconnect(router: router, client: clientChannel, done: done)
-            }
+        // The client's connection outlives its upstream's, pooled or dialled (issue 31): the
+        // origin may close it (`Connection: close`, its keep-alive timeout or request limit,
+        // a stray that put it out of step) while the client's stays; the next request, and
+        // those queued behind the close, get a new one, verified like the first.
+        let clientChannel = context.channel
+        router.reconnectUpstream = { [weak router] done in
+            guard let router else { return }
+            facts.reconnect(router: router, client: clientChannel, done: done)
         }
         try RequestAwareTunnel.install(
             client: context.channel, clientGlue: clientGlue, clientProtocol: clientALPN,
@@ -806,7 +807,9 @@ private final class HTTPTunnelFacts {
             // Another verified connection is at hand (an h2 one other tunnels share, or an
             // idle one): decided on as a pooled CONNECT is.
             let chain = ConnectHandler.chainCheck(pooled)
-            if environment.verdict(host: host, on: pooled).isTrusted, (try? RequestAwareTunnel.replaceUpstream(router: router, upstream: pooled.channel, upstreamLeg: pooled.leg.value,
+            let verdict = environment.verdict(host: host, on: pooled)
+            environment.reportIfPinFailure(verdict, host: host, port: port, upstream: pooled)
+            if verdict.isTrusted, (try? RequestAwareTunnel.replaceUpstream(router: router, upstream: pooled.channel, upstreamLeg: pooled.leg.value,
                                                                            upstreamProtocol: pooled.peer.alpn,
                                                                            limits: environment.configuration.http2Limits,
                                                                            roundTrip: environment.configuration.upstreamRoundTripSource)) != nil {
@@ -928,6 +931,15 @@ private final class HTTPTunnelFacts {
     func forwarded() { environment.statistics.requestForwarded() }
 
     func upstreamLost() { environment.statistics.upstreamLostInTunnel() }
+
+    /// The upstream sent bytes no request asked for: its connection closes as out of step
+    /// (what it sent would have been taken for the next request's answer).
+    func upstreamSentUnsolicitedBytes() {
+        environment.statistics.upstreamSentUnsolicitedBytes()
+        environment.logger.warning("closed an upstream connection that sent bytes no request asked for", metadata: [
+            "client": "\(client)", "host": "\(request.host)", "port": "\(request.port)",
+        ])
+    }
 
     func upstreamStreamWindowGrew(to window: Int) { environment.statistics.upstreamStreamWindowGrew(to: window) }
 

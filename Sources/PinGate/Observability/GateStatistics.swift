@@ -25,6 +25,9 @@ public final class GateStatistics: Sendable {
         /// New upstream connections opened inside such tunnels, by outcome ("connected", or
         /// the refusal's reason token).
         public var upstreamReconnects: [String: Int] = [:]
+        /// Upstream connections closed because the upstream sent bytes no request asked for
+        /// while a tunnel used them (a stray between responses, or after a response's end).
+        public var upstreamUnsolicitedBytes: Int = 0
         /// Times an `h2` upstream stream's receive window grew past its starting 64 KiB
         /// because its client kept up (`StreamWindowTuner`), and the largest it reached.
         public var upstreamStreamWindowGrowths: Int = 0
@@ -136,6 +139,7 @@ public final class GateStatistics: Sendable {
         }
     }
     func upstreamLostInTunnel() { state.withLock { $0.upstreamConnectionsLostInTunnels += 1 } }
+    func upstreamSentUnsolicitedBytes() { state.withLock { $0.upstreamUnsolicitedBytes += 1 } }
     func upstreamStreamWindowGrew(to window: Int) {
         state.withLock {
             $0.upstreamStreamWindowGrowths += 1

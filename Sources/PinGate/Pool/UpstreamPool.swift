@@ -185,16 +185,25 @@ final class UpstreamPool: Sendable {
                 cancelIdleTimer(of: connection.channel)
                 // Whichever stay it is in now (a connection is parked again after each tunnel).
                 if let closed = state.withLock({ $0.stayID(of: { $0.channel === connection.channel }) }) {
-                    _ = remove(closed, departure: .peerClosed)
+                    _ = remove(closed, departure: Self.departureOnClose(connection))
                 }
             }
         }
         return true
     }
 
+    /// Why a pooled connection closed while it waited (on its loop, as its close completes):
+    /// the upstream sent bytes nobody asked for, or it closed.
+    private static func departureOnClose(_ connection: UpstreamConnection) -> Departure {
+        if case .pooled(let side) = connection.leg.value, side.sentUnsolicitedBytes { return .unsolicitedBytes }
+        return .peerClosed
+    }
+
     /// Why a pooled connection cannot carry a new tunnel at `now`, or nil when it can: it
-    /// closed, or a certificate of its verified chain has expired since its handshake.
+    /// closed, or sent bytes while it waited (its close on the way), or a certificate of its
+    /// verified chain has expired since its handshake. Checked at checkout, on its loop.
     private static func unusable(_ connection: UpstreamConnection, at now: Date) -> UpstreamPoolState<UpstreamConnection>.Departure? {
+        if case .pooled(let side) = connection.leg.value, side.sentUnsolicitedBytes { return .unsolicitedBytes }
         if !connection.channel.isActive { return .peerClosed }
         if let validUntil = connection.chainValidUntil, validUntil <= now { return .certificateExpired }
         return nil

@@ -24,6 +24,9 @@ struct UpstreamPoolState<Connection> {
         case idleTimeout = "idle-timeout"
         /// The upstream closed it (or it broke) while it waited.
         case peerClosed = "peer-closed"
+        /// The upstream sent bytes while it waited, when no request was outstanding: out of
+        /// step, it was closed (what it sent would have been taken for the next tunnel's answer).
+        case unsolicitedBytes = "unsolicited-bytes"
         /// A new list no longer trusts it.
         case listChanged = "list-changed"
         /// A certificate of the chain its handshake verified has expired since: a CONNECT

@@ -1,0 +1,163 @@
+import Foundation
+import PinGateTestSupport
+import Testing
+@testable import PinGate
+
+/// Each exchange is its own (issue 31), from outside: a real misbehaving HTTP/1.1 origin
+/// (`Tests/Peers/stray_origin.py`) whose every answer names the request it answers, curl
+/// through the gate, and the pool on. Nothing an origin sends unasked may become another
+/// request's answer, whichever tunnel that request is in.
+@Suite("Each exchange is its own")
+struct ExchangeIsolationTests {
+    static let host = "stray.example.test"
+
+    /// The stray origin for `host` (its leaf pinned) and a gate in front, on one event loop
+    /// so that consecutive tunnels meet the same pooled connection.
+    static func withStrayOrigin<Value>(
+        configure: (inout GateConfiguration) -> Void = { _ in },
+        _ body: (GateFixture, H2EchoOrigin) async throws -> Value
+    ) async throws -> Value {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "stray")
+        return try await H2EchoOrigin.with(script: "stray_origin.py", ["--cert", leaf.certificatePath, "--key", leaf.keyPath]) { origin in
+            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(host, leaf.fingerprint)]),
+                                       resolve: ["\(host):\(origin.port)"], configure: {
+                                           $0.eventLoopThreads = 1
+                                           configure(&$0)
+                                       }) { gate in
+                try await body(gate, origin)
+            }
+        }
+    }
+
+    static func url(_ origin: H2EchoOrigin, _ path: String) -> String { "https://\(host):\(origin.port)\(path)" }
+
+    /// The origin's answer to `path` names it and its connection: `answer to <path> on connection N`.
+    static func isAnswer(_ body: Data, to path: String) -> Bool {
+        let text = String(decoding: body, as: UTF8.self)
+        return text.hasPrefix("answer to \(path) on connection ") && text.hasSuffix("\n") && !text.contains("POISON")
+    }
+
+    static func strays(_ origin: H2EchoOrigin) -> Int {
+        origin.events.filter { $0["event"] as? String == "stray" }.count
+    }
+
+    /// Connections the gate closed as out of step: while parked (the pool's `closed`
+    /// reason) or while a tunnel used them (the gate's counter).
+    static func outOfStepCloses(_ gate: GateFixture) -> Int {
+        (gate.server.upstreamPool?.closed["unsolicited-bytes"] ?? 0) + gate.statistics.upstreamUnsolicitedBytes
+    }
+
+    /// How many CONNECTs curl sent: 1 when it kept its tunnel for every transfer.
+    static func connects(_ result: CurlResult) -> Int {
+        result.stderr.components(separatedBy: "> CONNECT ").count - 1
+    }
+
+    static let kinds = ["H", "status", "head", "crlf", "poison", "late-body"]
+
+    @Test("stray bytes sent while a connection waits in the pool close it: the next tunnel gets its own answer on a new connection, for every kind of stray",
+          arguments: kinds)
+    func strayWhileParked(kind: String) async throws {
+        try await Self.withStrayOrigin { gate, origin in
+            let first = try await curlThroughGate(gate, Self.url(origin, "/stray/\(kind)?delay=300"))
+            #expect(first.exitStatus == 0, "\(first.stderr)")
+            if kind == "late-body" {
+                #expect(first.httpCode == "204" && first.body.isEmpty, "\(first.httpCode) \(first.body)")
+            } else {
+                #expect(first.httpCode == "200" && Self.isAnswer(first.body, to: "/stray/\(kind)?delay=300"))
+            }
+            // The connection is parked, then the stray comes: the pool closes it at once.
+            #expect(await eventually(timeout: .seconds(5)) { Self.strays(origin) == 1 })
+            #expect(await eventually(timeout: .seconds(5)) { gate.server.upstreamPool?.closed["unsolicited-bytes"] == 1 },
+                    "\(String(describing: gate.server.upstreamPool))")
+            #expect(gate.server.upstreamPool?.idle == 0)
+            let second = try await curlThroughGate(gate, Self.url(origin, "/b"))
+            #expect(second.exitStatus == 0 && second.httpCode == "200", "\(second.httpCode) \(second.stderr)")
+            #expect(Self.isAnswer(second.body, to: "/b"), "the next tunnel read \(String(decoding: second.body, as: UTF8.self))")
+            #expect(String(decoding: second.body, as: UTF8.self).hasSuffix("on connection 2\n"))
+            #expect(gate.statistics.creditUnplacedBytes == 0)
+        }
+    }
+
+    @Test("stray bytes in the same read as an answer's end put the connection out of step: it is not reused, and the next tunnel gets its own answer",
+          arguments: kinds)
+    func strayInTheAnswersRead(kind: String) async throws {
+        try await Self.withStrayOrigin { gate, origin in
+            let path = "/stray/\(kind)?delay=0"
+            let first = try await curlThroughGate(gate, Self.url(origin, path))
+            #expect(first.exitStatus == 0, "\(first.stderr)")
+            #expect(kind == "late-body" ? first.httpCode == "204" : Self.isAnswer(first.body, to: path),
+                    "\(first.httpCode) \(String(decoding: first.body, as: UTF8.self))")
+            #expect(await eventually(timeout: .seconds(5)) { Self.outOfStepCloses(gate) == 1 },
+                    "\(gate.statistics.upstreamUnsolicitedBytes) \(String(describing: gate.server.upstreamPool))")
+            for round in 0..<2 {
+                let next = try await curlThroughGate(gate, Self.url(origin, "/next/\(round)"))
+                #expect(next.exitStatus == 0 && next.httpCode == "200", "\(next.httpCode) \(next.stderr)")
+                #expect(Self.isAnswer(next.body, to: "/next/\(round)"), "round \(round) read \(String(decoding: next.body, as: UTF8.self))")
+            }
+            // One connection out of step, then one clean connection for both later tunnels.
+            let connections = Set(origin.events.filter { $0["event"] as? String == "request" }.compactMap { $0["connection"] as? Int })
+            #expect(connections == [1, 2], "\(origin.events)")
+            #expect(Self.outOfStepCloses(gate) == 1)
+        }
+    }
+
+    @Test("a stray behind an answer inside one tunnel does not answer the client's next request: it goes on a new connection, and the client's connection stays")
+    func strayInsideOneTunnel() async throws {
+        try await Self.withStrayOrigin(configure: { $0.upstreamPoolEnabled = false }) { gate, origin in
+            let first = "/stray/poison?delay=0"
+            let result = try await curlThroughGate(gate, urls: [Self.url(origin, first), Self.url(origin, "/second")])
+            #expect(result.exitStatus == 0, "\(result.stderr)")
+            let expected = "answer to \(first) on connection 1\nanswer to /second on connection 2\n"
+            #expect(String(decoding: result.body, as: UTF8.self) == expected)
+            // curl kept its one tunnel through the gate for both.
+            #expect(Self.connects(result) == 1, "\(result.stderr)")
+            #expect(gate.statistics.upstreamUnsolicitedBytes == 1)
+        }
+    }
+
+    @Test("an upstream that closes after an answer (Connection: close) does not end the client's connection, with the pool on or off: the next request goes on a new connection",
+          arguments: [true, false])
+    func clientConnectionOutlivesUpstreamClose(pool: Bool) async throws {
+        try await Self.withStrayOrigin(configure: { $0.upstreamPoolEnabled = pool }) { gate, origin in
+            let result = try await curlThroughGate(gate, urls: [Self.url(origin, "/close"), Self.url(origin, "/after"),
+                                                                Self.url(origin, "/close"), Self.url(origin, "/last")])
+            #expect(result.exitStatus == 0, "\(result.stderr)")
+            #expect(String(decoding: result.body, as: UTF8.self) == """
+                answer to /close on connection 1
+                answer to /after on connection 2
+                answer to /close on connection 2
+                answer to /last on connection 3
+
+                """)
+            #expect(Self.connects(result) == 1, "\(result.stderr)")
+            #expect(result.transfers.allSatisfy { $0.hasPrefix("200 ") }, "\(result.transfers)")
+            #expect(gate.statistics.requestsForwarded == 4)
+        }
+    }
+
+    @Test("an h2 client's answer from an HTTP/1.1 connection that closes after it is sent at once, with no further frame from the client, on a pooled and on a fresh connection",
+          arguments: [true, false])
+    func answerBeforeCloseIsFlushed(warm: Bool) async throws {
+        try await Self.withStrayOrigin { gate, origin in
+            if warm {
+                _ = try await curlThroughGate(gate, Self.url(origin, "/warm"))
+                #expect(await eventually(timeout: .seconds(5)) { gate.server.upstreamPool?.idle == 1 })
+            }
+            let run = try await TestProcess.run("python3", [
+                HTTP2InsideTunnelTests.peer, "--proxy", "127.0.0.1:\(gate.port)", "--connect", "\(Self.host):\(origin.port)",
+                "--cacert", gate.caPath, "--scenario", "get-paths", "--paths", "/close", "--timeout", "15",
+            ], timeout: 60)
+            #expect(run.status == 0, "\(run.stderr)")
+            let output = try #require(try JSONSerialization.jsonObject(with: run.stdoutData) as? [String: Any], "\(run.stdout)")
+            let stream = HTTP2InsideTunnelTests.stream(output, "1")
+            #expect(stream["status"] as? Int == 200, "\(output)")
+            #expect(stream["ended"] as? Bool == true, "\(output)")
+            let elapsed = try #require(output["elapsed_s"] as? Double, "\(output)")
+            #expect(elapsed < 5, "the answer was held \(elapsed) s")
+            #expect(gate.server.upstreamPool?.hits == (warm ? 1 : 0))
+        }
+    }
+}
