@@ -248,6 +248,9 @@ protocol TunnelUpstreamSide: AnyObject {
     /// when it can: it is at a message boundary (no exchange open either way), still speaks
     /// HTTP, and neither side has started to close it.
     var reuseBlocker: UpstreamNotPooledReason? { get }
+    /// True once the connection switched protocols (HTTP/1.1 `101`): it carries the tunnel
+    /// as a byte relay, and the tunnel ends with it rather than open another.
+    var switchedProtocols: Bool { get }
     /// Detaches the side from its tunnel's router: the connection is parked. From here on
     /// anything the upstream sends but connection upkeep (HTTP/2 SETTINGS, PING) closes it.
     func park()

@@ -12,9 +12,12 @@
 /// bytes it was fed, so the boundary is found by how the bytes are fed: a read that may
 /// complete a response is fed in two parts, all but its last byte and then that byte. A
 /// response that ends in the first part has at least one byte after it in the same read;
-/// one that ends in the second ended exactly at the read's end, a clean boundary. The next
-/// request waits for that confirmation (`readDelivered`), so no byte of one read can be
-/// parsed as the answer to a request written while that read was being parsed.
+/// one that ends in the second ended exactly at the read's end. One socket read can carry
+/// several TLS records, each handed on as a read of its own, so the boundary is confirmed
+/// only when the whole burst is delivered (`readBurstEnded`, at read-complete): a record
+/// after the one that ended the response is unsolicited too. The next request waits for
+/// that confirmation, so no byte the origin sent before it could read that request is
+/// parsed as its answer.
 ///
 /// A plain value: `HTTP1ResponseBoundaryHandler` carries out what it returns.
 struct HTTP1ResponseBoundary: Equatable {
@@ -24,8 +27,8 @@ struct HTTP1ResponseBoundary: Equatable {
         case idle
         /// A request went out; its response (or the rest of it) is due.
         case awaitingResponse
-        /// The response ended inside the read being fed; whether bytes follow it in that
-        /// read is known once the read is delivered.
+        /// The response ended inside the read burst being delivered; whether bytes follow
+        /// it in that burst is known once the burst ends.
         case endedInRead
         /// The connection switched protocols (`101`): its bytes are not HTTP and pass as they are.
         case switched
@@ -67,8 +70,7 @@ struct HTTP1ResponseBoundary: Equatable {
         case .switched: return .whole
         case .outOfStep: return .drop
         case .idle, .endedInRead:
-            // `.endedInRead` cannot outlast its read (`readDelivered` ends it); counted if it did.
-            if phase == .endedInRead { impossible += 1 }
+            // Idle, or a later read of the burst that ended the response: nothing asked for it.
             phase = .outOfStep
             return .unsolicited
         case .awaitingResponse:
@@ -96,8 +98,8 @@ struct HTTP1ResponseBoundary: Equatable {
 
     /// The decoder delivered the final end of the response due (not an informational
     /// one's). True when the connection is at a boundary now (the end came outside a read,
-    /// with the connection's close); false when the read carrying it must be delivered
-    /// first (`readDelivered` then confirms it).
+    /// with the connection's close); false when the read burst carrying it must end first
+    /// (`readBurstEnded` then confirms it).
     mutating func responseEnded() -> Bool {
         switch phase {
         case .awaitingResponse:
@@ -115,9 +117,14 @@ struct HTTP1ResponseBoundary: Equatable {
         }
     }
 
-    /// The read was fed to the end: true when a response ended exactly at its last byte,
-    /// so the connection is at a clean boundary and the next request may go.
-    mutating func readDelivered() -> Bool {
+    /// The read was fed to the end.
+    mutating func readFed() {
+        feeding = false
+    }
+
+    /// The read burst ended (read-complete): true when a response ended in it and no byte
+    /// followed, so the connection is at a clean boundary and the next request may go.
+    mutating func readBurstEnded() -> Bool {
         feeding = false
         guard phase == .endedInRead else { return false }
         phase = .idle

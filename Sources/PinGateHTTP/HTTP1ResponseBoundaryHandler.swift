@@ -3,7 +3,7 @@ import NIOCore
 /// Sits between an HTTP/1.1 upstream connection's TLS handler and its response decoder,
 /// and feeds the decoder as `HTTP1ResponseBoundary` says: bytes no request asked for
 /// never reach it (the side closes the connection, out of step), and a response's end is
-/// confirmed as a clean boundary only when no byte followed it in its read.
+/// confirmed as a clean boundary only when no byte followed it in its read burst.
 final class HTTP1ResponseBoundaryHandler: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ByteBuffer
@@ -53,6 +53,13 @@ final class HTTP1ResponseBoundaryHandler: ChannelInboundHandler, RemovableChanne
         case .drop:
             return
         }
-        if boundary.readDelivered() { events.boundaryReached() }
+        boundary.readFed()
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        // Before the decoder and the side hear of it: the next request goes first, then the
+        // side's read-complete flushes the client.
+        if boundary.readBurstEnded() { events.boundaryReached() }
+        context.fireChannelReadComplete()
     }
 }

@@ -89,6 +89,10 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
 
     // MARK: reuse
 
+    /// True once the connection switched protocols (a `101` was taken): it carries the
+    /// tunnel as a byte relay and no HTTP exchange can follow on it or on a replacement.
+    var switchedProtocols: Bool { upgraded || relaying != nil }
+
     var reuseBlocker: UpstreamNotPooledReason? {
         // Upgraded first: a switched connection is never HTTP again, closing or not.
         if upgraded || relaying != nil || translated != nil { return .upgraded }
@@ -456,7 +460,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         }
     }
 
-    /// The read that carried the last response's end ended with it: the next request goes.
+    /// The read burst that carried the last response's end ended with it: the next request goes.
     private func boundaryReached() {
         awaitingBoundary = false
         startNextWaiting()

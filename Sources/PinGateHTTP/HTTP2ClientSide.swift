@@ -206,6 +206,8 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
             return
         }
         if event is IdleStateHandler.IdleStateEvent {
+            // Each stream still open is cut first (RST_STREAM), then the GOAWAY and close.
+            router.cutOpenExchangesForIdleTimeout()
             close()
             return
         }

@@ -525,6 +525,9 @@ final class HTTP2UpstreamLane: TunnelUpstreamSide {
         leave()
     }
 
+    /// Never: an extended CONNECT is one stream of the connection, which goes on with HTTP/2.
+    var switchedProtocols: Bool { false }
+
     var reuseBlocker: UpstreamNotPooledReason? {
         if let blocker = connection.connectionBlocker { return blocker }
         return connection.hasOpenStreams(self) ? .inFlight : nil

@@ -31,6 +31,14 @@ enum RequestBodyFraming: Equatable, Sendable {
     /// - `TRACE` must not carry content (RFC 9110 §9.3.8), and NIO's encoder would strip the
     ///   framing of one that did: refused rather than forwarded.
     static func decide(method: String, headers: HTTPHeaders, endStream: Bool) -> Result<RequestBodyFraming, RequestFramingRefusal> {
+        // The gate frames the body itself (chunked toward HTTP/1.1, DATA toward h2): any
+        // transfer coding but `chunked` alone would be dropped on the way, and the origin
+        // would read the coded bytes as the content (RFC 9112 §6.1).
+        let codings = headers["transfer-encoding"].flatMap { $0.split(separator: ",") }.map { $0.trimmingASCIISpaces().lowercased() }
+        if !codings.isEmpty && codings != ["chunked"] {
+            let text = headers["transfer-encoding"].joined(separator: ", ")
+            return .failure(RequestFramingRefusal(detail: "transfer-encoding \"\(text)\" is not exactly chunked; the gate carries no other transfer coding (RFC 9112 §6.1)"))
+        }
         var declared: Int?
         for field in headers["content-length"] {
             // A list of one length repeated is that length (RFC 9110 §8.6); anything else is not.

@@ -412,6 +412,27 @@ package final class TunnelRouter {
         if let upstreamID { upstream?.cancel(upstreamID) }
     }
 
+    /// The client's connection is about to close for its idle timeout (nothing moved either
+    /// way for that long: an origin stalled mid-body, say): every exchange still open is cut,
+    /// so an HTTP/2 client hears RST_STREAM INTERNAL_ERROR for each before the GOAWAY,
+    /// which would otherwise claim the streams below its last id as processed (issue 31).
+    /// The upstream's half of each is abandoned too.
+    func cutOpenExchangesForIdleTimeout() {
+        for id in exchanges.keys.sorted() {
+            guard let exchange = exchanges[id], !exchange.responseEnded else { continue }
+            dropPending(id)
+            let upstreamID = exchange.upstreamID
+            if let upstreamID {
+                clientIDByUpstreamID[upstreamID] = nil
+                ledger.sinkFinishing(.request, sinkID: upstreamID)
+            }
+            exchange.upstreamID = nil
+            client?.cancel(id)
+            finish(id)
+            if let upstreamID { upstream?.cancel(upstreamID) }
+        }
+    }
+
     /// The client sent bytes that are not valid HTTP: counted and logged as a refusal
     /// (the side itself answers and closes).
     func protocolError(detail: String) {
@@ -507,7 +528,9 @@ package final class TunnelRouter {
     /// connection once and may not ask again.
     static func bindsConnection(_ headers: HTTPHeaders) -> Bool {
         headers[canonicalForm: "authorization"].contains { value in
-            let scheme = value.prefix { $0 != " " }.lowercased()
+            // The scheme ends at any whitespace (RFC 9110 §11.6.2 allows tabs too): `NTLM<TAB>…`
+            // binds the connection as `NTLM …` does.
+            let scheme = value.drop { $0 == " " || $0 == "\t" }.prefix { $0 != " " && $0 != "\t" }.lowercased()
             return scheme == "ntlm" || scheme == "negotiate"
         }
     }
@@ -649,7 +672,7 @@ package final class TunnelRouter {
     /// there is sending it once. Any other (a body was queued with it, or the tunnel
     /// cannot reconnect) is answered as not processed.
     func requestNotSent(_ upstreamID: Int) {
-        guard reconnectUpstream != nil, !ended, let id = clientIDByUpstreamID[upstreamID], let exchange = exchanges[id],
+        guard reconnectsWhenUpstreamCloses, let id = clientIDByUpstreamID[upstreamID], let exchange = exchanges[id],
               exchange.status == nil, let request = exchange.unsent else {
             responseNotProcessed(upstreamID)
             return
@@ -753,9 +776,7 @@ package final class TunnelRouter {
         // then goes to a side that is gone, which is harmless, and nothing is unplaced.
         for credit in ledger.sinkGone(.request) { deliver(credit) }
         guard upstreamFailure == nil else { return }
-        // A connection that switched protocols carried the tunnel as a byte relay: it ends
-        // with it (there is no HTTP to go on with).
-        if reconnectUpstream != nil && !ended && upstream?.reuseBlocker != .upgraded {
+        if reconnectsWhenUpstreamCloses {
             upstreamClosedReconnecting()
             return
         }
@@ -768,8 +789,22 @@ package final class TunnelRouter {
         for upstreamID in unfinished {
             responseFailed(upstreamID, detail: "the upstream's connection closed before the response ended")
         }
+        // Requests that waited for a connection get an answer too, never silence.
+        for request in pending {
+            guard let exchange = exchanges[request.id] else { continue }
+            dropPending(request.id)
+            refuse(request.id, exchange, status: 502, reason: .upstreamUnreachable,
+                   detail: "the tunnel's upstream connection closed before the request could be sent")
+        }
         end()
         closeClient(whenAnswered: true)
+    }
+
+    /// Whether the tunnel opens a new upstream connection when its connection closes: it
+    /// can (`reconnectUpstream`), it has not ended, and the connection did not switch
+    /// protocols (it carried the tunnel as a byte relay: there is no HTTP to go on with).
+    private var reconnectsWhenUpstreamCloses: Bool {
+        reconnectUpstream != nil && !ended && upstream?.switchedProtocols != true
     }
 
     /// The tunnel's upstream connection was found closed as the tunnel was set up (a pooled

@@ -9,7 +9,8 @@ stray_origin.py --cert C --key K
     "method": M, "connection": N, "body_len": L}` once its body (Content-Length) is read.
 
     `/stray/<kind>?delay=<ms>` is answered the same way, then, `ms` milliseconds later (0:
-    in the same write as the answer, so in the same TLS record), the origin sends bytes
+    in the same write as the answer, so in the same TLS record; -1: in a TLS record of its
+    own right behind the answer's, in the same TCP segment), the origin sends bytes
     nobody asked for, of one `kind`:
       H          a single `H`
       status     a status line, `HTTP/1.1 200 OK\\r\\n`
@@ -20,6 +21,9 @@ stray_origin.py --cert C --key K
     and prints `{"event": "stray", "kind": K, "connection": N}`.
 
     `/close` is answered with `Connection: close`, and the connection closes after it.
+
+    `/stall` is answered with a head promising 100 bytes and 10 of them, then nothing more
+    until the gate closes the connection.
 
 The answer's body names the request it answers, so a client that reads `POISON`, or
 another path's answer, got what was not its own.
@@ -87,6 +91,11 @@ def serve(connection, number):
             answer = f"answer to {target} on connection {number}\n".encode()
             kind = url.path[len("/stray/"):] if url.path.startswith("/stray/") else None
             close = url.path == "/close"
+            if url.path == "/stall":
+                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"0123456789")
+                while connection.recv(4096):
+                    pass
+                return
             if kind == "late-body":
                 response = b"HTTP/1.1 204 No Content\r\n\r\n"
             else:
@@ -97,6 +106,13 @@ def serve(connection, number):
                 stray = STRAYS[kind]
                 if delay == 0:
                     connection.sendall(response + stray)
+                elif delay < 0:
+                    # Two TLS records; corked, so the kernel sends them as one segment.
+                    raw = connection
+                    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+                    connection.sendall(response)
+                    connection.sendall(stray)
+                    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
                 else:
                     connection.sendall(response)
                     time.sleep(delay)

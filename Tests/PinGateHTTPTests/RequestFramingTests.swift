@@ -33,6 +33,27 @@ struct RequestFramingTests {
         #expect((try? decide("POST", [("content-length", "5")], endStream: true).get()) == nil)
     }
 
+    @Test("a transfer coding other than chunked alone is refused, since the gate would drop it; chunked in any case and spacing passes as an open body")
+    func transferCodings() {
+        for value in ["gzip, chunked", "chunked, chunked", "identity", "chunked;q=1", "gzip", "chunked, gzip", ", chunked, deflate"] {
+            #expect((try? decide("POST", [("transfer-encoding", value)], endStream: false).get()) == nil, "\(value)")
+        }
+        #expect((try? decide("POST", [("transfer-encoding", "gzip"), ("transfer-encoding", "chunked")], endStream: false).get()) == nil)
+        for value in ["chunked", "Chunked", " chunked\t"] {
+            #expect((try? decide("POST", [("transfer-encoding", value)], endStream: false).get()) == .open, "\(value)")
+        }
+    }
+
+    @Test("connection-bound authentication is seen whatever whitespace follows or leads its scheme")
+    func connectionBoundAuthentication() {
+        for value in ["NTLM TlRMTVNTUAAB", "NTLM\tTlRMTVNTUAAB", "Negotiate\tYIIB", " negotiate YIIB", "ntlm"] {
+            #expect(TunnelRouter.bindsConnection(HTTPHeaders([("authorization", value)])), "\(value)")
+        }
+        for value in ["Basic dXNlcjpwYXNz", "Bearer NTLM", "NTLMv2 x"] {
+            #expect(!TunnelRouter.bindsConnection(HTTPHeaders([("authorization", value)])), "\(value)")
+        }
+    }
+
     @Test("toward HTTP/1.1 the gate's framing replaces the client's; toward HTTP/2 only a known length is stated")
     func fields() {
         var headers = HTTPHeaders([("content-length", "99"), ("transfer-encoding", "chunked"), ("accept", "*/*")])

@@ -62,6 +62,7 @@ struct RouterCreditTests {
         func responseBodyPassedOn(_ id: Int, bytes: Int) { window += bytes }
         func flush() {}
         func close() {}
+        var switchedProtocols: Bool { false }
         var reuseBlocker: UpstreamNotPooledReason? { exchanges.values.contains { !$0.responseDone } ? .inFlight : nil }
         func park() { router = nil }
         func attach(to router: TunnelRouter) { self.router = router }

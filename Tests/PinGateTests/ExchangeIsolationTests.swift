@@ -81,11 +81,11 @@ struct ExchangeIsolationTests {
         }
     }
 
-    @Test("stray bytes in the same read as an answer's end put the connection out of step: it is not reused, and the next tunnel gets its own answer",
-          arguments: kinds)
-    func strayInTheAnswersRead(kind: String) async throws {
+    @Test("stray bytes in the same read as an answer's end, in its TLS record or in a record of their own behind it, put the connection out of step: it is not reused, and the next tunnel gets its own answer",
+          arguments: kinds, ["0", "-1"])
+    func strayInTheAnswersRead(kind: String, delay: String) async throws {
         try await Self.withStrayOrigin { gate, origin in
-            let path = "/stray/\(kind)?delay=0"
+            let path = "/stray/\(kind)?delay=\(delay)"
             let first = try await curlThroughGate(gate, Self.url(origin, path))
             #expect(first.exitStatus == 0, "\(first.stderr)")
             #expect(kind == "late-body" ? first.httpCode == "204" : Self.isAnswer(first.body, to: path),
@@ -158,6 +158,45 @@ struct ExchangeIsolationTests {
             let elapsed = try #require(output["elapsed_s"] as? Double, "\(output)")
             #expect(elapsed < 5, "the answer was held \(elapsed) s")
             #expect(gate.server.upstreamPool?.hits == (warm ? 1 : 0))
+        }
+    }
+
+    @Test("a GET and a POST's head pipelined in one write, the POST's body sent only after the GET's answer: both reach the origin on the one upstream connection, the body whole, and both are answered")
+    func pipelinedPostAfterAnswer() async throws {
+        try await Self.withStrayOrigin(configure: { $0.upstreamPoolEnabled = false }) { gate, origin in
+            let run = try await TestProcess.run("python3", [
+                H2EchoOrigin.peers + "/pipeline_client.py", "--proxy", "127.0.0.1:\(gate.port)",
+                "--connect", "\(Self.host):\(origin.port)", "--cacert", gate.caPath, "--body-size", "200000",
+            ], timeout: 60)
+            #expect(run.status == 0, "\(run.stderr)")
+            let output = try #require(try JSONSerialization.jsonObject(with: run.stdoutData) as? [String: Any], "\(run.stdout)")
+            let answers = output["answers"] as? [[String: Any]] ?? []
+            #expect(answers.map { $0["status"] as? Int } == [200, 200], "\(output)")
+            #expect(answers.map { $0["body"] as? String } == ["answer to /first on connection 1\n", "answer to /upload on connection 1\n"],
+                    "\(output)")
+            #expect(output["closed_early"] as? Bool == false)
+            let requests = origin.events.filter { $0["event"] as? String == "request" }
+            #expect(requests.compactMap { $0["path"] as? String } == ["/first", "/upload"])
+            #expect(requests.last?["body_len"] as? Int == 200_000, "\(requests)")
+            #expect(gate.statistics.requestsForwarded == 2)
+            #expect(gate.statistics.requestsRefused(.upstreamUnreachable) == 0)
+        }
+    }
+
+    @Test("an idle timeout that cuts a stalled download is signalled to an h2 client as RST_STREAM INTERNAL_ERROR on its stream, not only as a GOAWAY")
+    func idleCutIsAReset() async throws {
+        try await Self.withStrayOrigin(configure: { $0.idleTimeout = .seconds(1) }) { gate, origin in
+            let run = try await TestProcess.run("python3", [
+                HTTP2InsideTunnelTests.peer, "--proxy", "127.0.0.1:\(gate.port)", "--connect", "\(Self.host):\(origin.port)",
+                "--cacert", gate.caPath, "--scenario", "get-paths", "--paths", "/stall", "--timeout", "15",
+            ], timeout: 60)
+            #expect(run.status == 0, "\(run.stderr)")
+            let output = try #require(try JSONSerialization.jsonObject(with: run.stdoutData) as? [String: Any], "\(run.stdout)")
+            let stream = HTTP2InsideTunnelTests.stream(output, "1")
+            #expect(stream["status"] as? Int == 200, "\(output)")
+            #expect(stream["body_len"] as? Int == 10, "\(output)")
+            #expect(stream["reset"] as? Int == 2, "the cut stream was not reset INTERNAL_ERROR: \(output)")
+            #expect(stream["ended"] as? Bool != true, "\(output)")
         }
     }
 }

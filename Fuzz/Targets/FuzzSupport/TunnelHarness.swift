@@ -143,6 +143,7 @@ final class StubUpstream: TunnelUpstreamSide {
     func responseBodyPassedOn(_ id: Int, bytes: Int) {}
     func flush() {}
     func close() { started = [:]; ended = [] }
+    var switchedProtocols: Bool { false }
     var reuseBlocker: UpstreamNotPooledReason? { started.isEmpty ? nil : .inFlight }
     func park() { router = nil }
     func attach(to router: TunnelRouter) { self.router = router }
