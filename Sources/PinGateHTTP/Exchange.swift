@@ -248,6 +248,10 @@ protocol TunnelUpstreamSide: AnyObject {
     /// when it can: it is at a message boundary (no exchange open either way), still speaks
     /// HTTP, and neither side has started to close it.
     var reuseBlocker: UpstreamNotPooledReason? { get }
+    /// True when the connection can carry an HTTP/2 client's WebSocket extended CONNECT
+    /// (RFC 8441): as one (an `h2` upstream that advertised SETTINGS_ENABLE_CONNECT_PROTOCOL),
+    /// or translated to an HTTP/1.1 `Upgrade`.
+    var carriesExtendedConnect: Bool { get }
     /// True once the connection switched protocols (HTTP/1.1 `101`): it carries the tunnel
     /// as a byte relay, and the tunnel ends with it rather than open another.
     var switchedProtocols: Bool { get }

@@ -93,6 +93,9 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     /// tunnel as a byte relay and no HTTP exchange can follow on it or on a replacement.
     var switchedProtocols: Bool { upgraded || relaying != nil }
 
+    /// Always: a WebSocket extended CONNECT is translated to an HTTP/1.1 `Upgrade` here.
+    var carriesExtendedConnect: Bool { true }
+
     var reuseBlocker: UpstreamNotPooledReason? {
         // Upgraded first: a switched connection is never HTTP again, closing or not.
         if upgraded || relaying != nil || translated != nil { return .upgraded }

@@ -72,14 +72,19 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
     private var draining = false
 
     /// A side on a fresh nghttp2 server session with `limits`.
-    init(router: TunnelRouter, limits: HTTP2Session.Limits) throws(HTTP2Error) {
+    /// - Parameters:
+    ///   - advertisesExtendedConnect: whether the client is told it may open extended
+    ///     CONNECT streams (RFC 8441): only when the tunnel's upstream can carry them.
+    init(router: TunnelRouter, limits: HTTP2Session.Limits, advertisesExtendedConnect: Bool) throws(HTTP2Error) {
         self.router = router
         // RFC 8441: the client may open extended CONNECT streams (WebSocket over HTTP/2).
         // Each is checked like any request and reaches only the pinned upstream, in its
-        // own form there (an extended CONNECT, or an HTTP/1.1 Upgrade); an upstream that
-        // can carry neither gets the stream a 501, so advertising it always is safe.
+        // own form there (an extended CONNECT, or an HTTP/1.1 Upgrade). Advertised only when
+        // the upstream can carry one: a browser that sees the setting opens its WebSocket as
+        // an extended CONNECT, and an h2 origin without it (nginx) would leave it a 501,
+        // where the browser, not seeing it, uses an HTTP/1.1 Upgrade that works (issue 31).
         var limits = limits
-        limits.enableConnectProtocol = true
+        limits.enableConnectProtocol = advertisesExtendedConnect
         self.wire = HTTP2Wire(session: try HTTP2Session(role: .server, limits: limits))
     }
 

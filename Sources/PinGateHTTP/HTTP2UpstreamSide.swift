@@ -196,6 +196,9 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler {
     ///
     /// The upstream's SETTINGS are in by now: the client's requests are held back at the
     /// tunnel's start until they arrive (`RequestAwareTunnel.install`).
+    /// True when the upstream advertised SETTINGS_ENABLE_CONNECT_PROTOCOL (RFC 8441).
+    var enablesConnectProtocol: Bool { wire.session.peerEnablesConnectProtocol }
+
     func upgradeRefusal(for head: ExchangeRequestHead) -> String? {
         let upgrade = head.upgrade ?? ""
         guard wire.session.peerEnablesConnectProtocol else {
@@ -527,6 +530,9 @@ final class HTTP2UpstreamLane: TunnelUpstreamSide {
 
     /// Never: an extended CONNECT is one stream of the connection, which goes on with HTTP/2.
     var switchedProtocols: Bool { false }
+
+    /// When the upstream advertised SETTINGS_ENABLE_CONNECT_PROTOCOL (RFC 8441).
+    var carriesExtendedConnect: Bool { connection.enablesConnectProtocol }
 
     var reuseBlocker: UpstreamNotPooledReason? {
         if let blocker = connection.connectionBlocker { return blocker }

@@ -67,7 +67,9 @@ package enum RequestAwareTunnel {
                     // always has room.
                     var clientLimits = limits
                     if upstreamProtocol != "h2" { clientLimits.initialWindowSize = min(limits.initialWindowSize, 64 * 1024) }
-                    let clientSide = try HTTP2ClientSide(router: router, limits: clientLimits)
+                    // The upstream's SETTINGS are in by now (the client's bytes wait for them).
+                    let clientSide = try HTTP2ClientSide(router: router, limits: clientLimits,
+                                                         advertisesExtendedConnect: router.upstream?.carriesExtendedConnect ?? false)
                     router.client = clientSide
                     try context.pipeline.syncOperations.addHandler(clientSide, position: .last)
                 case (.http1, "http/1.1"), (.http1, nil):

@@ -63,6 +63,7 @@ struct RouterCreditTests {
         func flush() {}
         func close() {}
         var switchedProtocols: Bool { false }
+        var carriesExtendedConnect: Bool { true }
         var reuseBlocker: UpstreamNotPooledReason? { exchanges.values.contains { !$0.responseDone } ? .inFlight : nil }
         func park() { router = nil }
         func attach(to router: TunnelRouter) { self.router = router }

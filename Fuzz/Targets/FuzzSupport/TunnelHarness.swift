@@ -51,7 +51,7 @@ public enum TunnelHarness {
                 router.client = side
                 http1Side = side
             case .http2:
-                let side = try HTTP2ClientSide(router: router, limits: HTTP2Session.Limits())
+                let side = try HTTP2ClientSide(router: router, limits: HTTP2Session.Limits(), advertisesExtendedConnect: true)
                 try channel.pipeline.syncOperations.addHandler(side)
                 router.client = side
                 http2Side = side
@@ -144,6 +144,7 @@ final class StubUpstream: TunnelUpstreamSide {
     func flush() {}
     func close() { started = [:]; ended = [] }
     var switchedProtocols: Bool { false }
+    var carriesExtendedConnect: Bool { true }
     var reuseBlocker: UpstreamNotPooledReason? { started.isEmpty ? nil : .inFlight }
     func park() { router = nil }
     func attach(to router: TunnelRouter) { self.router = router }
