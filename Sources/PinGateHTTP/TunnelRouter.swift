@@ -122,6 +122,16 @@ package final class TunnelRouter {
         var trailers: HTTPHeaders?
     }
 
+    /// Which connection a reconnect asks for.
+    package enum UpstreamDial: Sendable, Equatable {
+        /// One like the tunnel's first: from the pool, or dialled with the gate's ALPN offer.
+        case asBefore
+        /// A connection of the tunnel's own, dialled with ALPN `http/1.1` only and never
+        /// pooled or shared: for an HTTP/1.1 client's WebSocket `Upgrade` that the tunnel's
+        /// `h2` upstream cannot carry (it did not advertise RFC 8441).
+        case privateHTTP1
+    }
+
     /// What came of opening a new upstream connection for the tunnel.
     package enum UpstreamReconnect {
         /// It is up, verified and trusted, and its side is this router's upstream now.
@@ -164,7 +174,10 @@ package final class TunnelRouter {
     /// back on the tunnel's loop: set for a tunnel admitted on a pooled connection, whose
     /// connection may go (the origin's keep-alive timeout) while the client's stays. Nil: the
     /// tunnel ends with its upstream connection, as before the pool.
-    package var reconnectUpstream: ((_ done: @escaping (UpstreamReconnect) -> Void) -> Void)?
+    package var reconnectUpstream: ((_ dial: UpstreamDial, _ done: @escaping (UpstreamReconnect) -> Void) -> Void)?
+    /// Set once the tunnel's upstream is a private connection (`UpstreamDial.privateHTTP1`):
+    /// it goes to no other tunnel.
+    private var upstreamIsPrivate = false
     /// Requests waiting, in arrival order, for the new upstream connection being opened.
     private var pending: [PendingRequest] = []
     private var reconnecting = false
@@ -262,6 +275,7 @@ package final class TunnelRouter {
             return
         }
         if head.upgrade != nil, let detail = upstream.upgradeRefusal(for: head) {
+            if carryUpgradeOnPrivateConnection(id, exchange, head, authority: authority, endStream: endStream) { return }
             refuse(id, exchange, status: 501, reason: .upgradeUnsupported, detail: detail)
             return
         }
@@ -298,6 +312,27 @@ package final class TunnelRouter {
         let upstreamID = upstream.startRequest(head, authority: authority, endStream: endStream)
         exchanges[id]?.upstreamID = upstreamID
         clientIDByUpstreamID[upstreamID] = id
+    }
+
+    /// An HTTP/1.1 client's WebSocket `Upgrade` that the tunnel's `h2` upstream cannot carry
+    /// (no RFC 8441 there): the tunnel leaves its lane of the shared connection and opens one
+    /// of its own with ALPN `http/1.1`, verified and pinned like any, where the `Upgrade`
+    /// goes as it came (issue 31: a browser that found no extended CONNECT setting uses an
+    /// HTTP/1.1 WebSocket, which nginx h2 origins take only on an HTTP/1.1 connection). Only
+    /// with nothing else open on the tunnel (the client's connection becomes the WebSocket).
+    /// False when it cannot be done: the request is then refused 501.
+    private func carryUpgradeOnPrivateConnection(_ id: Int, _ exchange: Exchange, _ head: ExchangeRequestHead,
+                                                 authority: RequestAuthority, endStream: Bool) -> Bool {
+        guard !clientUsesStreamIDs, let lane = upstream as? HTTP2UpstreamLane, reconnectUpstream != nil, !reconnecting,
+              !ended, pending.isEmpty, exchanges.values.allSatisfy({ $0.responseEnded }), ledger.openAccounts == 0,
+              head.upgrade.map(WebSocketHandshake.isWebSocket) == true else { return false }
+        // The lane leaves the shared connection, which stays with the other tunnels.
+        if lane.reuseBlocker == nil { lane.park() } else { lane.close() }
+        upstream = nil
+        exchanges[id] = exchange
+        pending.append(PendingRequest(id: id, head: head, authority: authority, endStream: endStream, ended: endStream))
+        startReconnect(.privateHTTP1)
+        return true
     }
 
     /// The client side refused request `id` itself before asking for a decision (a request
@@ -517,6 +552,7 @@ package final class TunnelRouter {
     /// Why the upstream connection cannot go on to another tunnel now, or nil when it can.
     private func reuseBlocker(_ upstream: any TunnelUpstreamSide) -> UpstreamNotPooledReason? {
         if carriedConnectionAuthentication { return .connectionAuthentication }
+        if upstreamIsPrivate { return .privateConnection }
         if upstreamFailure != nil { return .closing }
         // Body bytes whose credit is still out: the connection is not at a boundary.
         if ledger.openAccounts > 0 { return .inFlight }
@@ -573,10 +609,11 @@ package final class TunnelRouter {
     }
 
     /// Opens a new upstream connection for the waiting requests, unless one is being opened.
-    private func startReconnect() {
+    private func startReconnect(_ dial: UpstreamDial = .asBefore) {
         guard !reconnecting, !ended, let reconnect = reconnectUpstream else { return }
         reconnecting = true
-        reconnect { [weak self] result in self?.reconnected(result) }
+        upstreamIsPrivate = dial == .privateHTTP1
+        reconnect(dial) { [weak self] result in self?.reconnected(result) }
     }
 
     /// The new upstream connection is up (its side is `upstream`), or was refused: the
@@ -595,10 +632,15 @@ package final class TunnelRouter {
             }
             upstream?.flush()
         case .refused(let status, let reason, let detail):
+            // A private connection for an Upgrade says what it was for: the refusal's own
+            // reason stands (a pin mismatch is one), the text names both steps.
+            let said = upstreamIsPrivate
+                ? "the upstream's h2 connection cannot carry a WebSocket (it did not advertise RFC 8441), and a connection of the tunnel's own with ALPN http/1.1 was refused: \(detail)"
+                : detail
             for request in waiting {
                 guard let exchange = exchanges[request.id] else { continue }
                 returnCredit(of: request)
-                refuse(request.id, exchange, status: status, reason: reason, detail: detail)
+                refuse(request.id, exchange, status: status, reason: reason, detail: said)
             }
             client?.flush()
         }

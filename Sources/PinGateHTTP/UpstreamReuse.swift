@@ -16,6 +16,9 @@ package enum UpstreamNotPooledReason: String, Sendable, Hashable, CaseIterable {
     /// response's end): it is out of step, and its next bytes could be taken for another
     /// exchange's answer.
     case unsolicitedBytes = "unsolicited-bytes"
+    /// The tunnel opened it for itself (ALPN `http/1.1`, for a WebSocket its `h2`
+    /// connection could not carry): it is the tunnel's own, never another's.
+    case privateConnection = "private"
     /// The upstream sent HTTP/2 GOAWAY: it takes no new streams.
     case goAway = "goaway"
     /// A request on it carried connection-bound authentication (`Authorization: NTLM` or

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """HTTP/1.1 WebSocket peers for pingate's tests, on the `websockets` library (sync API).
 
-server --cert C --key K [--bad-accept]
+server --cert C --key K [--bad-accept] | server --plain
     A wss:// echo origin on 127.0.0.1, port 0, ALPN http/1.1 only. `GET /refuse` is
     answered 404 (no switch); with --bad-accept every 101 carries a Sec-WebSocket-Accept
-    that answers no key (a server that did not understand the handshake). Prints one JSON line
+    that answers no key (a server that did not understand the handshake); with --plain it
+    speaks ws:// with no TLS (a backend for an nginx origin to proxy to). Prints one JSON line
     `{"event": "listening", "port": N}`, then one `{"event": "connection", ...}` line per
     WebSocket handshake it completed (path, the request headers) and one
     `{"event": "closed", "messages": N, "sha256": [...]}` line per connection when it
@@ -71,9 +72,11 @@ def run_server(args):
             response.headers["Sec-WebSocket-Accept"] = "AAAAAAAAAAAAAAAAAAAAAAAAAAA="
         return response
 
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(args.cert, args.key)
-    context.set_alpn_protocols(["http/1.1"])
+    context = None
+    if not args.plain:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(args.cert, args.key)
+        context.set_alpn_protocols(["http/1.1"])
     server = serve(echo, "127.0.0.1", 0, ssl=context, compression=None,
                    process_request=process_request, process_response=process_response)
     emit({"event": "listening", "port": server.socket.getsockname()[1]})
@@ -119,9 +122,10 @@ def main(argv):
     parser = argparse.ArgumentParser(description="HTTP/1.1 WebSocket peers (see Tests/Peers/README.md)")
     sub = parser.add_subparsers(dest="mode", required=True)
     server = sub.add_parser("server")
-    server.add_argument("--cert", required=True)
-    server.add_argument("--key", required=True)
+    server.add_argument("--cert")
+    server.add_argument("--key")
     server.add_argument("--bad-accept", action="store_true")
+    server.add_argument("--plain", action="store_true")
     client = sub.add_parser("client")
     client.add_argument("--proxy", required=True)
     client.add_argument("--connect", required=True)
@@ -130,6 +134,8 @@ def main(argv):
     client.add_argument("--payload-size", type=int, default=100000)
     args = parser.parse_args(argv)
     if args.mode == "server":
+        if not args.plain and not (args.cert and args.key):
+            parser.error("server needs --cert and --key (or --plain)")
         run_server(args)
         return 0
     return run_client(args)

@@ -170,11 +170,6 @@ struct ExtendedConnectTests {
             #expect(origin.streams.isEmpty, "\(origin.streams)")
             let stats = gate.statistics
             #expect(stats.requestsForwarded == 0)
-            // The HTTP/1.1 client's WebSocket to the same upstream: 501 too.
-            let h1 = try await Self.wsClient(gate: gate, port: origin.port)
-            #expect(h1["status"] as? Int == 501, "\(h1)")
-            #expect(h1["refusal"] as? String == "upgrade-unsupported")
-            #expect(gate.statistics.requestsRefused(.upgradeUnsupported) == 1)
         }
     }
 
@@ -341,5 +336,48 @@ struct ExtendedConnectTests {
         #expect(WebSocketHandshake.problem(with: response, key: "dGhlIHNhbXBsZSBub25jZQ==") == nil)
         response.replaceOrAdd(name: "sec-websocket-accept", value: "AAAAAAAAAAAAAAAAAAAAAAAAAAA=")
         #expect(WebSocketHandshake.problem(with: response, key: "dGhlIHNhbXBsZSBub25jZQ==") != nil)
+    }
+
+    // MARK: 5. An Upgrade the h2 upstream cannot carry
+
+    @Test("an HTTP/1.1 client's WebSocket to an nginx h2 origin (no RFC 8441) goes on a connection of the tunnel's own, dialled with ALPN http/1.1 and pinned like any: 101 and the echo whole, cold and with a warm shared h2 connection in the pool, which stays for others",
+          arguments: [false, true])
+    func upgradeOnPrivateHTTP1Connection(warm: Bool) async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
+        try await H2EchoOrigin.with(script: "ws_peer.py", ["server", "--plain"]) { backend in
+            let proxy = """
+                location /chat {
+                    proxy_pass http://127.0.0.1:\(backend.port);
+                    proxy_http_version 1.1;
+                    proxy_set_header Upgrade $http_upgrade;
+                    proxy_set_header Connection "upgrade";
+                }
+                """
+            try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: ["a.txt": Data("a\n".utf8)],
+                                       http2: true, serverDirectives: proxy) { nginx in
+                try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
+                                           resolve: ["\(Self.host):\(nginx.port)"], configure: { $0.eventLoopThreads = 1 }) { gate in
+                    if warm {
+                        let fetched = try await curlThroughGate(gate, "https://\(Self.host):\(nginx.port)/a.txt")
+                        #expect(fetched.httpVersion == "2" && fetched.body == Data("a\n".utf8), "\(fetched.stderr)")
+                        #expect(await eventually(timeout: .seconds(5)) { gate.server.upstreamPool?.idle == 1 })
+                    }
+                    let report = try await Self.wsClient(gate: gate, port: nginx.port)
+                    #expect(report["status"] as? Int == 101, "\(report)")
+                    #expect(report["echo_equal"] as? Bool == true, "\(report)")
+                    #expect(report["close_code"] as? Int == 1000, "\(report)")
+                    #expect(Self.events(backend, "connection").count == 1, "\(backend.events)")
+                    #expect(gate.statistics.requestsRefused(.upgradeUnsupported) == 0)
+                    #expect(gate.statistics.upstreamReconnects["connected"] == 1, "\(gate.statistics.upstreamReconnects)")
+                    let pool = try #require(gate.server.upstreamPool)
+                    // The private connection never went to the pool; the shared h2 one stayed.
+                    #expect(pool.idle == 1, "\(pool)")
+                    if warm { #expect(pool.hits == 1, "\(pool)") }
+                }
+            }
+        }
     }
 }

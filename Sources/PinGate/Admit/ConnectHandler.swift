@@ -429,7 +429,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             let finalUpstream: UpstreamConnection?
             if case .relaying(_, let joined) = self.machine.state { finalUpstream = joined } else { finalUpstream = upstream }
             // Unless it went to the pool (the client left it at a message boundary).
-            if let finalUpstream, self.httpTunnel?.upstreamParked != true { self.drop(finalUpstream) }
+            if let finalUpstream, self.httpTunnel?.handedOff(finalUpstream) != true { self.drop(finalUpstream) }
             self.logDecision(verdict: "allowed", reason: DecisionReason(verdict), observed: verdict.observedFingerprint,
                              pinVerdict: verdict, request: request, upstream: finalUpstream)
         }
@@ -568,9 +568,9 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         // a stray that put it out of step) while the client's stays; the next request, and
         // those queued behind the close, get a new one, verified like the first.
         let clientChannel = context.channel
-        router.reconnectUpstream = { [weak router] done in
+        router.reconnectUpstream = { [weak router] dial, done in
             guard let router else { return }
-            facts.reconnect(router: router, client: clientChannel, done: done)
+            facts.reconnect(router: router, client: clientChannel, dial: dial, done: done)
         }
         try RequestAwareTunnel.install(
             client: context.channel, clientGlue: clientGlue, clientProtocol: clientALPN,
@@ -713,8 +713,23 @@ private final class HTTPTunnelFacts {
     private var verdictGeneration: UInt64
     /// The tunnel's key in the upstream pool, made once.
     private lazy var poolKey = environment.poolKey(for: request)
-    /// Set when the tunnel's upstream connection went to the pool as the client left.
-    private(set) var upstreamParked = false
+    /// The tunnel's upstream connections (by channel) that went to the pool or are shared
+    /// through it: the tunnel does not close them when it ends. One per connection, since a
+    /// tunnel can move on from one that stays with others (a shared `h2` connection it left
+    /// for a private HTTP/1.1 one) and must then not close it.
+    private var handedOff: Set<ObjectIdentifier> = []
+
+    /// True when the tunnel's current upstream connection went to the pool or is shared.
+    var upstreamParked: Bool { handedOff.contains(ObjectIdentifier(upstream.channel)) }
+
+    /// True when `connection`, one of this tunnel's upstream connections, went to the pool
+    /// or is shared: not the tunnel's to close.
+    func handedOff(_ connection: UpstreamConnection) -> Bool { handedOff.contains(ObjectIdentifier(connection.channel)) }
+
+    /// Records whether the current upstream connection was handed to the pool.
+    private func markCurrentUpstream(handedOff parked: Bool) {
+        if parked { handedOff.insert(ObjectIdentifier(upstream.channel)) }
+    }
 
     init(environment: GateEnvironment, request: ConnectRequest, upstream: UpstreamConnection, client: String,
          clientALPN: String?, bytes: TunnelBytes, verdictGeneration: UInt64) {
@@ -749,8 +764,9 @@ private final class HTTPTunnelFacts {
             environment.pool?.notPooled(reason)
             return false
         case .reusable(let side):
-            upstreamParked = offerToPool(side, shared: false)
-            return upstreamParked
+            let parked = offerToPool(side, shared: false)
+            markCurrentUpstream(handedOff: parked)
+            return parked
         }
     }
 
@@ -775,7 +791,11 @@ private final class HTTPTunnelFacts {
     /// CONNECT's would be: the list in force, the host's pins, the chain and host name.
     /// Trusted, it becomes the tunnel's upstream (`RequestAwareTunnel.replaceUpstream`);
     /// refused, the waiting requests are answered with the refusal, inside the tunnel.
-    func reconnect(router: TunnelRouter, client clientChannel: Channel, done: @escaping (TunnelRouter.UpstreamReconnect) -> Void) {
+    /// - Parameters:
+    ///   - dial: `.privateHTTP1` asks for a connection of the tunnel's own with ALPN
+    ///     `http/1.1` (never from the pool, never into it).
+    func reconnect(router: TunnelRouter, client clientChannel: Channel, dial: TunnelRouter.UpstreamDial,
+                   done: @escaping (TunnelRouter.UpstreamReconnect) -> Void) {
         let now = environment.now()
         let host = request.host, port = request.port
         let refuse = { (refusal: Refusal) in
@@ -802,8 +822,9 @@ private final class HTTPTunnelFacts {
             return
         }
         let generation = environment.store.generation
-        let offer = environment.decisionPolicy.upstreamALPNOffer(configured: environment.configuration.upstreamALPNOffer)
-        if let pooled = environment.pool?.take(poolKey, on: clientChannel.eventLoop, generation: generation) {
+        let offer = dial == .privateHTTP1 ? ["http/1.1"]
+            : environment.decisionPolicy.upstreamALPNOffer(configured: environment.configuration.upstreamALPNOffer)
+        if dial == .asBefore, let pooled = environment.pool?.take(poolKey, on: clientChannel.eventLoop, generation: generation) {
             // Another verified connection is at hand (an h2 one other tunnels share, or an
             // idle one): decided on as a pooled CONNECT is.
             let chain = ConnectHandler.chainCheck(pooled)
@@ -849,7 +870,7 @@ private final class HTTPTunnelFacts {
                         return
                     }
                     self.adopt(upstream, generation: generation, chain: chain, client: clientChannel, parked: false)
-                    if let shareable = router.shareableUpstream { self.share(shareable, fresh: true) }
+                    if dial == .asBefore, let shareable = router.shareableUpstream { self.share(shareable, fresh: true) }
                     self.environment.logger.info("opened a new upstream connection inside a tunnel", metadata: [
                         "client": "\(self.client)", "host": "\(host)", "port": "\(port)",
                         "upstream_handshake_ms": "\(upstream.handshakeDuration.nanoseconds / 1_000_000)",
@@ -868,14 +889,14 @@ private final class HTTPTunnelFacts {
                        parked: Bool) {
         self.upstream = upstream
         verdictGeneration = generation
-        upstreamParked = parked
+        markCurrentUpstream(handedOff: parked)
         if let leaf = upstream.leaf {
             environment.tunnels.replaceUpstream(of: clientChannel, leaf: leaf, chain: chain)
         }
         // The client leaving first closes it through the router; this covers a tunnel torn
         // down some other way.
         clientChannel.closeFuture.assumeIsolated().whenComplete { _ in
-            if !self.upstreamParked { upstream.channel.close(promise: nil) }
+            if !self.handedOff(upstream) { upstream.channel.close(promise: nil) }
         }
     }
 
@@ -883,7 +904,7 @@ private final class HTTPTunnelFacts {
     /// pool now (if the pool takes it), one from the pool is there already. Either way the
     /// tunnel no longer owns it, and does not close it when it ends.
     func share(_ shareable: PooledUpstreamSide, fresh: Bool) {
-        upstreamParked = fresh ? offerToPool(shareable, shared: true) : true
+        markCurrentUpstream(handedOff: fresh ? offerToPool(shareable, shared: true) : true)
     }
 
     /// Why this tunnel's upstream connection may not go to the pool whatever its HTTP state.
