@@ -105,6 +105,12 @@ final class ClientProtocolSniffer: ChannelInboundHandler, RemovableChannelHandle
             context.close(promise: nil)
             return
         }
+        if event is TunnelDrainEvent {
+            // The gate is draining and the client has not sent its first request: nothing is
+            // in flight, so the tunnel ends now rather than hold the drain.
+            context.close(promise: nil)
+            return
+        }
         context.fireUserInboundEventTriggered(event)
     }
 }

@@ -199,4 +199,43 @@ struct ExchangeIsolationTests {
             #expect(stream["ended"] as? Bool != true, "\(output)")
         }
     }
+
+    @Test("a stop with nothing in flight ends at once: a connection that sent no CONNECT yet and a tunnel whose client sent no request are closed as the drain starts, well within a 30 s drain timeout")
+    func drainWithNothingInFlight() async throws {
+        try await Self.withStrayOrigin { gate, origin in
+            let script = """
+            import socket, ssl, sys
+            port, target, ca, tunnel = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+            raw = socket.create_connection(("127.0.0.1", port), timeout=60)
+            peer = raw
+            if tunnel:
+                raw.sendall(f"CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode())
+                head = b""
+                while b"\\r\\n\\r\\n" not in head: head += raw.recv(1)
+                context = ssl.create_default_context(cafile=ca)
+                context.set_alpn_protocols(["http/1.1"])
+                peer = context.wrap_socket(raw, server_hostname=target.rsplit(":", 1)[0])
+            print("ready", flush=True)
+            try:
+                print("closed" if not peer.recv(1) else "data", flush=True)
+            except (OSError, ssl.SSLError) as error:
+                print("closed", type(error).__name__, flush=True)
+            """
+            let target = "\(Self.host):\(origin.port)"
+            let clients = [false, true].map { tunnel in
+                Task { try await TestProcess.run("python3", ["-c", script, "\(gate.port)", target, gate.caPath, tunnel ? "1" : "0"], timeout: 60) }
+            }
+            #expect(await eventually(timeout: .seconds(10)) { gate.server.openConnections == 2 }, "\(gate.server.openConnections)")
+            // The tunnel's client finished its handshake (the sniffer waits for its first bytes).
+            #expect(await eventually(timeout: .seconds(10)) { gate.statistics.openTunnels == 1 })
+            let started = ContinuousClock.now
+            try await gate.server.shutdown(drainTimeout: .seconds(30))
+            let took = ContinuousClock.now - started
+            #expect(took < .seconds(10), "the stop took \(took) with nothing in flight")
+            for client in clients {
+                let result = try await client.value
+                #expect(result.stdout.contains("closed"), "\(result.stdout) \(result.stderr)")
+            }
+        }
+    }
 }

@@ -47,6 +47,9 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     /// The request-aware tunnel's reports, once joined: it knows whether the upstream
     /// connection went to the pool when the client left (then it is not closed here).
     private var httpTunnel: HTTPTunnelFacts?
+    /// The gate began draining before this connection's tunnel was joined: the tunnel hears
+    /// it once it is (`join`).
+    private var drainAnnounced = false
     /// This tunnel's dial, while other CONNECTs to the same key on this loop may wait for
     /// it (`UpstreamPool.checkout`): settled (`settleDial`) once its `h2` connection is
     /// shared in the pool, or as soon as it will not be, on every way out.
@@ -101,6 +104,22 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         } else {
             perform(action, context: context)
         }
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if event is TunnelDrainEvent {
+            // The gate is draining. A connection still reading its CONNECT has nothing in
+            // flight: it closes now, so a drain with no tunnel open ends at once (issue 31:
+            // one such connection held a stop for seconds). One further on (deciding,
+            // dialling, handshaking) finishes its set-up and hears the drain as it joins.
+            if machine.isReadingHead {
+                context.close(promise: nil)
+            } else {
+                drainAnnounced = true
+            }
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
     }
 
     func channelInactive(context: ChannelHandlerContext) {
@@ -534,6 +553,8 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         }
         // From here on the channel is TLS and relay only.
         context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
+        // A drain announced while the tunnel was being set up reaches its sides now.
+        if drainAnnounced || environment.isShuttingDown() { context.channel.pipeline.fireUserInboundEventTriggered(TunnelDrainEvent()) }
     }
 
     /// Replaces the byte relay with the HTTP layer: every request is checked against the

@@ -129,6 +129,13 @@ struct ConnectStateMachine<Upstream: Equatable> {
         self.limits = limits
     }
 
+    /// True while the CONNECT head is still being read: nothing was decided or dialled for
+    /// the connection yet.
+    var isReadingHead: Bool {
+        if case .readingHead = state { return true }
+        return false
+    }
+
     /// True while a new upstream is being opened for the client's ALPN offer (the client's
     /// handshake is paused at its ClientHello for exactly that long).
     var isReconnectingUpstream: Bool {
