@@ -50,6 +50,16 @@ struct ExchangeIsolationTests {
         (gate.server.upstreamPool?.closed["unsolicited-bytes"] ?? 0) + gate.statistics.upstreamUnsolicitedBytes
     }
 
+    /// `h2_client.py`'s `get-paths` for `path` through `gate` to `origin`: its JSON report.
+    static func h2Get(_ gate: GateFixture, _ origin: H2EchoOrigin, _ path: String) async throws -> [String: Any] {
+        let run = try await TestProcess.run("python3", [
+            HTTP2InsideTunnelTests.peer, "--proxy", "127.0.0.1:\(gate.port)", "--connect", "\(host):\(origin.port)",
+            "--cacert", gate.caPath, "--scenario", "get-paths", "--paths", path, "--timeout", "15",
+        ], timeout: 60)
+        #expect(run.status == 0, "\(run.stderr)")
+        return try #require(try JSONSerialization.jsonObject(with: run.stdoutData) as? [String: Any], "\(run.stdout)")
+    }
+
     /// How many CONNECTs curl sent: 1 when it kept its tunnel for every transfer.
     static func connects(_ result: CurlResult) -> Int {
         result.stderr.components(separatedBy: "> CONNECT ").count - 1
@@ -146,12 +156,7 @@ struct ExchangeIsolationTests {
                 _ = try await curlThroughGate(gate, Self.url(origin, "/warm"))
                 #expect(await eventually(timeout: .seconds(5)) { gate.server.upstreamPool?.idle == 1 })
             }
-            let run = try await TestProcess.run("python3", [
-                HTTP2InsideTunnelTests.peer, "--proxy", "127.0.0.1:\(gate.port)", "--connect", "\(Self.host):\(origin.port)",
-                "--cacert", gate.caPath, "--scenario", "get-paths", "--paths", "/close", "--timeout", "15",
-            ], timeout: 60)
-            #expect(run.status == 0, "\(run.stderr)")
-            let output = try #require(try JSONSerialization.jsonObject(with: run.stdoutData) as? [String: Any], "\(run.stdout)")
+            let output = try await Self.h2Get(gate, origin, "/close")
             let stream = HTTP2InsideTunnelTests.stream(output, "1")
             #expect(stream["status"] as? Int == 200, "\(output)")
             #expect(stream["ended"] as? Bool == true, "\(output)")
@@ -186,12 +191,7 @@ struct ExchangeIsolationTests {
     @Test("an idle timeout that cuts a stalled download is signalled to an h2 client as RST_STREAM INTERNAL_ERROR on its stream, not only as a GOAWAY")
     func idleCutIsAReset() async throws {
         try await Self.withStrayOrigin(configure: { $0.idleTimeout = .seconds(1) }) { gate, origin in
-            let run = try await TestProcess.run("python3", [
-                HTTP2InsideTunnelTests.peer, "--proxy", "127.0.0.1:\(gate.port)", "--connect", "\(Self.host):\(origin.port)",
-                "--cacert", gate.caPath, "--scenario", "get-paths", "--paths", "/stall", "--timeout", "15",
-            ], timeout: 60)
-            #expect(run.status == 0, "\(run.stderr)")
-            let output = try #require(try JSONSerialization.jsonObject(with: run.stdoutData) as? [String: Any], "\(run.stdout)")
+            let output = try await Self.h2Get(gate, origin, "/stall")
             let stream = HTTP2InsideTunnelTests.stream(output, "1")
             #expect(stream["status"] as? Int == 200, "\(output)")
             #expect(stream["body_len"] as? Int == 10, "\(output)")
