@@ -10,6 +10,9 @@ package enum RequestRefusal: String, Sendable, Hashable, CaseIterable {
     case malformedRequest = "malformed-request"
     /// A classic CONNECT inside the tunnel (405).
     case methodNotAllowed = "method-not-allowed"
+    /// A header field longer than origins take by default (431): nginx drops the whole
+    /// connection for one, which on a shared upstream connection cut other apps' exchanges.
+    case headerTooLarge = "header-too-large"
     /// A protocol switch the tunnel's upstream cannot carry, or one other than WebSocket (501).
     case upgradeUnsupported = "upgrade-unsupported"
     /// The upstream went away, or could not take the exchange (502).

@@ -266,6 +266,16 @@ package final class TunnelRouter {
                    detail: "CONNECT inside a tunnel is not relayed (only an RFC 8441 extended CONNECT with :protocol is)")
             return
         }
+        if let field = Self.oversizedField(head.headers) {
+            // One client must not be able to cut another (issue 31): nginx answers a field
+            // over its 8 KiB buffers by dropping the connection, and on a shared h2 connection
+            // that reset every other app's streams. Refused on every connection, pooled or
+            // not, so that pooling changes no outcome; an origin with default limits would
+            // refuse the field anyway (nginx drops, Apache answers 400).
+            refuse(id, exchange, status: 431, reason: .headerTooLarge,
+                   detail: "the header field \(field.name) is \(field.size) bytes; the gate forwards fields of up to \(Self.maximumFieldBytes) bytes (the default limits of nginx and Apache), since a larger one can make the origin drop a connection other clients share")
+            return
+        }
         if let upgrade = head.upgrade, !WebSocketHandshake.isWebSocket(upgrade) {
             // Only WebSocket is relayed as a switched protocol: its frames carry no
             // requests. Another protocol's bytes would pass unread (an HTTP/1.1 client's
@@ -562,6 +572,19 @@ package final class TunnelRouter {
     /// Whether `headers` carry authentication that binds the connection rather than the
     /// request (RFC 4559 `Negotiate`, Microsoft's `NTLM`): the server authenticates the
     /// connection once and may not ask again.
+    /// The longest header field (name and value) forwarded: Apache's `LimitRequestFieldSize`
+    /// default, just under nginx's 8 KiB `large_client_header_buffers`.
+    static let maximumFieldBytes = 8_190
+
+    /// The first header field longer than `maximumFieldBytes`, with its size, or nil.
+    static func oversizedField(_ headers: HTTPHeaders) -> (name: String, size: Int)? {
+        for field in headers {
+            let size = field.name.utf8.count + field.value.utf8.count
+            if size > maximumFieldBytes { return (field.name, size) }
+        }
+        return nil
+    }
+
     static func bindsConnection(_ headers: HTTPHeaders) -> Bool {
         headers[canonicalForm: "authorization"].contains { value in
             // The scheme ends at any whitespace (RFC 9110 §11.6.2 allows tabs too): `NTLM<TAB>…`

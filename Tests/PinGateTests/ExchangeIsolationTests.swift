@@ -1,5 +1,6 @@
 import Foundation
 import PinGateTestSupport
+import PinGateTLS
 import Testing
 @testable import PinGate
 
@@ -236,6 +237,33 @@ struct ExchangeIsolationTests {
                 let result = try await client.value
                 #expect(result.stdout.contains("closed"), "\(result.stdout) \(result.stderr)")
             }
+        }
+    }
+
+    @Test("a header field longer than origins take by default is refused 431 header-too-large, on every connection, so it cannot make a shared h2 connection drop: a download on that connection arrives whole, and a field just under the limit passes")
+    func oversizedFieldCannotCutAnother() async throws {
+        let payload = Data((0..<(4 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 131 &+ 17) })
+        try await UpstreamPoolTests.withOrigin(http2: true, extraFiles: ["big.bin": payload],
+                                               configure: { $0.eventLoopThreads = 1 }) { gate, nginx, _ in
+            let base = "https://\(UpstreamPoolTests.host):\(nginx.port)"
+            // The victim's download, on the shared h2 connection, while the other client sends
+            // an oversized field on it (curl --limit-rate keeps the download going meanwhile).
+            let victim = Task { try await curlThroughGate(gate, "\(base)/big.bin", ["--limit-rate", "4M"]) }
+            #expect(await eventually(timeout: .seconds(10)) { gate.statistics.openTunnels >= 1 })
+            try await Task.sleep(for: .milliseconds(200))
+            let big = String(repeating: "b", count: 16_000)
+            let refused = try await curlThroughGate(gate, "\(base)/a.txt", ["-H", "X-Big: \(big)"])
+            #expect(refused.httpCode == "431", "\(refused.httpCode) \(refused.stderr)")
+            #expect(refused.stderr.lowercased().contains("pingate-refusal: header-too-large"), "\(refused.stderr)")
+            let under = String(repeating: "u", count: 8_000)
+            let passed = try await curlThroughGate(gate, "\(base)/a.txt", ["-H", "X-Under: \(under)"])
+            #expect(passed.httpCode == "200" && passed.body == UpstreamPoolTests.body, "\(passed.httpCode) \(passed.stderr)")
+            let download = try await victim.value
+            #expect(download.exitStatus == 0 && download.httpCode == "200", "\(download.stderr)")
+            #expect(SHA256Digest.hash(Array(download.body)) == SHA256Digest.hash(Array(payload)), "\(download.body.count) bytes")
+            #expect(gate.statistics.requestsRefused(.headerTooLarge) == 1)
+            // Only the download and the request under the limit reached nginx.
+            #expect(nginx.accessLogConnections().count == 2, "\(nginx.accessLogConnections())")
         }
     }
 }

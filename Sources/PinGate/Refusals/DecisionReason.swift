@@ -101,6 +101,7 @@ extension DecisionReason {
         case .authorityMismatch: self = .authorityMismatch
         case .malformedRequest: self = .malformedRequest
         case .methodNotAllowed: self = .methodNotAllowed
+        case .headerTooLarge: self = .headerTooLarge
         case .upgradeUnsupported: self = .upgradeUnsupported
         case .upstreamUnreachable: self = .upstreamUnreachable
         case .upstreamProtocolError: self = .upstreamProtocolError
