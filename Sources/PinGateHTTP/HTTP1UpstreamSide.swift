@@ -65,9 +65,9 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     /// In front of the decoder (with the codecs): where the inbound bytes stand between
     /// responses, byte-exactly (`HTTP1ResponseBoundary`).
     private var boundaryGuard: HTTP1ResponseBoundaryHandler?
-    /// A response ended inside a read that is still being delivered: the next request
-    /// waits until the read is known to have ended with it (`boundaryReached`).
-    private var awaitingBoundary = false
+    /// A response ended inside a read burst still being delivered: the next request waits
+    /// until the burst is known to have ended with it (`boundaryReached`).
+    private var awaitingBoundary: Bool { boundaryGuard?.boundary.phase == .endedInRead }
     /// The upstream's last response said it closes (or the gate's request was still being
     /// sent after its answer): no new request goes on this connection.
     private var carriesNoMoreRequests = false
@@ -101,7 +101,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         if upgraded || relaying != nil || translated != nil { return .upgraded }
         if sentUnsolicitedBytes { return .unsolicitedBytes }
         if closing || carriesNoMoreRequests || context == nil { return .closing }
-        if active != nil || !waiting.isEmpty || flow.bytesInFlight > 0 || awaitingBoundary { return .inFlight }
+        if active != nil || !waiting.isEmpty || flow.bytesInFlight > 0 { return .inFlight }
         // Codecs in: the last response must have been confirmed to end at a boundary.
         if let boundaryGuard, !boundaryGuard.boundary.isAtBoundary { return .inFlight }
         return nil
@@ -451,8 +451,6 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
                 // The upstream will close, or our request is still being sent after its
                 // answer: the connection cannot carry another exchange in step.
                 carriesNoMoreRequests = true
-            } else if !atBoundary {
-                awaitingBoundary = true
             }
             router?.responseEnd(id, trailers: trailers)
             if !keepsConnection {
@@ -465,7 +463,6 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
 
     /// The read burst that carried the last response's end ended with it: the next request goes.
     private func boundaryReached() {
-        awaitingBoundary = false
         startNextWaiting()
     }
 

@@ -418,12 +418,7 @@ package final class TunnelRouter {
         dropPending(id)
         // Detached first: cancelling an HTTP/1.1 upstream closes its connection, whose
         // going (reported at once) must not answer this exchange with a 502 of its own.
-        let upstreamID = exchange.responseEnded ? nil : exchange.upstreamID
-        if let upstreamID {
-            clientIDByUpstreamID[upstreamID] = nil
-            ledger.sinkFinishing(.request, sinkID: upstreamID)
-        }
-        exchange.upstreamID = nil
+        let upstreamID = detachFromUpstream(exchange)
         if exchange.status == nil {
             refuse(id, exchange, status: 400, reason: .malformedRequest, detail: detail)
         } else {
@@ -447,12 +442,7 @@ package final class TunnelRouter {
         // Detached before the upstream hears of it: cancelling an HTTP/1.1 upstream closes its
         // connection, whose going would otherwise be taken for the upstream failing this
         // exchange (a 502 counted as `upstream-unreachable`).
-        let upstreamID = exchange.responseEnded ? nil : exchange.upstreamID
-        if let upstreamID {
-            clientIDByUpstreamID[upstreamID] = nil
-            ledger.sinkFinishing(.request, sinkID: upstreamID)
-        }
-        exchanges[id]?.upstreamID = nil
+        let upstreamID = detachFromUpstream(exchange)
         finish(id)
         if let upstreamID { upstream?.cancel(upstreamID) }
     }
@@ -466,16 +456,25 @@ package final class TunnelRouter {
         for id in exchanges.keys.sorted() {
             guard let exchange = exchanges[id], !exchange.responseEnded else { continue }
             dropPending(id)
-            let upstreamID = exchange.upstreamID
-            if let upstreamID {
-                clientIDByUpstreamID[upstreamID] = nil
-                ledger.sinkFinishing(.request, sinkID: upstreamID)
-            }
-            exchange.upstreamID = nil
+            let upstreamID = detachFromUpstream(exchange)
             client?.cancel(id)
             finish(id)
             if let upstreamID { upstream?.cancel(upstreamID) }
         }
+    }
+
+    /// Unpairs `exchange` from its upstream exchange (no more of that reaches it, and its
+    /// request account closes once settled); returns the upstream id when the response had
+    /// not ended, so the caller can abandon it upstream after its own answer is written.
+    @discardableResult
+    private func detachFromUpstream(_ exchange: Exchange) -> Int? {
+        let upstreamID = exchange.responseEnded ? nil : exchange.upstreamID
+        if let upstreamID {
+            clientIDByUpstreamID[upstreamID] = nil
+            ledger.sinkFinishing(.request, sinkID: upstreamID)
+        }
+        exchange.upstreamID = nil
+        return upstreamID
     }
 
     /// The client sent bytes that are not valid HTTP: counted and logged as a refusal
@@ -742,9 +741,7 @@ package final class TunnelRouter {
             responseNotProcessed(upstreamID)
             return
         }
-        clientIDByUpstreamID[upstreamID] = nil
-        ledger.sinkFinishing(.request, sinkID: upstreamID)
-        exchange.upstreamID = nil
+        detachFromUpstream(exchange)
         exchange.unsent = nil
         exchange.retry = nil
         pending.append(request)
@@ -893,11 +890,9 @@ package final class TunnelRouter {
         for upstreamID in unfinished {
             guard let id = clientIDByUpstreamID[upstreamID], let exchange = exchanges[id] else { continue }
             if let retry = exchange.retry, exchange.status == nil, exchange.bytesDown == 0 {
-                clientIDByUpstreamID[upstreamID] = nil
-                ledger.sinkFinishing(.request, sinkID: upstreamID)
-                exchanges[id]?.upstreamID = nil
-                exchanges[id]?.retry = nil
-                exchanges[id]?.unsent = nil
+                detachFromUpstream(exchange)
+                exchange.retry = nil
+                exchange.unsent = nil
                 pending.append(retry)
             } else {
                 responseFailed(upstreamID, detail: "the upstream's connection closed before the response ended")
