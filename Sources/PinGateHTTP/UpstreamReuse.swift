@@ -112,7 +112,9 @@ package final class PooledUpstreamSide {
     package var sentUnsolicitedBytes: Bool {
         switch kind {
         case .http1(let side): return side.reuseBlocker == .unsolicitedBytes
-        case .http2(let connection): return connection.connectionBlocker == .unsolicitedBytes
+        // A frame an h2 connection did not ask for is nghttp2's to refuse, as a protocol
+        // error that ends the connection: counted as a close, not here.
+        case .http2: return false
         }
     }
 

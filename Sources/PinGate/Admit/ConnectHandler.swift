@@ -740,9 +740,6 @@ private final class HTTPTunnelFacts {
     /// for a private HTTP/1.1 one) and must then not close it.
     private var handedOff: Set<ObjectIdentifier> = []
 
-    /// True when the tunnel's current upstream connection went to the pool or is shared.
-    var upstreamParked: Bool { handedOff.contains(ObjectIdentifier(upstream.channel)) }
-
     /// True when `connection`, one of this tunnel's upstream connections, went to the pool
     /// or is shared: not the tunnel's to close.
     func handedOff(_ connection: UpstreamConnection) -> Bool { handedOff.contains(ObjectIdentifier(connection.channel)) }
