@@ -76,12 +76,13 @@ struct GracefulShutdownTests {
         defer { directory.remove() }
         let pki = try TestPKI(directory: directory)
         let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
-        // 768 KiB at 128 KiB/s: each download takes about 6 s, long enough for all 100 to
-        // be mid-body when the signal comes.
+        // 768 KiB at 64 KiB/s: each download takes about 12 s, long enough for all 100 to
+        // be mid-body when the signal comes, even on a busy machine (at 6 s, a CI run's first
+        // downloads had ended before its hundredth tunnel was open).
         let body = Data((0..<(768 << 10)).map { _ in UInt8.random(in: 0...255) })
         let expected = SHA256Digest.hash(body).map { String(format: "%02x", $0) }.joined()
         try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: ["body.bin": body],
-                                   http2: false, serverDirectives: "limit_rate 128k;") { origin in
+                                   http2: false, serverDirectives: "limit_rate 64k;") { origin in
             let listPath = try pki.signedList([(Self.host, leaf.fingerprint)])
             try await RunningGate.with([
                 "--listen", "127.0.0.1:0", "--state-dir", directory.file("state"), "--pins", listPath,
@@ -94,9 +95,9 @@ struct GracefulShutdownTests {
                 let downloads = Task {
                     try await TestProcess.run("python3", [
                         "-c", Self.downloadScript, "\(gate.port)", target, directory.file("state/ca.pem"), "body.bin", inflight, "100",
-                    ], timeout: 60)
+                    ], timeout: 90)
                 }
-                guard await eventually(timeout: .seconds(20), { FileManager.default.fileExists(atPath: inflight) }) else {
+                guard await eventually(timeout: .seconds(30), { FileManager.default.fileExists(atPath: inflight) }) else {
                     let result = try await downloads.value
                     Issue.record("the 100 downloads were never all in flight: \(result.stdout) \(result.stderr)")
                     return
