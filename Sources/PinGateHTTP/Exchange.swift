@@ -201,10 +201,12 @@ protocol TunnelClientSide: AnyObject {
     func answer(_ id: Int, status: Int, refusal: String, detail: String)
     /// Abandons exchange `id` (HTTP/2: RST_STREAM; HTTP/1.1: the connection must close).
     func cancel(_ id: Int)
-    /// Refuses exchange `id` as not processed by anyone, in a form the client retries on a
-    /// new connection, and says true; or does nothing and says false where the protocol
-    /// has no such form (HTTP/1.1), and the router answers with a 502 instead.
-    func refuseUnprocessed(_ id: Int) -> Bool
+    /// Whether the protocol can refuse an exchange as not processed by anyone, in a form the
+    /// client retries on a new connection (HTTP/2's REFUSED_STREAM); HTTP/1.1 has none, and
+    /// the router answers with a 502 instead.
+    var refusesUnprocessedStreams: Bool { get }
+    /// Refuses exchange `id` as not processed (only asked when `refusesUnprocessedStreams`).
+    func refuseUnprocessed(_ id: Int)
     /// Says `bytes` of exchange `id`'s request body have been passed on: the client may
     /// send that much more (HTTP/2 window, HTTP/1.1 reading resumes).
     func requestBodyPassedOn(_ id: Int, bytes: Int)
@@ -225,11 +227,14 @@ protocol TunnelClientSide: AnyObject {
 }
 
 /// One side of a request-aware tunnel, toward the upstream the verdict was made on.
-protocol TunnelUpstreamSide: AnyObject {
-    /// Why a request asking for `head.upgrade` (HTTP/1.1 `Upgrade` or extended CONNECT)
-    /// cannot be carried to this upstream, or nil when it can (possibly translated to the
-    /// upstream's own form). The router answers 501 `upgrade-unsupported` with the text.
-    func upgradeRefusal(for head: ExchangeRequestHead) -> String?
+/// Its `upgradeRefusal(for:)` says why a request asking for `head.upgrade` (HTTP/1.1
+/// `Upgrade` or extended CONNECT) cannot be carried to this upstream, or nil when it can
+/// (possibly translated to the upstream's own form); the router answers 501
+/// `upgrade-unsupported` with the text. Its `reuseBlocker` says why this connection could not
+/// carry another tunnel's exchanges from now on, or nil when it can: it is at a message
+/// boundary (no exchange open either way), still speaks HTTP, and neither side has started
+/// to close it.
+protocol TunnelUpstreamSide: UpstreamConnectionFacts {
     /// Sends a request head; returns the id this side uses for the exchange.
     func startRequest(_ head: ExchangeRequestHead, authority: RequestAuthority, endStream: Bool) -> Int
     /// Sends request body bytes of exchange `id`.
@@ -244,10 +249,6 @@ protocol TunnelUpstreamSide: AnyObject {
     func flush()
     /// Closes the upstream connection once what was written is out.
     func close()
-    /// Why this connection could not carry another tunnel's exchanges from now on, or nil
-    /// when it can: it is at a message boundary (no exchange open either way), still speaks
-    /// HTTP, and neither side has started to close it.
-    var reuseBlocker: UpstreamNotPooledReason? { get }
     /// True when the connection can carry an HTTP/2 client's WebSocket extended CONNECT
     /// (RFC 8441): as one (an `h2` upstream that advertised SETTINGS_ENABLE_CONNECT_PROTOCOL),
     /// or translated to an HTTP/1.1 `Upgrade`.

@@ -428,8 +428,13 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     /// False: HTTP/1.1 can say "not processed" only by closing the connection unanswered,
     /// which a client retries only on a connection it had used before, so a 502 that says
     /// why serves it better.
-    func refuseUnprocessed(_ id: Int) -> Bool {
-        false
+    var refusesUnprocessedStreams: Bool { false }
+
+    func refuseUnprocessed(_ id: Int) {
+        // Never asked (`refusesUnprocessedStreams`): HTTP/1.1 has no such refusal, and the
+        // router answers 502 instead. Should it be, the connection closes: the client then
+        // sees the request unanswered, which it retries only as it would any close.
+        close()
     }
 
     func cancel(_ id: Int) {

@@ -318,9 +318,10 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
     }
 
     /// RST_STREAM REFUSED_STREAM (RFC 9113 §8.7), which HTTP/2 clients retry.
-    func refuseUnprocessed(_ id: Int) -> Bool {
+    var refusesUnprocessedStreams: Bool { true }
+
+    func refuseUnprocessed(_ id: Int) {
         reset(Int32(id), errorCode: ErrorCode.refusedStream)
-        return true
     }
 
     func requestBodyPassedOn(_ id: Int, bytes: Int) {

@@ -47,10 +47,10 @@ struct RequestFramingTests {
     @Test("connection-bound authentication is seen whatever whitespace follows or leads its scheme")
     func connectionBoundAuthentication() {
         for value in ["NTLM TlRMTVNTUAAB", "NTLM\tTlRMTVNTUAAB", "Negotiate\tYIIB", " negotiate YIIB", "ntlm"] {
-            #expect(TunnelRouter.bindsConnection(HTTPHeaders([("authorization", value)])), "\(value)")
+            #expect(TunnelRouterState.bindsConnection(HTTPHeaders([("authorization", value)])), "\(value)")
         }
         for value in ["Basic dXNlcjpwYXNz", "Bearer NTLM", "NTLMv2 x"] {
-            #expect(!TunnelRouter.bindsConnection(HTTPHeaders([("authorization", value)])), "\(value)")
+            #expect(!TunnelRouterState.bindsConnection(HTTPHeaders([("authorization", value)])), "\(value)")
         }
     }
 

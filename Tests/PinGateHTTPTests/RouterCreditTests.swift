@@ -105,10 +105,8 @@ struct RouterCreditTests {
             exchanges[id]?.ended = true
         }
         func cancel(_ id: Int) { reset(id) }
-        func refuseUnprocessed(_ id: Int) -> Bool {
-            reset(id)
-            return true
-        }
+        var refusesUnprocessedStreams: Bool { true }
+        func refuseUnprocessed(_ id: Int) { reset(id) }
         /// Connection credit given back early for bytes that waited upstream, by exchange.
         var early: [Int: Int] = [:]
         func requestBodyPassedOn(_ id: Int, bytes: Int) {

@@ -1,0 +1,387 @@
+import Foundation
+import NIOCore
+import NIOHTTP1
+import PropertyBased
+import Testing
+@testable import PinGateHTTP
+
+/// The router's decisions without sockets or sides: `TunnelRouterState` is driven with
+/// inputs, and its actions are carried out on a model client and a model HTTP/1.1 upstream
+/// (one exchange written at a time, answers in order, request numbers starting again at 1
+/// on every new connection, as the real side's do). Every request carries a marker (its
+/// path); the model origin answers with that marker, so an answer that reaches another
+/// request is seen (issue 31: a stray or a replaced connection must never become another
+/// exchange's answer).
+@Suite("The router's state machine")
+struct TunnelRouterStateTests {
+    /// The upstream side the state asks what it can carry.
+    final class ModelFacts: UpstreamConnectionFacts {
+        var blocker: UpstreamNotPooledReason?
+        func upgradeRefusal(for head: ExchangeRequestHead) -> String? { nil }
+        var reuseBlocker: UpstreamNotPooledReason? { blocker }
+    }
+
+    /// One upstream connection, as the HTTP/1.1 side keeps it.
+    struct ModelConnection {
+        struct Exchange {
+            let marker: String
+            var requestEnded: Bool
+            var headSent = false
+        }
+        let generation: Int
+        var nextID = 1
+        /// In request order: only the first is on the wire, the rest wait (never written).
+        var order: [UpstreamExchangeID] = []
+        /// Written to the wire: the first in order, once the one before it was answered on a
+        /// connection that stays open.
+        var written: Set<UpstreamExchangeID> = []
+        var exchanges: [UpstreamExchangeID: Exchange] = [:]
+        /// A close is on its way (the side was told to close, or cancelled an exchange).
+        var closing = false
+    }
+
+    struct Model {
+        var state = TunnelRouterState(
+            binding: AuthorityBinding(connectHost: "pay.test", connectPort: 443, trustsOtherHost: { _ in false }),
+            clientUsesStreamIDs: false, now: Date.init)
+        let facts = ModelFacts()
+        var connection: ModelConnection?
+        var generations = 0
+        var reconnectAsked: TunnelRouter.UpstreamDial?
+        var nextClientID = 1
+        var markers: [ClientExchangeID: String] = [:]
+        /// Requests whose body the client has not finished, with what is left to send.
+        var uploading: [ClientExchangeID: Int] = [:]
+        var terminals: [ClientExchangeID: Int] = [:]
+        var finished: [String: Int] = [:]
+        var misrouted: [String] = []
+        var unplaced = 0
+        var clientGone = false
+        var startedOnNoConnection = 0
+        /// A connection the tunnel left was closed, and its close is still to be reported.
+        var leftClosing = false
+        /// Body bytes a side took and has not yet reported written (as a channel's write
+        /// completes later): the client's of responses, the upstream's of requests.
+        var clientWrites: [(ClientExchangeID, Int)] = []
+        var upstreamWrites: [(generation: Int, UpstreamExchangeID, Int)] = []
+        var log: [String] = []
+
+        init(reconnects: Bool) {
+            state.canReconnect = reconnects
+            attachNewConnection()
+        }
+
+        mutating func attachNewConnection() {
+            generations += 1
+            connection = ModelConnection(generation: generations)
+            state.upstreamAttached(.http1)
+            state.upstreamReused = generations > 1
+        }
+
+        mutating func run(_ actions: [TunnelRouterState.Action]) {
+            for action in actions { perform(action) }
+        }
+
+        mutating func terminal(_ id: ClientExchangeID, _ what: String) {
+            terminals[id, default: 0] += 1
+            log.append("\(id) \(what)")
+        }
+
+        mutating func perform(_ action: TunnelRouterState.Action) {
+            switch action {
+            case .answer(let id, let status, _, _): terminal(id, "answered \(status)")
+            case .sendResponseHead(let id, let head, let endStream):
+                let marker = head.headers.first(name: "x-marker") ?? "none"
+                if marker != markers[id] { misrouted.append("\(id) (\(markers[id] ?? "?")) got the answer to \(marker)") }
+                if endStream { terminal(id, "answered \(head.status) in its head") }
+            case .sendResponseBody(let id, let bytes):
+                if !clientGone { clientWrites.append((id, bytes.readableBytes)) }
+            case .endResponse(let id, _): terminal(id, "ended")
+            case .cancelClientExchange(let id): terminal(id, "cut")
+            case .refuseUnprocessed(let id): terminal(id, "refused as not processed")
+            case .creditRequestBody, .requestBodyQueued, .flushClient, .creditResponseBody, .flushUpstream,
+                 .markConnectionAuthentication:
+                break
+            case .closeClient, .closeClientForUpstreamFailure:
+                clientGone = true
+            case .startRequest(let id, let head, _, let endStream):
+                guard var connection else {
+                    startedOnNoConnection += 1
+                    return
+                }
+                let upstreamID = UpstreamExchangeID(connection.nextID)
+                connection.nextID += 1
+                connection.order.append(upstreamID)
+                if connection.order.count == 1 && !connection.closing { connection.written.insert(upstreamID) }
+                connection.exchanges[upstreamID] = .init(marker: head.path, requestEnded: endStream)
+                self.connection = connection
+                run(state.requestStarted(id, as: upstreamID))
+            case .sendRequestBody(let upstreamID, let bytes):
+                if let connection { upstreamWrites.append((connection.generation, upstreamID, bytes.readableBytes)) }
+            case .endRequest(let upstreamID, _):
+                connection?.exchanges[upstreamID]?.requestEnded = true
+            case .cancelUpstreamExchange(let upstreamID):
+                // The HTTP/1.1 side abandons an exchange by closing its connection.
+                connection?.exchanges[upstreamID] = nil
+                connection?.order.removeAll { $0 == upstreamID }
+                connection?.closing = true
+            case .closeUpstream:
+                connection?.closing = true
+            case .leaveUpstream(.reusable), .dropUpstream:
+                connection = nil
+            case .leaveUpstream(.notReusable):
+                // Closed: its side reports the close, as a channel going inactive does.
+                connection = nil
+                leftClosing = true
+            case .reconnect(let dial):
+                reconnectAsked = dial
+            case .observe(let event):
+                switch event {
+                case .finished(let summary): finished[summary.path, default: 0] += 1
+                case .creditUnplaced(let bytes): unplaced += bytes
+                default: break
+                }
+            }
+        }
+
+        // MARK: steps
+
+        mutating func clientSends(body: Int) {
+            guard !clientGone else { return }
+            let id = ClientExchangeID(nextClientID)
+            nextClientID += 1
+            let marker = "/r\(id.rawValue)"
+            markers[id] = marker
+            var headers = HTTPHeaders()
+            if body > 0 { headers.add(name: "content-length", value: "\(body)") }
+            let head = ExchangeRequestHead(method: body > 0 ? "POST" : "GET", path: marker, authority: "pay.test",
+                                           headers: headers, upgrade: nil)
+            if body > 0 { uploading[id] = body }
+            run(state.requestHead(id, head, endStream: body == 0, upstream: connection == nil ? nil : facts))
+        }
+
+        mutating func clientUploads(pick: Int) {
+            guard !clientGone, let id = uploading.keys.sorted()[safe: pick % max(1, uploading.count)],
+                  let left = uploading[id] else { return }
+            let chunk = min(left, 1 + pick % 7)
+            run(state.requestBody(id, ByteBuffer(repeating: 0x61, count: chunk)))
+            if left - chunk == 0 {
+                uploading[id] = nil
+                run(state.requestEnd(id, trailers: nil))
+            } else {
+                uploading[id] = left - chunk
+            }
+        }
+
+        /// The origin answers the exchange on the wire (the first in order), if its request
+        /// is whole; `closing` answers with `Connection: close`.
+        mutating func originAnswers(status: Int, splitBody: Bool, closing: Bool) {
+            guard var connection, !connection.closing, let upstreamID = connection.order.first,
+                  let exchange = connection.exchanges[upstreamID], exchange.requestEnded || status == 413 else { return }
+            var headers = HTTPHeaders([("x-marker", exchange.marker)])
+            if closing { headers.add(name: "connection", value: "close") }
+            if !exchange.headSent {
+                connection.exchanges[upstreamID]?.headSent = true
+                self.connection = connection
+                run(state.responseHead(upstreamID, ExchangeResponseHead(status: status, headers: headers), endStream: false))
+                if splitBody { return }
+            }
+            run(state.responseBody(upstreamID, ByteBuffer(string: exchange.marker)))
+            self.connection?.order.removeFirst()
+            self.connection?.exchanges[upstreamID] = nil
+            if closing { self.connection?.closing = true }
+            if !closing, let next = self.connection?.order.first { self.connection?.written.insert(next) }
+            run(state.responseEnd(upstreamID, trailers: nil))
+            if closing { connectionCloses() }
+        }
+
+        /// The connection closes: what waited behind the exchange on the wire was never
+        /// written (the side reports each as not sent), then the close itself.
+        mutating func connectionCloses() {
+            guard let connection else { return }
+            for upstreamID in connection.order where !connection.written.contains(upstreamID) {
+                run(state.requestNotSent(upstreamID, switchedProtocols: false))
+            }
+            // A close reported by an old connection after the tunnel moved on never reaches
+            // the router (its side was detached): only the current one's does.
+            guard self.connection?.generation == connection.generation else { return }
+            self.connection = nil
+            run(state.upstreamClosed(switchedProtocols: false))
+        }
+
+        mutating func originResets() {
+            guard let connection, let upstreamID = connection.order.first else { return }
+            self.connection?.closing = true
+            run(state.responseFailed(upstreamID, detail: "the upstream abandoned the request"))
+            connectionCloses()
+        }
+
+        /// The sides report what they wrote: the client of responses; the upstream of
+        /// requests, only while its connection is the tunnel's (a closed one's bytes were
+        /// settled by its close).
+        mutating func sidesWrite(pick: Int) {
+            if pick % 2 == 0, !clientWrites.isEmpty {
+                let (id, bytes) = clientWrites.removeFirst()
+                run(state.responseBodyWritten(id, bytes: bytes, writable: true))
+            } else if !upstreamWrites.isEmpty {
+                let (generation, upstreamID, bytes) = upstreamWrites.removeFirst()
+                guard generation == connection?.generation else { return }
+                run(state.requestBodyWritten(upstreamID, bytes: bytes, writable: true))
+            }
+        }
+
+        mutating func reconnectCompletes(refused: Bool) {
+            guard reconnectAsked != nil else { return }
+            reconnectAsked = nil
+            if refused {
+                run(state.reconnected(.refused(status: 502, reason: .pinMismatch, detail: "no"), upstream: nil))
+            } else {
+                attachNewConnection()
+                run(state.reconnected(.connected, upstream: facts))
+            }
+        }
+
+        mutating func step(_ code: Int) {
+            let pick = code >> 5
+            switch code % 16 {
+            case 0, 1, 2: clientSends(body: 0)
+            case 3: clientSends(body: 1 + pick % 20)
+            case 4, 5: clientUploads(pick: pick)
+            case 6, 7, 8: originAnswers(status: 200, splitBody: pick % 2 == 0, closing: false)
+            case 9: originAnswers(status: pick % 3 == 0 ? 413 : 200, splitBody: false, closing: true)
+            case 10: if connection?.closing == true || pick % 4 == 0 { connectionCloses() }
+            case 11: originResets()
+            case 12: reconnectCompletes(refused: pick % 5 == 0)
+            case 13:
+                // An upstream exchange not processed (an h2 origin's REFUSED_STREAM, say).
+                if let upstreamID = connection?.order.first, connection?.exchanges[upstreamID]?.headSent == false {
+                    connection?.order.removeFirst()
+                    connection?.exchanges[upstreamID] = nil
+                    if let next = connection?.order.first { connection?.written.insert(next) }
+                    run(state.responseNotProcessed(upstreamID))
+                }
+            case 14:
+                if pick % 8 == 0 { run(state.cutOpenExchangesForIdleTimeout()) } else { sidesWrite(pick: pick) }
+            default:
+                if pick % 16 == 0 {
+                    clientGone = true
+                    run(state.clientClosed(upstream: connection == nil ? nil : facts))
+                }
+            }
+        }
+
+        /// Lets everything finish: uploads end, reconnects succeed, the origin answers all.
+        mutating func settle() {
+            for _ in 0..<400 {
+                if clientGone { uploading = [:] }
+                if leftClosing {
+                    leftClosing = false
+                    run(state.upstreamClosed(switchedProtocols: false))
+                    continue
+                }
+                if !uploading.isEmpty { clientUploads(pick: 0); continue }
+                if !clientWrites.isEmpty || !upstreamWrites.isEmpty { sidesWrite(pick: clientWrites.isEmpty ? 1 : 0); continue }
+                if reconnectAsked != nil { reconnectCompletes(refused: false); continue }
+                if let connection, connection.closing { connectionCloses(); continue }
+                guard connection?.order.isEmpty == false else { break }
+                originAnswers(status: 200, splitBody: false, closing: false)
+            }
+        }
+    }
+
+    @Test("random interleavings of pipelined requests, uploads, Connection: close, closes, resets, refused reconnects, idle cuts and the client leaving: every request gets exactly one answer or cut, each answer is its own request's, none is logged twice, nothing is unplaced")
+    func randomInterleavings() async {
+        await propertyCheck(count: 400, input: Gen.int(in: 0...1_000_000).array(of: 1...120)) { codes in
+            var model = Model(reconnects: true)
+            for code in codes { model.step(code) }
+            model.settle()
+            #expect(model.misrouted.isEmpty, "\(model.misrouted) — \(model.log)")
+            for (id, marker) in model.markers {
+                let count = model.terminals[id] ?? 0
+                if model.clientGone {
+                    // The client's connection closing ends what was open: a signal too.
+                    #expect(count <= 1, "\(id) ended \(count) times: \(model.log)")
+                } else {
+                    #expect(count == 1, "\(id) ended \(count) times: \(model.log)")
+                }
+                #expect(model.finished[marker] == 1, "\(marker) logged \(model.finished[marker] ?? 0) times")
+            }
+            #expect(model.state.openExchanges == 0)
+            #expect(model.startedOnNoConnection == 0)
+            #expect(model.state.impossible == 0)
+            #expect(model.unplaced == 0)
+            #expect(model.state.ledger.unplaced == 0)
+            #expect(model.state.ledger.openAccounts == 0, "credit accounts left open")
+        }
+    }
+
+    @Test("without a reconnect (a byte relay's tunnel), the upstream's close answers what it had not finished with a 502 and ends the client's connection once answered")
+    func closeWithoutReconnect() {
+        var model = Model(reconnects: false)
+        model.clientSends(body: 0)
+        model.clientSends(body: 0)
+        model.connectionCloses()
+        // The one never written is reported first (as the side does), then the close.
+        #expect(model.log == ["client exchange 2 answered 502", "client exchange 1 answered 502"], "\(model.log)")
+        #expect(model.clientGone)
+        #expect(model.state.ended)
+    }
+
+    @Test("Connection: close with a pipelined GET behind it: the GET was never written, so it goes on the next connection, once, and its answer is its own although the new connection numbers it 1 again")
+    func pipelinedBehindClose() {
+        var model = Model(reconnects: true)
+        model.clientSends(body: 0)
+        model.clientSends(body: 0)
+        model.originAnswers(status: 200, splitBody: false, closing: true)
+        #expect(model.reconnectAsked == .asBefore)
+        model.reconnectCompletes(refused: false)
+        #expect(model.connection?.order == [UpstreamExchangeID(1)])
+        model.originAnswers(status: 200, splitBody: false, closing: false)
+        #expect(model.misrouted.isEmpty)
+        #expect(model.log == ["client exchange 1 ended", "client exchange 2 ended"], "\(model.log)")
+        #expect(model.finished == ["/r1": 1, "/r2": 1])
+    }
+
+    @Test("a POST cut by its connection's close is answered 502 (never re-sent), while a GET on a reused connection is retried once")
+    func retriesOnlyWhatMayBeRepeated() {
+        var model = Model(reconnects: true)
+        model.clientSends(body: 0)
+        model.originAnswers(status: 200, splitBody: false, closing: false)
+        // The connection has carried an exchange: its failure before an answer is retried.
+        model.clientSends(body: 0)
+        model.connectionCloses()
+        #expect(model.reconnectAsked == .asBefore)
+        model.reconnectCompletes(refused: false)
+        model.originAnswers(status: 200, splitBody: false, closing: false)
+        #expect(model.log.suffix(1) == ["client exchange 2 ended"], "\(model.log)")
+
+        model.clientSends(body: 3)
+        model.clientUploads(pick: 2)
+        model.connectionCloses()
+        #expect(model.log.suffix(1) == ["client exchange 3 answered 502"], "\(model.log)")
+        #expect(model.state.ledger.unplaced == 0)
+    }
+
+    @Test("the reuse verdict has one owner: connection-bound authentication, a private connection, open credit and the side's own blocker each keep a connection out of the pool")
+    func reuseVerdict() {
+        var model = Model(reconnects: true)
+        #expect(model.state.reuseVerdict(connectionBlocker: nil) == .reusable)
+        #expect(model.state.reuseVerdict(connectionBlocker: .closing) == .notReusable(.closing))
+        var headers = HTTPHeaders([("authorization", "NTLM\tTlRMTVNTUAAB")])
+        headers.add(name: "x", value: "y")
+        model.run(model.state.requestHead(ClientExchangeID(1), ExchangeRequestHead(
+            method: "GET", path: "/r1", authority: "pay.test", headers: headers, upgrade: nil), endStream: true, upstream: model.facts))
+        #expect(model.state.reuseVerdict(connectionBlocker: nil) == .notReusable(.connectionAuthentication))
+        var actions = model.state.clientClosed(upstream: model.facts)
+        #expect(actions.contains { if case .leaveUpstream(.notReusable(.connectionAuthentication)) = $0 { true } else { false } })
+        // A second report of the same close (the hold and the side both report it) leaves
+        // nothing twice.
+        actions = model.state.clientClosed(upstream: model.facts)
+        #expect(!actions.contains { if case .leaveUpstream = $0 { true } else { false } })
+        #expect(!actions.contains { if case .observe(.ended) = $0 { true } else { false } })
+    }
+}
+
+extension Array {
+    subscript(safe index: Int) -> Element? { indices.contains(index) ? self[index] : nil }
+}
