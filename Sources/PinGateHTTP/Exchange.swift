@@ -261,4 +261,9 @@ protocol TunnelUpstreamSide: UpstreamConnectionFacts {
     func park()
     /// Attaches a parked side to the router of the tunnel now admitted on its connection.
     func attach(to router: TunnelRouter)
+    /// The router let go of this side (its connection went, or the tunnel left it for
+    /// another): nothing the side reports from here on reaches the router, so an old
+    /// connection's late report is never taken for the new one's, whose exchange numbers
+    /// start again at 1 (issue 31).
+    func detach()
 }

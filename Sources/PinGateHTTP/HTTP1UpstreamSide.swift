@@ -74,6 +74,8 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     /// Set when the upstream sent bytes no request asked for: the connection closed out of
     /// step (counted by the pool as `unsolicited-bytes` when it was parked).
     package private(set) var sentUnsolicitedBytes = false
+    /// The router that let go of this side (`detach`): told only of what the connection did.
+    private weak var formerRouter: TunnelRouter?
 
     init(router: TunnelRouter) {
         self.router = router
@@ -119,6 +121,14 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         self.router = router
     }
 
+    func detach() {
+        // What the connection did still counts for the tunnel that used it (a stray seen as
+        // the connection closed, at its last read's end); no exchange of it reaches the router.
+        formerRouter = router
+        router = nil
+        onUpgrade = nil
+    }
+
     // MARK: from the router
 
     /// An HTTP/1.1 upstream can switch protocols (`101`): an HTTP/1.1 client's `Upgrade`
@@ -135,8 +145,10 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         if upgraded {
             // The connection now carries another protocol: no HTTP exchange fits on it
             // (an HTTP/2 client's other streams, after one of them became a WebSocket).
-            context?.eventLoop.assumeIsolated().execute { [router] in
-                router?.responseFailed(id, detail: "the upstream's one HTTP/1.1 connection now carries a WebSocket")
+            // Reported a turn later, to the router the side has then: a side the router let go
+            // of meanwhile (`detach`) reaches no one.
+            context?.eventLoop.assumeIsolated().execute { [weak self] in
+                self?.router?.responseFailed(id, detail: "the upstream's one HTTP/1.1 connection now carries a WebSocket")
             }
             return id
         }
@@ -180,8 +192,8 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     private func startTranslated(_ id: Int, _ head: ExchangeRequestHead, authority: RequestAuthority) -> Int {
         guard translated == nil else {
             // One connection can become one WebSocket: a second must not overwrite the first's key.
-            context?.eventLoop.assumeIsolated().execute { [router] in
-                router?.responseFailed(id, detail: "the upstream's one HTTP/1.1 connection is already being switched to a WebSocket")
+            context?.eventLoop.assumeIsolated().execute { [weak self] in
+                self?.router?.responseFailed(id, detail: "the upstream's one HTTP/1.1 connection is already being switched to a WebSocket")
             }
             return id
         }
@@ -472,7 +484,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     private func unsolicitedBytes() {
         guard !sentUnsolicitedBytes else { return }
         sentUnsolicitedBytes = true
-        router?.upstreamSentUnsolicitedBytes()
+        (router ?? formerRouter)?.upstreamSentUnsolicitedBytes()
         close()
     }
 

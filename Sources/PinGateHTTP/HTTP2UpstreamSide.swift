@@ -541,6 +541,8 @@ final class HTTP2UpstreamLane: TunnelUpstreamSide {
 
     func park() { leave() }
 
+    func detach() { leave() }
+
     /// A lane belongs to one tunnel: a later tunnel gets a lane of its own.
     func attach(to router: TunnelRouter) { self.router = router }
 

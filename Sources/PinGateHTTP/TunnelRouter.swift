@@ -209,7 +209,9 @@ package final class TunnelRouter {
         case .leaveUpstream(let verdict):
             leaveUpstream(verdict)
         case .dropUpstream:
+            let dropped = upstream
             upstream = nil
+            dropped?.detach()
         case .reconnect(let dial):
             reconnectUpstream?(dial) { [weak self] result in self?.reconnected(result) }
         case .observe(let event):

@@ -67,6 +67,7 @@ struct RouterCreditTests {
         var reuseBlocker: UpstreamNotPooledReason? { exchanges.values.contains { !$0.responseDone } ? .inFlight : nil }
         func park() { router = nil }
         func attach(to router: TunnelRouter) { self.router = router }
+        func detach() { router = nil }
     }
 
     /// The client: a sink for response bodies that writes only as it is told to, a source of
@@ -358,5 +359,33 @@ struct RouterCreditTests {
         }
         #expect(harness.router.ledger.openAccounts == 0)
         #expect(harness.unplaced.bytes == 0)
+    }
+
+    @Test("an upstream side the router dropped (its connection closed, the tunnel reconnected) is detached: a late report of the old connection reaches no one, and the new connection's exchange 1 is answered only by its own response")
+    func droppedSideIsDetached() {
+        let harness = Harness()
+        let next = ModelUpstream()
+        harness.router.reconnectUpstream = { [weak router = harness.router] _, done in
+            guard let router else { return }
+            next.router = router
+            router.upstream = next
+            done(.connected)
+        }
+        let get = ExchangeRequestHead(method: "GET", path: "/", authority: "pay.test", headers: [:], upgrade: nil)
+        harness.client.exchanges[1] = ModelClient.Exchange()
+        harness.router.requestHead(1, get, endStream: true)
+        harness.router.responseHead(1, ExchangeResponseHead(status: 200, headers: [:]), endStream: true)
+        // The first connection goes; the next request opens a new one, where it is exchange 1 again.
+        harness.router.upstreamClosed()
+        #expect(harness.upstream.router == nil, "the old side still reaches the router")
+        harness.client.exchanges[3] = ModelClient.Exchange()
+        harness.router.requestHead(3, get, endStream: true)
+        #expect(next.exchanges[1] != nil)
+        // What the old side would still say about its exchange 1 goes nowhere.
+        harness.upstream.router?.responseHead(1, ExchangeResponseHead(status: 500, headers: [:]), endStream: true)
+        #expect(harness.client.exchanges[3]?.headReceived == false)
+        harness.router.responseHead(1, ExchangeResponseHead(status: 200, headers: [:]), endStream: true)
+        #expect(harness.client.exchanges[3]?.headReceived == true)
+        #expect(harness.router.state.impossible == 0)
     }
 }

@@ -148,6 +148,7 @@ final class StubUpstream: TunnelUpstreamSide {
     var reuseBlocker: UpstreamNotPooledReason? { started.isEmpty ? nil : .inFlight }
     func park() { router = nil }
     func attach(to router: TunnelRouter) { self.router = router }
+    func detach() { router = nil }
 
     /// Passes on the body credits and answers every request whose body has ended.
     func answerPending() {
