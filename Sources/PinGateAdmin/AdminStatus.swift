@@ -152,6 +152,9 @@ public struct AdminSnapshot: Sendable, Codable {
         /// while a tunnel used them (between responses, or after a response's end); those
         /// parked in the pool are counted under its `closed` reasons.
         public var upstreamUnsolicitedBytes: Int = 0
+        /// Requests that cannot be repeated sent on a new upstream connection because the
+        /// tunnel's had idled past what its origin is trusted to keep.
+        public var upstreamConnectionsLeftIdle: Int = 0
         /// Times an `h2` upstream stream's receive window grew past 64 KiB because its
         /// client took the bytes faster than one window per round trip.
         public var upstreamStreamWindowGrowths: Int = 0
@@ -239,6 +242,7 @@ public struct AdminSnapshot: Sendable, Codable {
                 requestsCancelledByClient: stats.requestsCancelledByClient, creditUnplacedBytes: stats.creditUnplacedBytes,
                 upstreamConnectionsLostInTunnels: stats.upstreamConnectionsLostInTunnels, upstreamReconnects: stats.upstreamReconnects,
                 upstreamUnsolicitedBytes: stats.upstreamUnsolicitedBytes,
+                upstreamConnectionsLeftIdle: stats.upstreamConnectionsLeftIdle,
                 upstreamStreamWindowGrowths: stats.upstreamStreamWindowGrowths,
                 upstreamStreamWindowLargestBytes: stats.upstreamStreamWindowLargestBytes,
                 heapTrims: stats.heapTrims, heapTrimReleasedBytes: stats.heapTrimReleasedBytes),

@@ -77,8 +77,28 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     /// The router that let go of this side (`detach`): told only of what the connection did.
     private weak var formerRouter: TunnelRouter?
 
+    /// When the connection last finished an answer: where its idle time starts when
+    /// nothing is open on it.
+    private var lastAnswerEnded = NIODeadline.now()
+    /// Answers the connection carried to their end: an idle close after at least one tells
+    /// the origin's keep-alive timeout (before the first, other timeouts apply).
+    private var answersEnded = 0
+    /// The origin ended its side of the connection (its FIN), before the gate closed it.
+    private var originEndedInput = false
+    /// Set as the connection goes, when the origin closed it while it idled: for how long.
+    package private(set) var idleCloseAfter: TimeAmount?
+
     init(router: TunnelRouter) {
         self.router = router
+    }
+
+    /// Since when the connection has carried nothing after an answer (no exchange open or
+    /// waiting), or nil while it carries one, is closing, or never answered (an origin's
+    /// keep-alive timeout starts after a response; before the first request other, longer
+    /// ones apply): a request that cannot be repeated goes on it only while this is recent
+    /// (`KeepAliveEstimate`).
+    var idleSince: NIODeadline? {
+        answersEnded > 0 && active == nil && waiting.isEmpty && !closing && !carriesNoMoreRequests ? lastAnswerEnded : nil
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -459,6 +479,8 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             let keepsConnection = activeKeepAlive && activeRequestEnded
             let atBoundary = boundaryGuard?.responseEnded() ?? true
             active = nil
+            lastAnswerEnded = .now()
+            answersEnded += 1
             if !keepsConnection {
                 // The upstream will close, or our request is still being sent after its
                 // answer: the connection cannot carry another exchange in step.
@@ -513,6 +535,13 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         // connection, to retry (`upstreamClosed`).
         // Queued behind the active one: not one byte of them was sent.
         for entry in waiting { router?.requestNotSent(entry.id) }
+        if !closing || originEndedInput, active == nil, waiting.isEmpty, answersEnded > 0 {
+            // The origin closed a connection that idled: its keep-alive timeout, learned (by
+            // the tunnel, or by the pool when the connection was parked).
+            let idle = NIODeadline.now() - lastAnswerEnded
+            idleCloseAfter = idle
+            router?.upstreamClosedWhileIdle(after: idle)
+        }
         waiting = []
         router?.upstreamClosed()
         context.fireChannelInactive()
@@ -528,6 +557,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             return
         }
         if let event = event as? ChannelEvent, event == .inputClosed, !upgraded {
+            originEndedInput = true
             // The upstream is done sending. The decoder has already delivered the end of
             // a response delimited by the close; anything still awaited is cancelled as
             // the channel goes (channelInactive), and the client leg goes with it.

@@ -39,6 +39,13 @@ package final class TunnelRouter {
         /// The upstream connection sent bytes no request asked for (a stray between
         /// responses, or after one's end): it is closed as out of step.
         package var upstreamSentUnsolicitedBytes: () -> Void = {}
+        /// A request that cannot be repeated found the upstream connection idle for this long,
+        /// past what its origin is trusted to keep: it went on a new connection.
+        package var upstreamLeftIdle: (_ idle: TimeAmount) -> Void = { _ in }
+        /// A connection that had idled this long carried a request to its answer.
+        package var upstreamServedAfterIdle: (_ idle: TimeAmount) -> Void = { _ in }
+        /// The origin closed the tunnel's connection after it had idled this long.
+        package var upstreamClosedWhileIdle: (_ idle: TimeAmount) -> Void = { _ in }
         /// An `h2` upstream stream's receive window grew to `window` bytes, because its
         /// client took the bytes faster than one window per round trip (`StreamWindowTuner`).
         package var upstreamStreamWindowGrew: (_ window: Int) -> Void = { _ in }
@@ -82,6 +89,9 @@ package final class TunnelRouter {
         /// pooled or shared: for an HTTP/1.1 client's WebSocket `Upgrade` that the tunnel's
         /// `h2` upstream cannot carry (it did not advertise RFC 8441).
         case privateHTTP1
+        /// A new connection, never one from the pool: for a request that cannot be repeated
+        /// and found the tunnel's connection idle too long (`KeepAliveEstimate`).
+        case freshConnection
     }
 
     /// What came of opening a new upstream connection for the tunnel.
@@ -138,6 +148,12 @@ package final class TunnelRouter {
     var upstreamReused: Bool {
         get { state.upstreamReused }
         set { state.upstreamReused = newValue }
+    }
+    /// How long a connection may have idled and still carry a request that cannot be
+    /// repeated: the origin's `KeepAliveEstimate` (the default one when nothing set it).
+    package var keepAliveLimit: () -> TimeAmount {
+        get { state.keepAliveLimit }
+        set { state.keepAliveLimit = newValue }
     }
     /// Set once a request carried connection-bound authentication (NTLM, Negotiate).
     var carriedConnectionAuthentication: Bool { state.carriedConnectionAuthentication }
@@ -230,6 +246,8 @@ package final class TunnelRouter {
         case .cancelledByClient: observer.cancelledByClient()
         case .ended: observer.ended()
         case .upstreamLost: observer.upstreamLost()
+        case .servedAfterIdle(let idle): observer.upstreamServedAfterIdle(idle)
+        case .leftIdleConnection(let idle): observer.upstreamLeftIdle(idle)
         }
     }
 
@@ -242,8 +260,9 @@ package final class TunnelRouter {
             if verdict == .reusable { upstream.park() } else { upstream.close() }
             return
         }
+        // Asked each time the tunnel leaves a connection: it may leave one mid-tunnel for a
+        // new one (`UpstreamDial.freshConnection`), and then that one as its client goes.
         if let release = releaseUpstream {
-            releaseUpstream = nil
             switch verdict {
             case .notReusable(let reason):
                 _ = release(.notReusable(reason))
@@ -472,6 +491,11 @@ package final class TunnelRouter {
     /// then reports it closed, as any upstream close).
     func upstreamSentUnsolicitedBytes() {
         observer.upstreamSentUnsolicitedBytes()
+    }
+
+    /// The origin closed the upstream connection after it had idled for `idle`.
+    func upstreamClosedWhileIdle(after idle: TimeAmount) {
+        observer.upstreamClosedWhileIdle(idle)
     }
 
     /// The upstream's channel is writable again.

@@ -31,6 +31,14 @@ protocol UpstreamConnectionFacts: AnyObject {
     func upgradeRefusal(for head: ExchangeRequestHead) -> String?
     /// What the connection's own state says against handing it to another tunnel now.
     var reuseBlocker: UpstreamNotPooledReason? { get }
+    /// Since when the connection has carried nothing, or nil while it carries something
+    /// (or cannot say: an `h2` connection, whose origin's GOAWAY says what it processed).
+    var idleSince: NIODeadline? { get }
+}
+
+extension UpstreamConnectionFacts {
+    /// By default a connection does not say (an `h2` lane).
+    var idleSince: NIODeadline? { nil }
 }
 
 /// Whether the tunnel's upstream connection may go on to another tunnel, decided in one
@@ -73,6 +81,11 @@ struct TunnelRouterState {
         case ended
         /// The upstream connection of a tunnel that reconnects went while the client's stayed.
         case upstreamLost
+        /// A connection that had idled this long carried a request to its answer.
+        case servedAfterIdle(TimeAmount)
+        /// A request that cannot be repeated found the connection idle this long, past what
+        /// its origin is trusted to keep: it goes on a new connection instead.
+        case leftIdleConnection(TimeAmount)
     }
 
     /// One step for `TunnelRouter` to carry out.
@@ -169,6 +182,8 @@ struct TunnelRouterState {
         /// What the client sent of the body while the request waited for a connection (or
         /// while its start was carried out): passed on once its upstream id is known.
         var held = HeldRequestBody()
+        /// How long its connection had idled when it was sent there, until its answer comes.
+        var sentAfterIdle: TimeAmount?
 
         init(started: Date, startedTick: NIODeadline, method: String, path: String, authority: String) {
             self.started = started
@@ -221,6 +236,9 @@ struct TunnelRouterState {
     var clientRefusesUnprocessedStreams = false
     /// Whether the tunnel may open a new upstream connection when its own goes.
     var canReconnect = false
+    /// How long a connection may have idled and still carry a request that cannot be
+    /// repeated (its origin's `KeepAliveEstimate`).
+    var keepAliveLimit: () -> TimeAmount = { KeepAliveEstimate.defaultSafeIdle }
     /// Whether a pool takes connections the tunnel leaves (else an HTTP/1.1 one closes).
     private(set) var upstream: UpstreamPresence = .none
     /// Whether the upstream connection now in use carried exchanges before the one now on
@@ -387,6 +405,29 @@ struct TunnelRouterState {
                    detail: "a request asking for an upgrade carries no body through the gate", into: &actions)
             return
         }
+        var sentAfterIdle: TimeAmount?
+        if let idleSince = facts?.idleSince {
+            let idle = NIODeadline.now() - idleSince
+            let mayBeRepeated = endStream && head.upgrade == nil && Self.idempotentMethods.contains(head.method)
+            if !mayBeRepeated && idle >= keepAliveLimit() && canReconnect && !reconnecting && pending.isEmpty {
+                // Its origin may be closing this connection as the request arrives, and such
+                // a request is not re-sent (issue 31, defect 5): it goes on a new connection.
+                // The idle one stays good for requests that may be repeated (the pool's).
+                actions.append(.observe(.leftIdleConnection(idle)))
+                actions.append(.leaveUpstream(reuseVerdict(connectionBlocker: facts?.reuseBlocker)))
+                actions.append(.dropUpstream)
+                upstream = .none
+                exchanges[id] = exchange
+                pending.append(PendingRequest(id: id, head: head, authority: authority, endStream: endStream, ended: endStream))
+                startReconnect(.freshConnection, into: &actions)
+                return
+            }
+            // Only an idle longer than twice the default can raise the estimate (it trusts half
+            // the longest seen): shorter ones are not reported, which keeps the shared
+            // estimate's lock off the path of every keep-alive request.
+            if idle > .nanoseconds(2 * KeepAliveEstimate.defaultSafeIdle.nanoseconds) { sentAfterIdle = idle }
+        }
+        exchange.sentAfterIdle = sentAfterIdle
         if endStream && head.upgrade == nil {
             let request = PendingRequest(id: id, head: head, authority: authority, endStream: true, ended: true)
             exchange.unsent = request
@@ -746,6 +787,11 @@ struct TunnelRouterState {
         // Informational heads (1xx, bar 101) are passed on; the final status is the one logged.
         if head.status >= 200 || head.status == 101 { exchange.status = head.status }
         var actions: [Action] = [.sendResponseHead(id, head, endStream: endStream)]
+        if let idle = exchange.sentAfterIdle {
+            // The connection was still good after that long: its origin keeps at least this.
+            exchange.sentAfterIdle = nil
+            actions.append(.observe(.servedAfterIdle(idle)))
+        }
         if endStream {
             exchange.responseEnded = true
             finishIfDone(id, into: &actions)

@@ -107,6 +107,16 @@ package final class PooledUpstreamSide {
         }
     }
 
+    /// Set when the origin closed it while it idled (an HTTP/1.1 connection): for how long
+    /// it had idled, which is its keep-alive timeout (`KeepAliveEstimate`).
+    package var idleCloseAfter: TimeAmount? {
+        switch kind {
+        case .http1(let side): return (side as? HTTP1UpstreamSide)?.idleCloseAfter
+        // An h2 origin says GOAWAY with the streams it processed: nothing is lost to learn.
+        case .http2: return nil
+        }
+    }
+
     /// True when it closed because the upstream sent bytes no request asked for (while
     /// parked, or between responses): the pool counts its departure as `unsolicited-bytes`.
     package var sentUnsolicitedBytes: Bool {

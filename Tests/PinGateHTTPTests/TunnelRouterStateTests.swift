@@ -17,6 +17,7 @@ struct TunnelRouterStateTests {
     /// The upstream side the state asks what it can carry.
     final class ModelFacts: UpstreamConnectionFacts {
         var blocker: UpstreamNotPooledReason?
+        var idleSince: NIODeadline?
         func upgradeRefusal(for head: ExchangeRequestHead) -> String? { nil }
         var reuseBlocker: UpstreamNotPooledReason? { blocker }
     }
@@ -379,6 +380,61 @@ struct TunnelRouterStateTests {
         actions = model.state.clientClosed(upstream: model.facts)
         #expect(!actions.contains { if case .leaveUpstream = $0 { true } else { false } })
         #expect(!actions.contains { if case .observe(.ended) = $0 { true } else { false } })
+    }
+}
+
+extension TunnelRouterStateTests {
+    @Test("a request that cannot be repeated does not go on a connection idle past its origin's estimate: it waits for a new connection (never a pooled one), and the idle one is left reusable; a GET, or a POST on a connection idle a shorter while, goes on it")
+    func staleConnectionForRequestsThatCannotBeRepeated() {
+        var model = Model(reconnects: true)
+        model.state.keepAliveLimit = { .seconds(1) }
+        let post = { (id: Int) in
+            ExchangeRequestHead(method: "POST", path: "/r\(id)", authority: "pay.test",
+                                headers: HTTPHeaders([("content-length", "0")]), upgrade: nil)
+        }
+        let get = ExchangeRequestHead(method: "GET", path: "/r1", authority: "pay.test", headers: [:], upgrade: nil)
+        model.facts.idleSince = .now() - .milliseconds(1_500)
+        var actions = model.state.requestHead(ClientExchangeID(1), get, endStream: true, upstream: model.facts)
+        #expect(actions.contains { if case .startRequest = $0 { true } else { false } }, "a GET may be repeated: it goes on the idle connection")
+
+        model = Model(reconnects: true)
+        model.state.keepAliveLimit = { .seconds(1) }
+        model.facts.idleSince = .now() - .milliseconds(400)
+        actions = model.state.requestHead(ClientExchangeID(1), post(1), endStream: true, upstream: model.facts)
+        #expect(actions.contains { if case .startRequest = $0 { true } else { false } }, "idle well inside the estimate")
+
+        model = Model(reconnects: true)
+        model.state.keepAliveLimit = { .seconds(1) }
+        model.facts.idleSince = .now() - .milliseconds(1_500)
+        model.markers[ClientExchangeID(1)] = "/r1"
+        actions = model.state.requestHead(ClientExchangeID(1), post(1), endStream: true, upstream: model.facts)
+        #expect(!actions.contains { if case .startRequest = $0 { true } else { false } })
+        #expect(actions.contains { if case .leaveUpstream(.reusable) = $0 { true } else { false } })
+        #expect(actions.contains { if case .reconnect(.freshConnection) = $0 { true } else { false } })
+        #expect(actions.contains { if case .observe(.leftIdleConnection) = $0 { true } else { false } })
+        model.run(actions)
+        model.facts.idleSince = nil
+        model.reconnectCompletes(refused: false)
+        #expect(model.connection?.exchanges.values.map(\.marker) == ["/r1"], "sent once, on the new connection")
+        model.originAnswers(status: 200, splitBody: false, closing: false)
+        #expect(model.log == ["client exchange 1 ended"])
+        #expect(model.misrouted.isEmpty)
+    }
+
+    @Test("the keep-alive estimate: the default before anything is learned, half the shortest idle close once one is seen, half the longest idle that was served before any close")
+    func keepAliveEstimate() {
+        var estimate = KeepAliveEstimate()
+        #expect(estimate.safeIdle == KeepAliveEstimate.defaultSafeIdle)
+        estimate.served(afterIdle: .seconds(10))
+        #expect(estimate.safeIdle == .seconds(5))
+        estimate.served(afterIdle: .seconds(4))
+        #expect(estimate.safeIdle == .seconds(5))
+        estimate.closedWhileIdle(after: .seconds(3))
+        #expect(estimate.safeIdle == .milliseconds(1_500))
+        estimate.closedWhileIdle(after: .seconds(5))
+        #expect(estimate.safeIdle == .milliseconds(1_500), "the shortest close counts")
+        estimate.closedWhileIdle(after: .zero)
+        #expect(estimate.safeIdle == .milliseconds(1_500), "a close with no idle says nothing")
     }
 }
 

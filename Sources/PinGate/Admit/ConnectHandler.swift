@@ -582,8 +582,12 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         observer.upstreamLost = { facts.upstreamLost() }
         observer.upstreamSentUnsolicitedBytes = { facts.upstreamSentUnsolicitedBytes() }
         observer.upstreamStreamWindowGrew = { facts.upstreamStreamWindowGrew(to: $0) }
+        observer.upstreamLeftIdle = { facts.upstreamLeftIdle(after: $0) }
+        observer.upstreamServedAfterIdle = { facts.upstreamServed(afterIdle: $0) }
+        observer.upstreamClosedWhileIdle = { facts.upstreamClosedWhileIdle(after: $0) }
         let router = TunnelRouter(binding: binding, clientUsesStreamIDs: clientALPN == "h2", observer: observer, now: environment.now)
         if environment.pool != nil { router.releaseUpstream = { facts.release($0) } }
+        router.keepAliveLimit = { facts.keepAliveLimit() }
         // The client's connection outlives its upstream's, pooled or dialled (issue 31): the
         // origin may close it (`Connection: close`, its keep-alive timeout or request limit,
         // a stray that put it out of step) while the client's stays; the next request, and
@@ -979,6 +983,26 @@ private final class HTTPTunnelFacts {
             "client": "\(client)", "host": "\(request.host)", "port": "\(request.port)",
         ])
     }
+
+    /// A request that cannot be repeated found the tunnel's connection idle for `idle`,
+    /// past its origin's estimate: it goes on a new connection.
+    func upstreamLeftIdle(after idle: TimeAmount) {
+        environment.statistics.upstreamConnectionLeftIdle()
+        environment.logger.debug("a request that cannot be repeated goes on a new upstream connection: the tunnel's had idled past its origin's keep-alive estimate", metadata: [
+            "client": "\(client)", "host": "\(request.host)", "port": "\(request.port)",
+            "idle_ms": .stringConvertible(idle.nanoseconds / 1_000_000),
+            "limit_ms": .stringConvertible(keepAliveLimit().nanoseconds / 1_000_000),
+        ])
+    }
+
+    /// How long the tunnel's connection may have idled and carry a request that cannot be repeated.
+    func keepAliveLimit() -> TimeAmount { environment.keepAlive.safeIdle(poolKey) }
+
+    /// A connection of the tunnel's that had idled for `idle` carried a request to its answer.
+    func upstreamServed(afterIdle idle: TimeAmount) { environment.keepAlive.served(poolKey, afterIdle: idle) }
+
+    /// The origin closed the tunnel's connection after it had idled for `idle`.
+    func upstreamClosedWhileIdle(after idle: TimeAmount) { environment.keepAlive.closedWhileIdle(poolKey, after: idle) }
 
     func upstreamStreamWindowGrew(to window: Int) { environment.statistics.upstreamStreamWindowGrew(to: window) }
 

@@ -28,6 +28,10 @@ public final class GateStatistics: Sendable {
         /// Upstream connections closed because the upstream sent bytes no request asked for
         /// while a tunnel used them (a stray between responses, or after a response's end).
         public var upstreamUnsolicitedBytes: Int = 0
+        /// Requests that cannot be repeated (a POST, an upload) sent on a new upstream
+        /// connection because the tunnel's had idled past what its origin is trusted to keep
+        /// (`KeepAliveEstimate`): it might have been closing as the request arrived.
+        public var upstreamConnectionsLeftIdle: Int = 0
         /// Times an `h2` upstream stream's receive window grew past its starting 64 KiB
         /// because its client kept up (`StreamWindowTuner`), and the largest it reached.
         public var upstreamStreamWindowGrowths: Int = 0
@@ -140,6 +144,7 @@ public final class GateStatistics: Sendable {
     }
     func upstreamLostInTunnel() { state.withLock { $0.upstreamConnectionsLostInTunnels += 1 } }
     func upstreamSentUnsolicitedBytes() { state.withLock { $0.upstreamUnsolicitedBytes += 1 } }
+    func upstreamConnectionLeftIdle() { state.withLock { $0.upstreamConnectionsLeftIdle += 1 } }
     func upstreamStreamWindowGrew(to window: Int) {
         state.withLock {
             $0.upstreamStreamWindowGrowths += 1

@@ -52,6 +52,9 @@ final class UpstreamPool: Sendable {
         idleTimers.withLock { ($0.pending.count, $0.scheduled, $0.cancelled, $0.fired) }
     }
     private let metrics: GateMetrics
+    /// What the pool's connections taught about each origin's keep-alive timeout, shared
+    /// with every tunnel (`GateEnvironment.keepAlive`).
+    let keepAlive = OriginKeepAlive()
     private let logger: Logger
 
     /// The gate's clock (the one its verdicts use), for the chains' expiry.
@@ -185,7 +188,12 @@ final class UpstreamPool: Sendable {
                 cancelIdleTimer(of: connection.channel)
                 // Whichever stay it is in now (a connection is parked again after each tunnel).
                 if let closed = state.withLock({ $0.stayID(of: { $0.channel === connection.channel }) }) {
-                    _ = remove(closed, departure: Self.departureOnClose(connection))
+                    let departure = Self.departureOnClose(connection)
+                    _ = remove(closed, departure: departure)
+                    if departure == .peerClosed, case .pooled(let side) = connection.leg.value, let idle = side.idleCloseAfter {
+                        // The origin closed it as it waited: its keep-alive timeout, learned.
+                        keepAlive.closedWhileIdle(key, after: idle)
+                    }
                 }
             }
         }

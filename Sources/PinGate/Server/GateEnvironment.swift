@@ -27,6 +27,8 @@ final class GateEnvironment: Sendable {
     let updater: PinListUpdater?
     /// Idle verified upstream connections for later tunnels; nil when pooling is off.
     let pool: UpstreamPool?
+    /// What is learned of each origin's keep-alive timeout (the pool's when it pools).
+    let keepAlive: OriginKeepAlive
     /// The last refusals, for the admin endpoint.
     let refusals: RefusalLog
     /// Learn mode's record of what each admitted host presented; nil when enforcing.
@@ -55,6 +57,7 @@ final class GateEnvironment: Sendable {
         self.reporter = reporter
         self.updater = updater
         self.pool = pool
+        self.keepAlive = pool?.keepAlive ?? OriginKeepAlive()
         self.refusals = refusals
         self.observations = observations
         self.decisionLogger = decisionLogger

@@ -416,6 +416,9 @@ public final class PinGateServer: Service, Sendable {
     /// The pool's idle timers (pending, and ever scheduled, cancelled, fired); nil when
     /// pooling is off. For tests: every timer is pending, cancelled or fired, and none is
     /// left pending for a stay that ended.
+    /// What the gate learned of each origin's keep-alive timeout.
+    var keepAlive: OriginKeepAlive { environment.keepAlive }
+
     var upstreamPoolIdleTimers: (pending: Int, scheduled: Int, cancelled: Int, fired: Int)? {
         environment.pool?.idleTimerCounts
     }
