@@ -431,7 +431,13 @@ struct TunnelRouterState {
         if endStream && head.upgrade == nil {
             let request = PendingRequest(id: id, head: head, authority: authority, endStream: true, ended: true)
             exchange.unsent = request
-            if upstreamReused && Self.idempotentMethods.contains(head.method) { exchange.retry = request }
+            // Retried once when its connection is lost before any answer byte: a reused
+            // connection's failure says nothing of the request (RFC 9112 §9.3.1), and neither
+            // does a shared h2 connection's, which another tunnel's exchange may have ended
+            // (issue 31: only the streams that were mid-body are cut).
+            if (upstreamReused || upstream == .http2Lane) && Self.idempotentMethods.contains(head.method) {
+                exchange.retry = request
+            }
         }
         exchanges[id] = exchange
         exchange.starting = true

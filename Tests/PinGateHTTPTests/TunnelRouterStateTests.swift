@@ -421,6 +421,29 @@ extension TunnelRouterStateTests {
         #expect(model.misrouted.isEmpty)
     }
 
+    @Test("a shared h2 connection lost before any answer byte: its idempotent bodyless streams are retried once on a new connection even when the connection was new to the tunnel; a POST's is answered 502, and a stream mid-body is cut")
+    func sharedConnectionLostRetriesIdempotentStreams() {
+        var model = Model(reconnects: true)
+        model.state.upstreamAttached(.http2Lane)
+        model.state.upstreamReused = false
+        model.clientSends(body: 0)                    // 1: GET, no answer yet
+        model.clientSends(body: 0)                    // 2: GET, mid-body
+        model.clientSends(body: 2)                    // 3: POST
+        model.clientUploads(pick: 0)
+        model.clientUploads(pick: 0)
+        // The origin answers 2's head (an h2 origin answers streams in any order).
+        model.run(model.state.responseHead(UpstreamExchangeID(2), ExchangeResponseHead(status: 200, headers: HTTPHeaders([("x-marker", "/r2")])),
+                                           endStream: false))
+        model.connection = nil
+        model.run(model.state.upstreamClosed(switchedProtocols: false))
+        #expect(model.reconnectAsked == .asBefore)
+        #expect(model.log.sorted() == ["client exchange 2 cut", "client exchange 3 answered 502"], "\(model.log)")
+        model.reconnectCompletes(refused: false)
+        model.originAnswers(status: 200, splitBody: false, closing: false)
+        #expect(model.log.last == "client exchange 1 ended", "\(model.log)")
+        #expect(model.misrouted.isEmpty, "\(model.misrouted)")
+    }
+
     @Test("the keep-alive estimate: the default before anything is learned, half the shortest idle close once one is seen, half the longest idle that was served before any close")
     func keepAliveEstimate() {
         var estimate = KeepAliveEstimate()
