@@ -146,6 +146,15 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
                 return
             }
             requestStreams.insert(streamID)
+            if let scheme = HTTP2Wire.pseudo(":scheme", in: fields),
+               !HTTP1HeadFields.equalsLowercased(Substring(scheme), "https") && !HTTP1HeadFields.equalsLowercased(Substring(scheme), "http") {
+                // As an HTTP/1.1 request target's `ftp://` is: an origin may act on the scheme
+                // it is told, and the gate relays only what it pinned, over https.
+                router.requestRefused(id, method: HTTP2Wire.pseudo(":method", in: fields) ?? "-",
+                                      path: HTTP2Wire.pseudo(":path", in: fields) ?? "-",
+                                      detail: "the request's :scheme \"\(scheme)\" is not http or https; only those are relayed inside a tunnel")
+                return
+            }
             let authority = HTTP2Wire.pseudo(":authority", in: fields)
                 ?? fields.first { $0.name == "host" }?.value
             // `:protocol` makes a CONNECT an extended CONNECT (RFC 8441 §4); nghttp2 accepts

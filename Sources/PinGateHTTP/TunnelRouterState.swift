@@ -175,6 +175,8 @@ struct TunnelRouterState {
         /// an idempotent method, no body, sent on a reused connection (RFC 9110 §9.2.2,
         /// RFC 9112 §9.3.1).
         var retry: PendingRequest?
+        /// It was retried once already: a second lost connection answers it.
+        var retried = false
         /// The request as sent upstream, kept until it is on the wire: a bodyless request
         /// that its connection never wrote (queued behind an answer that closed it) goes to
         /// the tunnel's next connection, whatever its method, since it was never sent.
@@ -435,7 +437,7 @@ struct TunnelRouterState {
             // connection's failure says nothing of the request (RFC 9112 §9.3.1), and neither
             // does a shared h2 connection's, which another tunnel's exchange may have ended
             // (issue 31: only the streams that were mid-body are cut).
-            if (upstreamReused || upstream == .http2Lane) && Self.idempotentMethods.contains(head.method) {
+            if !exchange.retried && (upstreamReused || upstream == .http2Lane) && Self.idempotentMethods.contains(head.method) {
                 exchange.retry = request
             }
         }
@@ -980,6 +982,7 @@ struct TunnelRouterState {
             if let retry = exchange.retry, exchange.status == nil, exchange.bytesDown == 0 {
                 detachFromUpstream(exchange)
                 exchange.retry = nil
+                exchange.retried = true
                 exchange.unsent = nil
                 pending.append(retry)
             } else {

@@ -33,7 +33,7 @@ USER_AGENT = "pingate-h2-peer"
 SCENARIOS = (
     "get", "get-two", "concurrent-mixed", "oversized-headers", "bad-pseudo",
     "invalid-frame", "window-overflow", "hpack-bomb", "rapid-reset",
-    "extended-connect", "plain-connect", "get-paths",
+    "extended-connect", "plain-connect", "get-paths", "bad-scheme",
 )
 
 
@@ -333,6 +333,18 @@ def scenario_get_two(args, session):
     return {}
 
 
+def scenario_bad_scheme(args, session):
+    """A request whose :scheme is neither http nor https, then a probe on the same connection."""
+    a = args.pinned_authority
+    headers = [(":method", "GET"), (":scheme", "ftp"), (":authority", a), (":path", args.path),
+               ("user-agent", USER_AGENT)]
+    first = session.send_request(headers, a)
+    session.wait_streams([first])
+    probe = session.send_request(get_headers(a, args.path), a)
+    session.wait_streams([probe])
+    return {}
+
+
 def scenario_concurrent_mixed(args, session):
     first = session.send_request(get_headers(args.pinned_authority, args.path), args.pinned_authority,
                                  send_now=False)
@@ -619,7 +631,7 @@ RUNNERS = {
     "invalid-frame": scenario_invalid_frame, "window-overflow": scenario_window_overflow,
     "hpack-bomb": scenario_hpack_bomb, "rapid-reset": scenario_rapid_reset,
     "extended-connect": scenario_extended_connect, "plain-connect": scenario_plain_connect,
-    "get-paths": scenario_get_paths,
+    "get-paths": scenario_get_paths, "bad-scheme": scenario_bad_scheme,
 }
 
 

@@ -444,6 +444,22 @@ extension TunnelRouterStateTests {
         #expect(model.misrouted.isEmpty, "\(model.misrouted)")
     }
 
+    @Test("a request is retried once: when the connection it was retried on is lost too, it is answered 502, not retried again (an origin that drops every connection on it would otherwise hold the client for ever)")
+    func retriedOnce() {
+        var model = Model(reconnects: true)
+        model.state.upstreamAttached(.http2Lane)
+        model.clientSends(body: 0)
+        for round in 0..<3 {
+            guard model.log.isEmpty else { break }
+            model.connection = nil
+            model.run(model.state.upstreamClosed(switchedProtocols: false))
+            if round == 0 { #expect(model.reconnectAsked == .asBefore) }
+            model.reconnectCompletes(refused: false)
+            model.state.upstreamAttached(.http2Lane)
+        }
+        #expect(model.log == ["client exchange 1 answered 502"], "\(model.log)")
+    }
+
     @Test("the keep-alive estimate: the default before anything is learned, half the shortest idle close once one is seen, half the longest idle that was served before any close")
     func keepAliveEstimate() {
         var estimate = KeepAliveEstimate()

@@ -93,6 +93,19 @@ struct HTTP2InsideTunnelTests {
         }
     }
 
+    @Test("a :scheme other than http or https is refused 400 malformed-request, as an HTTP/1.1 ftp:// target is; nothing is forwarded and the connection goes on")
+    func schemeOtherThanHTTPS() async throws {
+        try await Self.withFrontEnd { gate, nginx in
+            let output = try await Self.scenario("bad-scheme", gate: gate, nginx: nginx)
+            #expect(Self.stream(output, "1")["status"] as? Int == 400, "\(output)")
+            #expect((Self.stream(output, "1")["headers"] as? [String: String])?["pingate-refusal"] == "malformed-request")
+            #expect((Self.stream(output, "1")["body_text"] as? String)?.contains(":scheme \"ftp\"") == true, "\(output)")
+            #expect(Self.stream(output, "3")["status"] as? Int == 200, "the probe after it passes")
+            #expect(Fronting.logLines(nginx, "pay.log").count == 1, "only the probe reached the front end")
+            #expect(gate.statistics.requestsRefused(.malformedRequest) == 1)
+        }
+    }
+
     @Test("invalid frames and a window overflow are connection errors (GOAWAY with the RFC 9113 code, then the close); a rapid reset burst costs the upstream nothing; the gate goes on")
     func connectionErrorsAndRapidReset() async throws {
         try await Self.withFrontEnd { gate, nginx in
