@@ -568,7 +568,13 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: Error) {
-        // A malformed response: nothing more of this connection can be trusted.
+        // A malformed response: nothing more of this connection can be trusted. The exchange
+        // waiting for it hears what was wrong (a 502 `upstream-protocol-error` naming the
+        // parser's finding), not that the connection closed before the response ended.
+        if let id = active, !activeResponseHeadSeen {
+            router?.responseFailed(id, reason: .upstreamProtocolError,
+                                   detail: "the upstream's answer is not valid HTTP/1.1 (\(error)); its connection is closed")
+        }
         close()
     }
 

@@ -25,6 +25,9 @@ stray_origin.py --cert C --key K
     `/stall` is answered with a head promising 100 bytes and 10 of them, then nothing more
     until the gate closes the connection.
 
+    `/malformed` is answered with a head that is not HTTP/1.1 (`Content-Length: abc`), and
+    the connection is held open until the gate closes it.
+
 The answer's body names the request it answers, so a client that reads `POISON`, or
 another path's answer, got what was not its own.
 """
@@ -93,6 +96,11 @@ def serve(connection, number):
             close = url.path == "/close"
             if url.path == "/stall":
                 connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"0123456789")
+                while connection.recv(4096):
+                    pass
+                return
+            if url.path == "/malformed":
+                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\n")
                 while connection.recv(4096):
                     pass
                 return

@@ -115,6 +115,19 @@ struct ExchangeIsolationTests {
         }
     }
 
+    @Test("an answer that is not HTTP/1.1 is refused for what it is: 502 upstream-protocol-error naming the parser's finding, not a connection that closed early; the client's next request gets its own answer on a new connection")
+    func malformedAnswer() async throws {
+        try await Self.withStrayOrigin(configure: { _ in }) { gate, origin in
+            let result = try await curlThroughGate(gate, urls: [Self.url(origin, "/malformed"), Self.url(origin, "/after")])
+            #expect(result.httpCode == "502", "\(result.stderr)")
+            let text = String(decoding: result.body, as: UTF8.self)
+            #expect(text.contains("not valid HTTP/1.1"), "\(text)")
+            #expect(text.contains("answer to /after on connection 2"), "\(text)")
+            #expect(gate.statistics.requestsRefused(.upstreamProtocolError) == 1)
+            #expect(gate.statistics.requestsRefused(.upstreamUnreachable) == 0)
+        }
+    }
+
     @Test("a stray behind an answer inside one tunnel does not answer the client's next request: it goes on a new connection, and the client's connection stays")
     func strayInsideOneTunnel() async throws {
         try await Self.withStrayOrigin(configure: { $0.upstreamPoolEnabled = false }) { gate, origin in
