@@ -19,6 +19,9 @@ struct HTTP2AbuseGuard {
         /// The gate's HTTP/2 layer rejected a request before it surfaced (a header block over
         /// the limit, a malformed head).
         case rejectedRequest
+        /// It sent a SETTINGS or PING frame that asks for an acknowledgement (CVE-2019-9512
+        /// and -9515: each costs the gate a frame back, and costs the client nothing).
+        case controlFrame
     }
 
     /// A bucket: `capacity` offences at once, refilled at `perSecond`.
@@ -33,14 +36,18 @@ struct HTTP2AbuseGuard {
     /// Rejected requests: a client that keeps sending heads the gate must refuse is broken or
     /// hostile; a few are tolerated.
     static let rejections = Budget(capacity: 20, perSecond: 2)
+    /// SETTINGS and PING frames: a client sends SETTINGS once or twice and PINGs now and
+    /// then (a keep-alive, gRPC's bandwidth probe, one per round trip while data flows), so
+    /// the budget is far above that; a flood is thousands a second.
+    static let controlFrames = Budget(capacity: 1_000, perSecond: 200)
 
     private var tokens: [Double]
     private var last: NIODeadline?
     private let budgets: [Budget]
 
     /// A guard with full buckets.
-    init(resets: Budget = Self.resets, rejections: Budget = Self.rejections) {
-        budgets = [resets, rejections]
+    init(resets: Budget = Self.resets, rejections: Budget = Self.rejections, controlFrames: Budget = Self.controlFrames) {
+        budgets = [resets, rejections, controlFrames]
         tokens = budgets.map(\.capacity)
     }
 
@@ -53,7 +60,12 @@ struct HTTP2AbuseGuard {
             }
         }
         last = now
-        let index = offence == .clientReset ? 0 : 1
+        let index: Int
+        switch offence {
+        case .clientReset: index = 0
+        case .rejectedRequest: index = 1
+        case .controlFrame: index = 2
+        }
         tokens[index] -= 1
         return tokens[index] < 0
     }

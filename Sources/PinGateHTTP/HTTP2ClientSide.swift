@@ -62,6 +62,8 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
     private var resetByGate: Set<Int32> = []
     /// When resets and rejected requests stop being a stream's business and end the connection.
     private var abuse = HTTP2AbuseGuard()
+    /// `controlFramesReceived` as last charged to `abuse`.
+    private var controlFramesCharged = 0
     /// The connection is being ended for abuse: nothing more is read or handed on.
     private var endedForAbuse = false
     /// Rejections (requests nghttp2 refused before they surfaced) not yet counted, and the
@@ -107,6 +109,7 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
         switch wire.receive(buffer) {
         case .success(let events):
             reportDiscardedBodies()
+            chargeControlFrames()
             // A stream opened and reset in the same read (the "rapid reset" pattern, CVE-
             // 2023-44487) never reaches the router: the upstream is not asked for work the
             // client has already abandoned.
@@ -121,6 +124,11 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
                 handle(event, input: buffer)
             }
             reportRejected()
+        case .failure(let error) where error.isFlood:
+            // nghttp2's own guard: the client made it queue more acknowledgements (SETTINGS,
+            // PING) than it reads. A flood like any other: GOAWAY ENHANCE_YOUR_CALM.
+            chargeControlFrames()
+            endForAbuse(detail: "the client sent SETTINGS and PING frames without reading their acknowledgements (\(error.reason))")
         case .failure(let error):
             // Not HTTP/2, or a connection error: nghttp2 queued a GOAWAY with the code when
             // the peer is owed one (a missing preface gets none). Counted and logged as a
@@ -392,6 +400,21 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
         writeOutput(flush: true)
     }
 
+    /// Charges the SETTINGS and PING frames of the read just handled to the abuse budget:
+    /// past it, GOAWAY ENHANCE_YOUR_CALM, as for other floods.
+    private func chargeControlFrames() {
+        let received = wire.session.controlFramesReceived
+        guard received > controlFramesCharged, let context else { return }
+        let now = context.eventLoop.now
+        while controlFramesCharged < received {
+            controlFramesCharged += 1
+            if abuse.record(.controlFrame, now: now) {
+                endForAbuse(detail: "the client sent SETTINGS and PING frames faster than \(Int(HTTP2AbuseGuard.controlFrames.perSecond)) a second")
+                return
+            }
+        }
+    }
+
     /// Response bytes the session dropped unsent (their stream was reset while they waited for
     /// the client's window): their credit goes back to the upstream. Called before the
     /// closes are handled, while a gate answer's stream is still known as one.
@@ -408,6 +431,8 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
         guard !endedForAbuse, let context else { return }
         endedForAbuse = true
         router.protocolError(detail: "HTTP/2 abuse, connection ended with GOAWAY ENHANCE_YOUR_CALM: \(detail)")
+        // Counted here, once: the GOAWAY below is not another connection error to count.
+        connectionErrorCounted = true
         guard !closing else { return }
         // The GOAWAY goes out now; the close waits a moment while what the client already
         // sent is read and dropped: closing a socket with unread bytes makes the kernel send

@@ -36,6 +36,10 @@ public struct HTTP2Error: Error, Sendable, Equatable, CustomStringConvertible {
     /// True when the error ends the connection (nghttp2 calls these fatal).
     public var isFatal: Bool { nghttp2_is_fatal(code) != 0 }
 
+    /// True when the peer flooded the session: it queued more acknowledgements (SETTINGS,
+    /// PING) than the peer reads (`NGHTTP2_ERR_FLOODED`).
+    public var isFlood: Bool { code == Int32(NGHTTP2_ERR_FLOODED.rawValue) }
+
     /// True when a request could not open a stream at all, so nothing of it was sent: the
     /// peer's GOAWAY came first, or the stream ids ran out.
     public var isStreamNotStarted: Bool {
@@ -172,6 +176,9 @@ public final class HTTP2Session {
     public private(set) var settingsAcknowledged = 0
     /// See `settingsAcknowledged`.
     public private(set) var pingsAcknowledged = 0
+    /// SETTINGS and PING frames the peer sent that ask for an acknowledgement: each costs
+    /// this side a frame back, so a peer's flood of them is counted (`HTTP2AbuseGuard`).
+    public private(set) var controlFramesReceived = 0
 
     /// True when the peer advertised SETTINGS_ENABLE_CONNECT_PROTOCOL = 1 (RFC 8441 §3):
     /// only then may this client session open extended CONNECT streams toward it.
@@ -710,10 +717,13 @@ public final class HTTP2Session {
                 owner.emit(.data(streamID: header.stream_id, bytes: .copied([]), endStream: true))
             case Int(NGHTTP2_SETTINGS.rawValue) where header.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) == 0:
                 owner.peerSettingsReceived = true
+                owner.controlFramesReceived += 1
             case Int(NGHTTP2_SETTINGS.rawValue):
                 owner.settingsAcknowledged += 1
             case Int(NGHTTP2_PING.rawValue) where header.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) != 0:
                 owner.pingsAcknowledged += 1
+            case Int(NGHTTP2_PING.rawValue):
+                owner.controlFramesReceived += 1
             case Int(NGHTTP2_GOAWAY.rawValue):
                 let goAway = frame.pointee.goaway
                 owner.emit(.goAway(lastStreamID: goAway.last_stream_id, errorCode: goAway.error_code))

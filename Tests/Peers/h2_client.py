@@ -33,7 +33,7 @@ USER_AGENT = "pingate-h2-peer"
 SCENARIOS = (
     "get", "get-two", "concurrent-mixed", "oversized-headers", "bad-pseudo",
     "invalid-frame", "window-overflow", "hpack-bomb", "rapid-reset",
-    "extended-connect", "plain-connect", "get-paths", "bad-scheme",
+    "extended-connect", "plain-connect", "get-paths", "bad-scheme", "ping-flood", "settings-flood",
 )
 
 
@@ -345,6 +345,32 @@ def scenario_bad_scheme(args, session):
     return {}
 
 
+def control_flood(args, session, send_one):
+    """Sends `--repeat` (default 5000) frames that each ask for an acknowledgement, in
+    writes of 100, reading what comes back between them; reports the GOAWAY and close."""
+    count = args.repeat or 5000
+    sent = 0
+    try:
+        while sent < count and session.usable():
+            for _ in range(100):
+                send_one()
+                sent += 1
+            session.flush()
+            session.pump(lambda: False, timeout=0.01)
+    except OSError as error:
+        session.write_failed = str(error)
+    session.pump(lambda: session.closed, timeout=args.timeout)
+    return {"sent": sent}
+
+
+def scenario_ping_flood(args, session):
+    return control_flood(args, session, lambda: session.conn.ping(os.urandom(8)))
+
+
+def scenario_settings_flood(args, session):
+    return control_flood(args, session, lambda: session.conn.update_settings({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 100}))
+
+
 def scenario_concurrent_mixed(args, session):
     first = session.send_request(get_headers(args.pinned_authority, args.path), args.pinned_authority,
                                  send_now=False)
@@ -632,6 +658,7 @@ RUNNERS = {
     "hpack-bomb": scenario_hpack_bomb, "rapid-reset": scenario_rapid_reset,
     "extended-connect": scenario_extended_connect, "plain-connect": scenario_plain_connect,
     "get-paths": scenario_get_paths, "bad-scheme": scenario_bad_scheme,
+    "ping-flood": scenario_ping_flood, "settings-flood": scenario_settings_flood,
 }
 
 

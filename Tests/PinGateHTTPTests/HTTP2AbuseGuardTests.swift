@@ -30,4 +30,22 @@ struct HTTP2AbuseGuardTests {
         #expect(tripped == 0)
     }
 
+
+    @Test("SETTINGS and PING frames have their own budget: a client's preface SETTINGS and a keep-alive PING a second never trip it, nor does 150 a second for as long as it lasts; a thousand at once pass, the next one ends the connection, and resets are not charged for them")
+    func controlFrames() {
+        var guardian = HTTP2AbuseGuard()
+        var now = NIODeadline.uptimeNanoseconds(0)
+        var tripped = 0
+        for _ in 0..<20_000 {
+            now = now + .nanoseconds(6_666_667)  // 150 a second, under 200
+            if guardian.record(.controlFrame, now: now) { tripped += 1 }
+        }
+        #expect(tripped == 0)
+        var flood = HTTP2AbuseGuard()
+        let start = NIODeadline.uptimeNanoseconds(1_000_000_000)
+        let burst = (0..<1_001).map { _ in flood.record(.controlFrame, now: start) }
+        #expect(burst.firstIndex(of: true) == 1_000)
+        let resetTripped = flood.record(.clientReset, now: start)
+        #expect(!resetTripped, "each kind has its own bucket")
+    }
 }

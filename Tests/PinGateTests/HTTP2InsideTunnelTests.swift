@@ -106,6 +106,22 @@ struct HTTP2InsideTunnelTests {
         }
     }
 
+    @Test("a PING flood and a SETTINGS flood, read or not, end with GOAWAY ENHANCE_YOUR_CALM as other floods do, counted as a refusal; the gate goes on")
+    func controlFrameFloods() async throws {
+        try await Self.withFrontEnd { gate, nginx in
+            for name in ["ping-flood", "settings-flood"] {
+                let output = try await Self.scenario(name, gate: gate, nginx: nginx)
+                #expect((output["goaway"] as? [String: Int])?["error_code"] == 11, "\(name): ENHANCE_YOUR_CALM: \(output)")
+                #expect(output["closed"] as? Bool == true, "\(name): \(output)")
+                #expect((output["sent"] as? Int ?? 0) > 1_000, "\(name): \(output)")
+            }
+            // Each flood once: the GOAWAY that ends it is not counted again as a connection error.
+            #expect(gate.statistics.requestsRefused(.malformedRequest) == 2)
+            let after = try await Self.scenario("get", gate: gate, nginx: nginx)
+            #expect(Self.stream(after, "1")["status"] as? Int == 200, "\(after)")
+        }
+    }
+
     @Test("invalid frames and a window overflow are connection errors (GOAWAY with the RFC 9113 code, then the close); a rapid reset burst costs the upstream nothing; the gate goes on")
     func connectionErrorsAndRapidReset() async throws {
         try await Self.withFrontEnd { gate, nginx in
