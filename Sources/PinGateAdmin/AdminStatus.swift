@@ -139,6 +139,8 @@ public struct AdminSnapshot: Sendable, Codable {
         /// Requests inside tunnels the client abandoned before their answer ended (HTTP/2
         /// RST_STREAM).
         public var requestsCancelledByClient: Int = 0
+        /// Responses cut after they began, by why ("upstream-closed", "idle-timeout").
+        public var requestsCutByReason: [String: Int] = [:]
         /// Flow-control credit (bytes) the HTTP layer could not place: 0 unless a miscount,
         /// which would stall a connection.
         public var creditUnplacedBytes: Int = 0
@@ -239,7 +241,8 @@ public struct AdminSnapshot: Sendable, Codable {
                 tunnelsClosedByUpdate: stats.tunnelsClosedByUpdate,
                 reportOnlyViolations: stats.reportOnlyViolations, requestsForwarded: stats.requestsForwarded,
                 requestsRefusedByReason: stats.requestsRefusedByReason,
-                requestsCancelledByClient: stats.requestsCancelledByClient, creditUnplacedBytes: stats.creditUnplacedBytes,
+                requestsCancelledByClient: stats.requestsCancelledByClient, requestsCutByReason: stats.requestsCutByReason,
+                creditUnplacedBytes: stats.creditUnplacedBytes,
                 upstreamConnectionsLostInTunnels: stats.upstreamConnectionsLostInTunnels, upstreamReconnects: stats.upstreamReconnects,
                 upstreamUnsolicitedBytes: stats.upstreamUnsolicitedBytes,
                 upstreamConnectionsLeftIdle: stats.upstreamConnectionsLeftIdle,

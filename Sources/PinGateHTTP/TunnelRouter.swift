@@ -79,6 +79,18 @@ package final class TunnelRouter {
         package var bytesDown: Int
         package var clientStreamID: Int?
         package var refusal: RequestRefusal?
+        /// Why its response was cut after it began (the client got a reset or a short
+        /// close, never the end), or nil when it ended, was refused, or was the client's own
+        /// cancel: counted as cut, not as delivered (issue 31).
+        package var cut: ExchangeCut? = nil
+    }
+
+    /// Why a response was cut after it began.
+    package enum ExchangeCut: String, Sendable, Equatable {
+        /// The upstream abandoned it, or its connection ended mid-response.
+        case upstreamClosed = "upstream-closed"
+        /// Nothing moved either way for the idle timeout.
+        case idleTimeout = "idle-timeout"
     }
 
     /// Which connection a reconnect asks for.

@@ -169,6 +169,8 @@ struct TunnelRouterState {
         var bytesUp = 0
         var bytesDown = 0
         var responseEnded = false
+        /// Why its response was cut after it began, if it was.
+        var cut: TunnelRouter.ExchangeCut?
         /// Holds the request body to the framing the gate chose (set once it went upstream).
         var meter: RequestBodyMeter?
         /// The request as sent upstream, kept while it may be retried on a new connection:
@@ -634,6 +636,7 @@ struct TunnelRouterState {
             guard let exchange = exchanges[id], !exchange.responseEnded else { continue }
             dropPending(id, into: &actions)
             let upstreamID = detachFromUpstream(exchange)
+            if exchange.status != nil { exchange.cut = .idleTimeout }
             actions.append(.cancelClientExchange(id))
             finish(id, into: &actions)
             if let upstreamID { actions.append(.cancelUpstreamExchange(upstreamID)) }
@@ -879,6 +882,7 @@ struct TunnelRouterState {
             actions.append(.answer(id, status: 502, refusal: reason, detail: detail))
             finishIfDone(id, into: &actions)
         } else {
+            exchange.cut = .upstreamClosed
             actions.append(.cancelClientExchange(id))
             finish(id, into: &actions)
         }
@@ -1028,7 +1032,7 @@ struct TunnelRouterState {
             started: exchange.started, durationNanoseconds: (NIODeadline.now() - exchange.startedTick).nanoseconds,
             method: exchange.method, path: exchange.path, authority: exchange.authority, status: exchange.status,
             bytesUp: exchange.bytesUp, bytesDown: exchange.bytesDown,
-            clientStreamID: clientUsesStreamIDs ? id.rawValue : nil, refusal: exchange.refusal))))
+            clientStreamID: clientUsesStreamIDs ? id.rawValue : nil, refusal: exchange.refusal, cut: exchange.cut))))
     }
 
     /// Ends every exchange still open (each is logged as it stood). An upstream failure no

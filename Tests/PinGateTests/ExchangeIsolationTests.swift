@@ -211,6 +211,7 @@ struct ExchangeIsolationTests {
             #expect(stream["body_len"] as? Int == 10, "\(output)")
             #expect(stream["reset"] as? Int == 2, "the cut stream was not reset INTERNAL_ERROR: \(output)")
             #expect(stream["ended"] as? Bool != true, "\(output)")
+            #expect(gate.statistics.requestsCutByReason == ["idle-timeout": 1], "counted as cut: \(gate.statistics.requestsCutByReason)")
         }
     }
 

@@ -61,6 +61,9 @@ struct UpstreamCutTests {
             // curl: 18 = transfer closed with outstanding read data remaining.
             #expect(curl.exitStatus == 18, "curl exit \(curl.exitStatus): \(curl.stderr.suffix(300))")
             #expect(curl.body.count == 30000)
+            // Counted as what happened to them: cut, not delivered (issue 31).
+            #expect(await eventually(timeout: .seconds(5)) { gate.statistics.requestsCutByReason == ["upstream-closed": 2] },
+                    "\(gate.statistics.requestsCutByReason)")
         }
     }
 

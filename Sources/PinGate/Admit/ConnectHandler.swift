@@ -1022,13 +1022,15 @@ private final class HTTPTunnelFacts {
     /// The audit line: who asked which host for what, and what came of it. Never a
     /// header or a body.
     func finished(_ summary: TunnelRouter.ExchangeSummary) {
+        if let cut = summary.cut { environment.statistics.requestCut(cut.rawValue) }
         guard environment.requestLog.isEnabled else { return }
         environment.requestLog.record(RequestRecord(
             time: summary.started, client: client, connectHost: request.host, connectPort: request.port,
             authority: summary.authority, method: summary.method, path: summary.path, status: summary.status ?? 0,
             bytesUp: summary.bytesUp, bytesDown: summary.bytesDown,
             durationMilliseconds: Int(summary.durationNanoseconds / 1_000_000), protocolName: clientProtocol,
-            upstreamProtocol: upstreamProtocol, streamID: summary.clientStreamID, refusal: summary.refusal?.rawValue))
+            upstreamProtocol: upstreamProtocol, streamID: summary.clientStreamID, refusal: summary.refusal?.rawValue,
+            cut: summary.cut?.rawValue))
     }
 
     func makeGlue(clientSide: Bool) -> GlueHandler {

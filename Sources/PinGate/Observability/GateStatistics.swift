@@ -58,6 +58,9 @@ public final class GateStatistics: Sendable {
         /// Requests inside tunnels that the client abandoned before their response ended
         /// (HTTP/2 RST_STREAM): counted apart from refusals and upstream failures.
         public var requestsCancelledByClient: Int = 0
+        /// Responses cut after they began (the upstream's connection ended mid-response, or
+        /// the idle timeout), by why: the client got a reset or a short close, not the end.
+        public var requestsCutByReason: [String: Int] = [:]
         /// Body bytes of flow-control credit that the HTTP layer could not place (reported
         /// written or dropped with none outstanding, or refused by a session): 0 unless a
         /// side miscounts, which would stall a connection. Tests assert it stays 0.
@@ -131,6 +134,10 @@ public final class GateStatistics: Sendable {
     func requestCancelledByClient() {
         state.withLock { $0.requestsCancelledByClient += 1 }
         metrics.request(outcome: "cancelled", reason: "client-reset")
+    }
+    func requestCut(_ reason: String) {
+        state.withLock { $0.requestsCutByReason[reason, default: 0] += 1 }
+        metrics.request(outcome: "cut", reason: reason)
     }
     func creditUnplaced(_ bytes: Int) {
         state.withLock { $0.creditUnplacedBytes += bytes }

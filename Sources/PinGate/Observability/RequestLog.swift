@@ -36,11 +36,14 @@ public struct RequestRecord: Sendable, Equatable {
     /// Why the gate answered the request itself (e.g. "authority-mismatch"); nil when the
     /// upstream answered.
     public var refusal: String?
+    /// Why the response was cut after it began ("upstream-closed", "idle-timeout"): the
+    /// client got a reset or a short close, not the end. Nil when it ended.
+    public var cut: String?
 
     /// A record with every field given.
     public init(time: Date, client: String, connectHost: String, connectPort: Int, authority: String, method: String,
                 path: String, status: Int, bytesUp: Int, bytesDown: Int, durationMilliseconds: Int, protocolName: String,
-                upstreamProtocol: String, streamID: Int? = nil, refusal: String? = nil) {
+                upstreamProtocol: String, streamID: Int? = nil, refusal: String? = nil, cut: String? = nil) {
         self.time = time
         self.client = client
         self.connectHost = connectHost
@@ -56,6 +59,7 @@ public struct RequestRecord: Sendable, Equatable {
         self.upstreamProtocol = upstreamProtocol
         self.streamID = streamID
         self.refusal = refusal
+        self.cut = cut
     }
 }
 
@@ -164,6 +168,7 @@ public final class RequestLog: Sendable {
         field("client", record.client)
         field("connect_host", record.connectHost)
         field("connect_port", record.connectPort)
+        if let cut = record.cut { field("cut", cut) }
         field("duration_ms", record.durationMilliseconds)
         field("method", record.method)
         field("path", path)
