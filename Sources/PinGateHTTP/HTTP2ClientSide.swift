@@ -334,9 +334,9 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
         reset(Int32(id))
     }
 
-    /// RST_STREAM REFUSED_STREAM (RFC 9113 §8.7), which HTTP/2 clients retry.
     var refusesUnprocessedStreams: Bool { true }
 
+    /// RST_STREAM REFUSED_STREAM (RFC 9113 §8.7), which HTTP/2 clients retry.
     func refuseUnprocessed(_ id: Int) {
         reset(Int32(id), errorCode: ErrorCode.refusedStream)
     }

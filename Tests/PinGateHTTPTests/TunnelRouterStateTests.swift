@@ -363,8 +363,13 @@ struct TunnelRouterStateTests {
         #expect(model.state.ledger.unplaced == 0)
     }
 
-    @Test("the reuse verdict has one owner: connection-bound authentication, a private connection, open credit and the side's own blocker each keep a connection out of the pool")
+    @Test("the reuse verdict has one owner: connection-bound authentication, body credit still out and the side's own blocker each keep a connection out of the pool, and the client's close leaves it once")
     func reuseVerdict() {
+        var credit = Model(reconnects: true)
+        credit.clientSends(body: 4)
+        credit.clientUploads(pick: 1)
+        #expect(credit.state.ledger.openAccounts > 0)
+        #expect(credit.state.reuseVerdict(connectionBlocker: nil) == .notReusable(.inFlight), "a body's credit is still out")
         var model = Model(reconnects: true)
         #expect(model.state.reuseVerdict(connectionBlocker: nil) == .reusable)
         #expect(model.state.reuseVerdict(connectionBlocker: .closing) == .notReusable(.closing))

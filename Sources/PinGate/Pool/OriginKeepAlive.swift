@@ -28,11 +28,6 @@ final class OriginKeepAlive: Sendable {
         estimates.withLock { $0[key]?.safeIdle ?? KeepAliveEstimate.defaultSafeIdle }
     }
 
-    /// The estimate for `key`, if anything was learned (for tests and `/status`).
-    func estimate(_ key: UpstreamPoolKey) -> KeepAliveEstimate? {
-        estimates.withLock { $0[key] }
-    }
-
     /// The first estimate whose key `matches` (for tests, which know the host, not the key).
     func estimate(matching matches: (UpstreamPoolKey) -> Bool) -> KeepAliveEstimate? {
         estimates.withLock { $0.first { matches($0.key) }?.value }

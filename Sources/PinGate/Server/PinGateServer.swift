@@ -413,12 +413,12 @@ public final class PinGateServer: Service, Sendable {
             idleTimeoutSeconds: Double(pool.settings.idleTimeout.nanoseconds) / 1e9, maximumIdlePerHost: pool.settings.maximumIdlePerKey)
     }
 
-    /// The pool's idle timers (pending, and ever scheduled, cancelled, fired); nil when
-    /// pooling is off. For tests: every timer is pending, cancelled or fired, and none is
-    /// left pending for a stay that ended.
     /// What the gate learned of each origin's keep-alive timeout.
     var keepAlive: OriginKeepAlive { environment.keepAlive }
 
+    /// The pool's idle timers (pending, and ever scheduled, cancelled, fired); nil when
+    /// pooling is off. For tests: every timer is pending, cancelled or fired, and none is
+    /// left pending for a stay that ended.
     var upstreamPoolIdleTimers: (pending: Int, scheduled: Int, cancelled: Int, fired: Int)? {
         environment.pool?.idleTimerCounts
     }
