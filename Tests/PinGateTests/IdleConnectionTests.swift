@@ -38,7 +38,7 @@ struct IdleConnectionTests {
         }
     }
 
-    @Test("the pool learns an origin's keep-alive timeout from its idle closes: behind nginx's keepalive_timeout 10s, a POST on a connection idle about 1.2 s stays on it (half the learned 10 s), where the default would have dialled")
+    @Test("the pool learns an origin's keep-alive timeout from its idle closes: behind nginx's keepalive_timeout 10s, a POST on a connection idle about 1.2 s stays on it (half the learned 10 s), where the default 1 s would have dialled")
     func learnsTheOriginsKeepAlive() async throws {
         try await UpstreamPoolTests.withOrigin(http2: false, serverDirectives: "keepalive_timeout 10s; \(Self.post)",
                                                configure: { $0.eventLoopThreads = 1 }) { gate, nginx, _ in
@@ -49,14 +49,22 @@ struct IdleConnectionTests {
             let learned = gate.server.keepAlive.estimate(matching: { $0.host == UpstreamPoolTests.host && $0.port == nginx.port })
             #expect(learned.map { $0.safeIdle >= .milliseconds(4_800) && $0.safeIdle <= .milliseconds(5_600) } == true,
                     "\(String(describing: learned))")
+            let getStarted = Date()
             try await UpstreamPoolTests.fetch(gate, nginx)
             await UpstreamPoolTests.waitForIdle(gate, 1)
             try await Task.sleep(for: .milliseconds(1_200))
-            // Idle more than the default 1 s, well under the learned 5 s even on a busy machine.
+            // Idle more than the default 1 s, well under the learned 5 s.
             try await Self.postThroughGate(gate, nginx)
-            #expect(gate.statistics.upstreamConnectionsLeftIdle == 0)
             let connections = nginx.accessLogConnections()
-            #expect(connections.count == 3 && connections[1] == connections[2], "\(connections)")
+            if gate.statistics.upstreamConnectionsLeftIdle == 0 {
+                #expect(connections.count == 3 && connections[1] == connections[2], "\(connections)")
+            } else {
+                // Only a machine so busy that the connection really idled past the learned 5 s
+                // may dial (its idle is at most the time since the GET began): under the
+                // default 1 s limit it would have dialled within about 1.5 s.
+                let elapsed = Date().timeIntervalSince(getStarted)
+                #expect(elapsed > 4.8, "dialled after \(elapsed) s of idle at most: the learned limit was not the one used")
+            }
         }
     }
 }
