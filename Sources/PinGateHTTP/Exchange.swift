@@ -41,6 +41,10 @@ struct ExchangeResponseHead: Equatable {
     /// The status is the upstream's own form of "yes" (`101` over HTTP/1.1, a `2xx` to an
     /// extended CONNECT over HTTP/2); the client side answers in its own form.
     var upgrade: String? = nil
+    /// How the body is delimited on the way to the client: the router's decision
+    /// (`ResponseBodyFraming.decide`), set before the head reaches a client side, which
+    /// writes its own version's framing from it and from nothing else.
+    var framing: ResponseBodyFraming = .none(advertisedLength: nil)
 }
 
 /// Header fields that describe one connection, not the message (RFC 9110 §7.6.1), and so

@@ -31,7 +31,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     /// router under this id. It may outlive its answer (a refusal, an early response).
     private var reading: (id: Int, hasBody: Bool)?
     /// The request being answered: from its head until its response ended.
-    private var answering: (id: Int, version: HTTPVersion, keepAlive: Bool)?
+    private var answering: (id: Int, version: HTTPVersion, keepAlive: Bool, method: HTTPMethod)?
     /// Parts of pipelined requests, in order, waiting for the response before them to end.
     private var queued = CircularBuffer<HTTPServerRequestPart>()
     /// A read was asked for while requests were queued; it goes ahead once they are handed on.
@@ -152,7 +152,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         let fields = HTTP1HeadFields(head.headers)
         let hasBody = fields.hasBody
         reading = (id, hasBody)
-        answering = (id, head.version, head.isKeepAlive)
+        answering = (id, head.version, head.isKeepAlive, head.method)
         // The protocol an `Upgrade` asks for, when `Connection` names it (read once: the
         // router forwards it, and the codecs must be renewed if no 101 follows).
         // A CONNECT has no Upgrade semantics in HTTP/1.1: one that names an Upgrade anyway is
@@ -354,12 +354,18 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     // MARK: from the router
 
     func sendResponseHead(_ id: Int, _ head: ExchangeResponseHead, endStream: Bool) {
-        guard let context, let current = answering, current.id == id else { return }
+        guard let context, var current = answering, current.id == id else { return }
         if head.status != 101, head.upgrade != nil {
             switchToRelay(id, head, context: context)
             return
         }
         var headers = head.headers
+        // The gate's framing, never the upstream's fields as they came (NIO's automatic
+        // framing is off): a body only a close can end makes this the connection's last answer.
+        if head.framing.applyHTTP1(to: &headers, version: current.version) {
+            current.keepAlive = false
+            answering = current
+        }
         if head.status == 101, let upgrade = head.upgrade {
             headers.add(name: "connection", value: "upgrade")
             headers.add(name: "upgrade", value: upgrade)
@@ -414,7 +420,10 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         let body = "pingate: \(detail)\n"
         var headers = HTTPHeaders()
         headers.add(name: "content-type", value: "text/plain; charset=utf-8")
-        headers.add(name: "content-length", value: "\(body.utf8.count)")
+        // NIO's encoder writes no body for an answer to HEAD or CONNECT (it pairs each answer
+        // with its request's method), so neither may promise one: a HEAD answer states the
+        // length a GET's would have, a CONNECT's none at all.
+        if answered.method != .CONNECT { headers.add(name: "content-length", value: "\(body.utf8.count)") }
         headers.add(name: "pingate-refusal", value: refusal)
         if !answered.keepAlive || failing || drainRequested { headers.add(name: "connection", value: "close") }
         let head = HTTPResponseHead(version: answered.version, status: HTTPResponseStatus(statusCode: status), headers: headers)
@@ -581,9 +590,14 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         // (`.forwardBytes`; without one it drops them): a request pipelined behind an upgrade
         // that was answered without a switch reaches the fresh decoder instead of vanishing.
         // Its handler finds no upgrader for any request and leaves after the first one.
+        // The gate frames every answer itself (`ResponseBodyFraming`): NIO's automatic
+        // framing would add chunking or keep a length by the fields alone.
+        var encoder = HTTPResponseEncoder.Configuration()
+        encoder.automaticallySetFramingHeaders = false
         try pipeline.configureHTTPServerPipeline(
             position: position, withPipeliningAssistance: false,
-            withServerUpgrade: (upgraders: [], completionHandler: { _ in }), withErrorHandling: false)
+            withServerUpgrade: (upgraders: [], completionHandler: { _ in }), withErrorHandling: false,
+            withOutboundHeaderValidation: true, withEncoderConfiguration: encoder)
     }
 
     /// The handlers `addCodecs` added, to take out.

@@ -267,8 +267,9 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
             // on HTTP/2; over HTTP/1.1 a checked `101`). Here it is the stream's 200 (RFC 8441
             // §5), without the HTTP/1.1 key/accept fields; the stream stays open both ways
             // and its DATA is the protocol's bytes.
-            let fields = [HTTP2HeaderField(":status", "200")]
-                + HTTP2Wire.fields(WebSocketHandshake.withoutHandshakeFields(head.headers))
+            var headers = WebSocketHandshake.withoutHandshakeFields(head.headers)
+            head.framing.applyHTTP2(to: &headers)
+            let fields = [HTTP2HeaderField(":status", "200")] + HTTP2Wire.fields(headers)
             do {
                 try wire.session.submitResponse(streamID: streamID, fields, endStream: endStream)
                 if !endStream { respondingStreams.insert(streamID) }
@@ -277,7 +278,11 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
             }
             return
         }
-        let fields = [HTTP2HeaderField(":status", "\(head.status)")] + HTTP2Wire.fields(head.headers)
+        // The gate's framing (`ResponseBodyFraming`), not the upstream's `content-length`
+        // as it came.
+        var headers = head.headers
+        head.framing.applyHTTP2(to: &headers)
+        let fields = [HTTP2HeaderField(":status", "\(head.status)")] + HTTP2Wire.fields(headers)
         do {
             if head.status < 200 {
                 // 101 has no meaning in HTTP/2 (§8.6); an HTTP/2 client never asks for it.

@@ -110,26 +110,46 @@ struct RequestFramingRefusal: Error, Equatable, Sendable {
     var detail: String
 }
 
-/// Keeps a forwarded body to the framing the gate chose for it: counts the bytes as they
-/// pass and says when they break it (more than a stated length, or an end short of it, or
-/// any byte for a request that has none). Sans-IO; the router owns one per exchange.
-struct RequestBodyMeter: Equatable, Sendable {
-    /// The framing being kept.
-    let framing: RequestBodyFraming
+/// Keeps a forwarded body, request or response, to the length the gate framed it with:
+/// counts the bytes as they pass and says when they break it (more than a stated length,
+/// or an end short of it, or any byte for a message that has none). Sans-IO; the router
+/// owns one per direction of an exchange.
+struct BodyLengthMeter: Equatable, Sendable {
+    /// What the framing says of the body's length.
+    enum Expected: Equatable, Sendable {
+        /// No body at all.
+        case none
+        /// Exactly this many bytes.
+        case length(Int)
+        /// Any length, known at its end.
+        case open
+    }
+
+    /// The length being kept.
+    let expected: Expected
     /// Body bytes passed so far.
     private(set) var passed = 0
 
-    /// A meter for a body framed as `framing`.
+    /// A meter for a body expected as `expected`.
+    init(_ expected: Expected) {
+        self.expected = expected
+    }
+
+    /// A meter for a request body framed as `framing`.
     init(_ framing: RequestBodyFraming) {
-        self.framing = framing
+        switch framing {
+        case .none: self.init(Expected.none)
+        case .length(let count): self.init(Expected.length(count))
+        case .open: self.init(Expected.open)
+        }
     }
 
     /// `count` more bytes arrived: nil when they fit, else why they do not.
     mutating func add(_ count: Int) -> String? {
         passed += count
-        switch framing {
+        switch expected {
         case .none:
-            return "body bytes arrived for a request that ended with its head"
+            return "body bytes arrived for a message that has no body"
         case .length(let length) where passed > length:
             return "the body ran past its content-length \(length)"
         default:
@@ -139,7 +159,7 @@ struct RequestBodyMeter: Equatable, Sendable {
 
     /// The body ended: nil when that fits its framing, else why not.
     func end() -> String? {
-        if case .length(let length) = framing, passed != length {
+        if case .length(let length) = expected, passed != length {
             return "the body ended after \(passed) of its content-length \(length) bytes"
         }
         return nil

@@ -91,6 +91,8 @@ package final class TunnelRouter {
         case upstreamClosed = "upstream-closed"
         /// Nothing moved either way for the idle timeout.
         case idleTimeout = "idle-timeout"
+        /// The upstream's body broke the framing its head gave it.
+        case upstreamProtocolError = "upstream-protocol-error"
     }
 
     /// Which connection a reconnect asks for.

@@ -172,7 +172,9 @@ struct TunnelRouterState {
         /// Why its response was cut after it began, if it was.
         var cut: TunnelRouter.ExchangeCut?
         /// Holds the request body to the framing the gate chose (set once it went upstream).
-        var meter: RequestBodyMeter?
+        var meter: BodyLengthMeter?
+        /// Holds the response body to the framing the gate gave it (set with the final head).
+        var responseMeter: BodyLengthMeter?
         /// The request as sent upstream, kept while it may be retried on a new connection:
         /// an idempotent method, no body, sent on a reused connection (RFC 9110 §9.2.2,
         /// RFC 9112 §9.3.1).
@@ -396,7 +398,7 @@ struct TunnelRouterState {
             switch RequestBodyFraming.decide(method: head.method, headers: head.headers, endStream: endStream) {
             case .success(let framing):
                 head.framing = framing
-                exchange.meter = RequestBodyMeter(framing)
+                exchange.meter = BodyLengthMeter(framing)
             case .failure(let refusal):
                 refuse(id, exchange, status: 400, reason: .malformedRequest, detail: refusal.detail, into: &actions)
                 return
@@ -792,11 +794,24 @@ struct TunnelRouterState {
         return (id, exchange)
     }
 
-    /// A response head arrived for upstream exchange `upstreamID`.
+    /// A response head arrived for upstream exchange `upstreamID`. Its framing toward the
+    /// client is decided here, once (`ResponseBodyFraming`), and its body held to it.
     mutating func responseHead(_ upstreamID: UpstreamExchangeID, _ head: ExchangeResponseHead, endStream: Bool) -> [Action] {
         guard let (id, exchange) = clientExchange(for: upstreamID) else { return [] }
-        // Informational heads (1xx, bar 101) are passed on; the final status is the one logged.
-        if head.status >= 200 || head.status == 101 { exchange.status = head.status }
+        var head = head
+        switch ResponseBodyFraming.decide(requestMethod: exchange.method, head: head, endStream: endStream) {
+        case .success(let framing):
+            head.framing = framing
+        case .failure(let fault):
+            return abandonResponse(id, exchange, detail: fault.detail)
+        }
+        let final = head.status >= 200 || head.status == 101
+        // Informational heads (1xx, bar a granted switch) are passed on; the final status is
+        // the one logged, and the body that follows is held to its framing.
+        if final {
+            exchange.status = head.status
+            exchange.responseMeter = BodyLengthMeter(head.framing.expected)
+        }
         var actions: [Action] = [.sendResponseHead(id, head, endStream: endStream)]
         if let idle = exchange.sentAfterIdle {
             // The connection was still good after that long: its origin keeps at least this.
@@ -816,17 +831,49 @@ struct TunnelRouterState {
         guard let (id, exchange) = clientExchange(for: upstreamID) else {
             return deliver(ledger.returnedUnforwarded(.response, sourceID: upstreamID.rawValue, bytes: count))
         }
+        if let problem = exchange.responseMeter == nil ? Self.bodyBeforeFinalHead : exchange.responseMeter?.add(count) {
+            var actions = deliver(ledger.returnedUnforwarded(.response, sourceID: upstreamID.rawValue, bytes: count))
+            actions += abandonResponse(id, exchange, detail: problem)
+            return actions
+        }
         exchange.bytesDown += count
         ledger.forwarded(.response, sourceID: upstreamID.rawValue, sinkID: id.rawValue, bytes: count)
         return [.observe(.relayed(up: 0, down: count)), .sendResponseBody(id, bytes)]
     }
 
+    /// What is wrong with body bytes that came before any final head: both parsers make
+    /// that impossible, so the exchange is abandoned rather than framed by guesswork.
+    private static let bodyBeforeFinalHead = "body bytes arrived before the answer's final head"
+
     /// The response of upstream exchange `upstreamID` ended.
     mutating func responseEnd(_ upstreamID: UpstreamExchangeID, trailers: HTTPHeaders?) -> [Action] {
         guard let (id, exchange) = clientExchange(for: upstreamID) else { return [] }
+        if let problem = exchange.responseMeter == nil ? Self.bodyBeforeFinalHead : exchange.responseMeter?.end() {
+            return abandonResponse(id, exchange, detail: problem)
+        }
         exchange.responseEnded = true
         var actions: [Action] = [.endResponse(id, trailers: trailers)]
         finishIfDone(id, into: &actions)
+        return actions
+    }
+
+    /// The upstream's answer to exchange `id` broke the framing the gate gave it (`detail`
+    /// says how): what the client got of it is all it gets. Nothing answered yet is a 502
+    /// `upstream-protocol-error`; an answer under way is cut. The upstream's half is
+    /// abandoned, which closes an HTTP/1.1 connection: its next bytes cannot be trusted to
+    /// start the next answer.
+    private mutating func abandonResponse(_ id: ClientExchangeID, _ exchange: ExchangeRecord, detail: String) -> [Action] {
+        var actions: [Action] = []
+        let upstreamID = detachFromUpstream(exchange)
+        if exchange.status == nil {
+            refuse(id, exchange, status: 502, reason: .upstreamProtocolError, detail: detail, into: &actions)
+        } else {
+            actions.append(.observe(.refused(.upstreamProtocolError, authority: exchange.authority, detail: detail)))
+            exchange.cut = .upstreamProtocolError
+            actions.append(.cancelClientExchange(id))
+            finish(id, into: &actions)
+        }
+        if let upstreamID { actions.append(.cancelUpstreamExchange(upstreamID)) }
         return actions
     }
 

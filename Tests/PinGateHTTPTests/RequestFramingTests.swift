@@ -74,18 +74,18 @@ struct RequestFramingTests {
 
     @Test("the meter holds a body to its framing: past a stated length, short of it, or any byte for none")
     func meter() {
-        var exact = RequestBodyMeter(.length(10))
+        var exact = BodyLengthMeter(RequestBodyFraming.length(10))
         #expect(exact.add(4) == nil)
         #expect(exact.add(6) == nil)
         #expect(exact.end() == nil)
-        var over = RequestBodyMeter(.length(10))
+        var over = BodyLengthMeter(RequestBodyFraming.length(10))
         #expect(over.add(11) != nil)
-        var short = RequestBodyMeter(.length(10))
+        var short = BodyLengthMeter(RequestBodyFraming.length(10))
         #expect(short.add(9) == nil)
         #expect(short.end() != nil)
-        var none = RequestBodyMeter(.none)
+        var none = BodyLengthMeter(RequestBodyFraming.none)
         #expect(none.add(1) != nil)
-        var open = RequestBodyMeter(.open)
+        var open = BodyLengthMeter(RequestBodyFraming.open)
         #expect(open.add(1 << 40) == nil)
         #expect(open.end() == nil)
     }

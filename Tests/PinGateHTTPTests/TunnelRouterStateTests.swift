@@ -28,6 +28,9 @@ struct TunnelRouterStateTests {
             let marker: String
             var requestEnded: Bool
             var headSent = false
+            /// The `content-length` its answer declares against its body's true length:
+            /// nil for none, 0 for the truth, else a lie by that many bytes.
+            var lengthSkew: Int?
         }
         let generation: Int
         var nextID = 1
@@ -56,6 +59,8 @@ struct TunnelRouterStateTests {
         var terminals: [ClientExchangeID: Int] = [:]
         var finished: [String: Int] = [:]
         var misrouted: [String] = []
+        /// Markers whose answer declared a length its body broke.
+        var lied: Set<String> = []
         var unplaced = 0
         var clientGone = false
         var startedOnNoConnection = 0
@@ -175,19 +180,26 @@ struct TunnelRouterStateTests {
         }
 
         /// The origin answers the exchange on the wire (the first in order), if its request
-        /// is whole; `closing` answers with `Connection: close`.
-        mutating func originAnswers(status: Int, splitBody: Bool, closing: Bool) {
+        /// is whole; `closing` answers with `Connection: close`. `lengthSkew` (for a head not
+        /// yet sent) declares a `content-length`: the body's own, or off by that much.
+        mutating func originAnswers(status: Int, splitBody: Bool, closing: Bool, lengthSkew: Int? = nil) {
             guard var connection, !connection.closing, let upstreamID = connection.order.first,
                   let exchange = connection.exchanges[upstreamID], exchange.requestEnded || status == 413 else { return }
-            var headers = HTTPHeaders([("x-marker", exchange.marker)])
-            if closing { headers.add(name: "connection", value: "close") }
             if !exchange.headSent {
+                var headers = HTTPHeaders([("x-marker", exchange.marker)])
+                if closing { headers.add(name: "connection", value: "close") }
+                if let lengthSkew {
+                    headers.add(name: "content-length", value: "\(exchange.marker.utf8.count + lengthSkew)")
+                    if lengthSkew != 0 { lied.insert(exchange.marker) }
+                }
                 connection.exchanges[upstreamID]?.headSent = true
                 self.connection = connection
                 run(state.responseHead(upstreamID, ExchangeResponseHead(status: status, headers: headers), endStream: false))
                 if splitBody { return }
             }
             run(state.responseBody(upstreamID, ByteBuffer(string: exchange.marker)))
+            // Abandoned for breaking its declared length: the side closes the connection.
+            guard self.connection?.exchanges[upstreamID] != nil else { return }
             self.connection?.order.removeFirst()
             self.connection?.exchanges[upstreamID] = nil
             if closing { self.connection?.closing = true }
@@ -248,7 +260,8 @@ struct TunnelRouterStateTests {
             case 0, 1, 2: clientSends(body: 0)
             case 3: clientSends(body: 1 + pick % 20)
             case 4, 5: clientUploads(pick: pick)
-            case 6, 7, 8: originAnswers(status: 200, splitBody: pick % 2 == 0, closing: false)
+            case 6, 7: originAnswers(status: 200, splitBody: pick % 2 == 0, closing: false)
+            case 8: originAnswers(status: 200, splitBody: pick % 2 == 0, closing: false, lengthSkew: [nil, 0, -1, 1][(pick / 2) % 4])
             case 9: originAnswers(status: pick % 3 == 0 ? 413 : 200, splitBody: false, closing: true)
             case 10: if connection?.closing == true || pick % 4 == 0 { connectionCloses() }
             case 11: originResets()
@@ -306,6 +319,10 @@ struct TunnelRouterStateTests {
                     #expect(count == 1, "\(id) ended \(count) times: \(model.log)")
                 }
                 #expect(model.finished[marker] == 1, "\(marker) logged \(model.finished[marker] ?? 0) times")
+                if model.lied.contains(marker) {
+                    // A body that broke its declared length never ends as if it were whole.
+                    #expect(!model.log.contains("\(id) ended"), "\(marker) lied about its length and ended: \(model.log)")
+                }
             }
             #expect(model.state.openExchanges == 0)
             #expect(model.startedOnNoConnection == 0)
@@ -314,6 +331,41 @@ struct TunnelRouterStateTests {
             #expect(model.state.ledger.unplaced == 0)
             #expect(model.state.ledger.openAccounts == 0, "credit accounts left open")
         }
+    }
+
+    @Test("an answer whose body breaks its declared length is cut, never ended as whole, and its connection is abandoned; the truth ends normally; nothing is unplaced")
+    func bodyHeldToDeclaredLength() {
+        for (skew, expected) in [(0, "ended"), (-1, "cut"), (1, "cut")] {
+            var model = Model(reconnects: true)
+            model.clientSends(body: 0)
+            model.originAnswers(status: 200, splitBody: false, closing: false, lengthSkew: skew)
+            #expect(model.log == ["client exchange 1 \(expected)"], "skew \(skew): \(model.log)")
+            #expect(model.connection?.closing == (skew != 0), "skew \(skew)")
+            model.settle()
+            #expect(model.state.ledger.unplaced == 0)
+            #expect(model.state.impossible == 0)
+        }
+    }
+
+    @Test("an answer that ends with its head while declaring a length is a 502 upstream-protocol-error; one that ends with its head declaring none is framed as length 0")
+    func endedWithItsHead() {
+        var model = Model(reconnects: true)
+        model.clientSends(body: 0)
+        model.run(model.state.responseHead(UpstreamExchangeID(1), ExchangeResponseHead(status: 200, headers: HTTPHeaders([("content-length", "5")])), endStream: true))
+        #expect(model.log == ["client exchange 1 answered 502"], "\(model.log)")
+        var framed: ResponseBodyFraming?
+        var state = TunnelRouterState(
+            binding: AuthorityBinding(connectHost: "pay.test", connectPort: 443, trustsOtherHost: { _ in false }),
+            clientUsesStreamIDs: false, now: Date.init)
+        state.upstreamAttached(.http2Lane)
+        let head = ExchangeRequestHead(method: "GET", path: "/", authority: "pay.test", headers: HTTPHeaders(), upgrade: nil)
+        for action in state.requestHead(ClientExchangeID(1), head, endStream: true, upstream: nil) {
+            if case .startRequest(let id, _, _, _) = action { _ = state.requestStarted(id, as: UpstreamExchangeID(1)) }
+        }
+        for action in state.responseHead(UpstreamExchangeID(1), ExchangeResponseHead(status: 200, headers: HTTPHeaders()), endStream: true) {
+            if case .sendResponseHead(_, let head, _) = action { framed = head.framing }
+        }
+        #expect(framed == .length(0))
     }
 
     @Test("without a reconnect (a byte relay's tunnel), the upstream's close answers what it had not finished with a 502 and ends the client's connection once answered")
