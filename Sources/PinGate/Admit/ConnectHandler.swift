@@ -198,27 +198,19 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     private func listReadiness(for request: ConnectRequest) -> ConnectStateMachine<UpstreamConnection>.ListReadiness {
-        switch environment.listState(for: request.host, now: environment.now()) {
-        case .expired(let expired):
-            // A list that verified but has expired as a whole is refused at once, saying
-            // so: waiting would only delay the same answer, and "unavailable" would send
-            // the operator looking at the network instead of at the list's dates. A
-            // re-read or re-fetch is still asked for, so a list replaced meanwhile is in
-            // force for the next CONNECT.
-            environment.updater?.requestDirectUpdate()
-            return .expired(expired)
-        case .notYet:
-            // Direct mode: with a list source configured and nothing usable in force, the
-            // CONNECT waits (bounded) for the update that is fetching one.
-            return .updating
-        case .ready:
-            return .usable(refusal: refusalBeforeConnecting(request))
+        switch admission(for: request).preflight() {
+        case .listExpired(let expired): return .expired(expired)
+        // Direct mode: with a list source configured and nothing usable in force, the
+        // CONNECT waits (bounded) for the update that is fetching one.
+        case .listNotYet: return .updating
+        case .refused(let verdict): return .usable(refusal: verdict)
+        case .proceed: return .usable(refusal: nil)
         }
     }
 
-    private func refusalBeforeConnecting(_ request: ConnectRequest) -> Verdict? {
-        environment.decisionPolicy.refusalBeforeConnecting(
-            host: request.host, port: request.port, list: environment.store.list, now: environment.now())
+    /// The one sequence that opens or takes, and decides on, an upstream connection for `request`.
+    private func admission(for request: ConnectRequest) -> UpstreamAdmission {
+        UpstreamAdmission(environment: environment, host: request.host, port: request.port)
     }
 
     private func waitForList(context: ChannelHandlerContext) {
@@ -228,7 +220,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             .assumeIsolated().whenSuccess { _ in
                 let outcome: ConnectStateMachine<UpstreamConnection>.ListWaitOutcome
                 if self.environment.store.isUsable(at: self.environment.now()) {
-                    outcome = .usable(refusal: self.refusalBeforeConnecting(request))
+                    outcome = .usable(refusal: self.admission(for: request).refusalBeforeConnecting())
                 } else if let expired = self.environment.store.list?.expiryReason(at: self.environment.now()) {
                     outcome = .expired(expired)
                 } else {
@@ -262,9 +254,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             switch pool.checkout(key, on: context.eventLoop, generation: generation, shareableDial: shareable, resume: resume) {
             case .hit(let pooled):
                 verdictGeneration = generation
-                let verdict = environment.verdict(host: request.host, on: pooled)
-                environment.reportIfPinFailure(verdict, host: request.host, port: request.port, upstream: pooled)
-                perform(machine.upstreamConnected(pooled, verdict: verdict), context: context)
+                perform(machine.upstreamConnected(pooled, verdict: admission(for: request).decide(on: pooled)), context: context)
                 return
             case .wait:
                 // Bounded by our own clock: the dial waited for may hang, or its tunnel's
@@ -277,23 +267,24 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                 if registered { registeredDial = key }
             }
         }
+        // The list generation the verdict counts as decided under: read before the dial (as
+        // a reconnect does), so that a list coming in during the handshake can only make
+        // the join check the connection once more, never skip a check.
+        let generation = environment.store.generation
         openUpstream(request, offer: offer, context: context).assumeIsolated().whenComplete { result in
-            if case .success(let upstream) = result, let pool = self.environment.pool, self.inspectsRequests(request) {
+            if case .success(let admitted) = result, let pool = self.environment.pool, self.inspectsRequests(request) {
+                let upstream = admitted.upstream
                 pool.dialed(self.environment.poolKey(for: request), negotiatedHTTP2: upstream.peer.alpn == "h2")
                 // HTTP/1.1 carries one tunnel at a time: nothing to wait for. (An h2 one is
                 // settled as this tunnel joins and shares it, or fails to.)
                 if upstream.peer.alpn != "h2" { self.settleDial(context: context) }
             }
             switch result {
-            case .success(let upstream):
-                self.environment.statistics.metrics.upstreamHandshake(nanoseconds: upstream.handshakeDuration.nanoseconds)
-                self.verdictGeneration = self.environment.store.generation
-                let verdict = self.verdict(on: upstream, for: request)
-                self.environment.reportIfPinFailure(verdict, host: request.host, port: request.port, upstream: upstream)
-                self.perform(self.machine.upstreamConnected(upstream, verdict: verdict), context: context)
+            case .success(let admitted):
+                self.verdictGeneration = generation
+                self.perform(self.machine.upstreamConnected(admitted.upstream, verdict: admitted.verdict), context: context)
             case .failure(let error):
-                let refusal = (error as? TLSClientError).map(Refusal.init) ?? .upstreamUnreachable("\(error)")
-                self.perform(self.machine.upstreamFailed(refusal), context: context)
+                self.perform(self.machine.upstreamFailed(UpstreamAdmission.refusal(for: error)), context: context)
             }
         }
     }
@@ -317,26 +308,8 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         environment.pool?.dialSettled(key, on: context.eventLoop)
     }
 
-    private func openUpstream(_ request: ConnectRequest, offer: [String]?, context: ChannelHandlerContext) -> EventLoopFuture<UpstreamConnection> {
-        environment.connector.connect(host: request.host, port: request.port, alpnOffer: offer, on: context.eventLoop,
-                                      countRelayed: tunnelBytes.counter(clientSide: false))
-    }
-
-    /// The verdict on `upstream`; when it trusts a verified server, that server's TLS
-    /// sessions are kept for resumption. Only such a handshake's sessions may be resumed,
-    /// and a resumed connection comes back here all the same: its kept summary (leaf,
-    /// verified chain) is decided on again under the list in force then.
-    private func verdict(on upstream: UpstreamConnection, for request: ConnectRequest) -> Verdict {
-        let verdict = environment.decisionPolicy.verdict(
-            host: request.host, leaf: upstream.leaf, chain: Self.chainCheck(upstream), list: environment.store.list, now: environment.now())
-        if upstream.peer.resumed { environment.statistics.upstreamSessionResumed() }
-        if case .trusted = verdict, upstream.peer.chainAndHostnameValid {
-            upstream.keepSessions?()
-        } else {
-            // A report-only violation is admitted and may stay open for hours: it holds none.
-            upstream.discardSessions?()
-        }
-        return verdict
+    private func openUpstream(_ request: ConnectRequest, offer: [String]?, context: ChannelHandlerContext) -> EventLoopFuture<UpstreamAdmission.Admitted> {
+        admission(for: request).dial(offer: offer, on: context.eventLoop, countRelayed: tunnelBytes.counter(clientSide: false))
     }
 
     static func chainCheck(_ upstream: UpstreamConnection) -> PinPolicy.ChainCheck {
@@ -499,14 +472,10 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     private func reconnectUpstream(_ request: ConnectRequest, offer: [String]?, context: ChannelHandlerContext) {
         openUpstream(request, offer: offer, context: context).assumeIsolated().whenComplete { result in
             switch result {
-            case .success(let upstream):
-                self.environment.statistics.metrics.upstreamHandshake(nanoseconds: upstream.handshakeDuration.nanoseconds)
-                let verdict = self.verdict(on: upstream, for: request)
-                self.environment.reportIfPinFailure(verdict, host: request.host, port: request.port, upstream: upstream)
-                self.perform(self.machine.upstreamConnected(upstream, verdict: verdict), context: context)
+            case .success(let admitted):
+                self.perform(self.machine.upstreamConnected(admitted.upstream, verdict: admitted.verdict), context: context)
             case .failure(let error):
-                let refusal = (error as? TLSClientError).map(Refusal.init) ?? .upstreamUnreachable("\(error)")
-                self.perform(self.machine.upstreamFailed(refusal), context: context)
+                self.perform(self.machine.upstreamFailed(UpstreamAdmission.refusal(for: error)), context: context)
             }
         }
     }
@@ -818,7 +787,6 @@ private final class HTTPTunnelFacts {
     ///     `http/1.1` (never from the pool, never into it).
     func reconnect(router: TunnelRouter, client clientChannel: Channel, dial: TunnelRouter.UpstreamDial,
                    done: @escaping (TunnelRouter.UpstreamReconnect) -> Void) {
-        let now = environment.now()
         let host = request.host, port = request.port
         let refuse = { (refusal: Refusal) in
             self.environment.logger.notice("refused a new upstream connection inside a tunnel", metadata: [
@@ -829,19 +797,19 @@ private final class HTTPTunnelFacts {
             done(.refused(status: refusal.status, reason: RequestRefusal(rawValue: refusal.reason.rawValue) ?? .internalError,
                           detail: refusal.explanation(host: host, port: port)))
         }
-        switch environment.listState(for: host, now: now) {
-        case .expired(let expired):
+        let admission = UpstreamAdmission(environment: environment, host: host, port: port)
+        switch admission.preflight() {
+        case .listExpired(let expired):
             refuse(.listExpired(expired))
             return
-        case .notYet:
+        case .listNotYet:
             refuse(.listUnavailable(environment.store.status.lastResult ?? "no list fetched yet"))
             return
-        case .ready:
-            break
-        }
-        if let verdict = environment.decisionPolicy.refusalBeforeConnecting(host: host, port: port, list: environment.store.list, now: now) {
+        case .refused(let verdict):
             refuse(.verdict(verdict))
             return
+        case .proceed:
+            break
         }
         let generation = environment.store.generation
         let offer = dial == .privateHTTP1 ? ["http/1.1"]
@@ -850,9 +818,7 @@ private final class HTTPTunnelFacts {
             // Another verified connection is at hand (an h2 one other tunnels share, or an
             // idle one): decided on as a pooled CONNECT is.
             let chain = ConnectHandler.chainCheck(pooled)
-            let verdict = environment.verdict(host: host, on: pooled)
-            environment.reportIfPinFailure(verdict, host: host, port: port, upstream: pooled)
-            if verdict.isTrusted, (try? RequestAwareTunnel.replaceUpstream(router: router, upstream: pooled.channel, upstreamLeg: pooled.leg.value,
+            if admission.decide(on: pooled).isTrusted, (try? RequestAwareTunnel.replaceUpstream(router: router, upstream: pooled.channel, upstreamLeg: pooled.leg.value,
                                                                            upstreamProtocol: pooled.peer.alpn,
                                                                            limits: environment.configuration.http2Limits,
                                                                            roundTrip: environment.configuration.upstreamRoundTripSource)) != nil {
@@ -864,23 +830,17 @@ private final class HTTPTunnelFacts {
             // Not for this tunnel; a shared h2 connection still carries other tunnels.
             if !pooled.leg.value.isShared { pooled.channel.close(promise: nil) }
         }
-        environment.connector.connect(host: host, port: port, alpnOffer: offer, on: clientChannel.eventLoop,
-                                      countRelayed: bytes.counter(clientSide: false))
+        admission.dial(offer: offer, on: clientChannel.eventLoop, countRelayed: bytes.counter(clientSide: false))
             .assumeIsolated().whenComplete { result in
                 switch result {
-                case .success(let upstream):
-                    self.environment.statistics.metrics.upstreamHandshake(nanoseconds: upstream.handshakeDuration.nanoseconds)
+                case .success(let admitted):
+                    let upstream = admitted.upstream
                     let chain = ConnectHandler.chainCheck(upstream)
-                    let verdict = self.environment.verdict(host: host, on: upstream)
-                    if upstream.peer.resumed { self.environment.statistics.upstreamSessionResumed() }
-                    self.environment.reportIfPinFailure(verdict, host: host, port: port, upstream: upstream)
-                    guard verdict.isTrusted, let glue = upstream.glue else {
-                        upstream.discardSessions?()
+                    guard admitted.verdict.isTrusted, let glue = upstream.glue else {
                         upstream.channel.close(promise: nil)
-                        refuse(.verdict(verdict))
+                        refuse(.verdict(admitted.verdict))
                         return
                     }
-                    if case .trusted = verdict, upstream.peer.chainAndHostnameValid { upstream.keepSessions?() } else { upstream.discardSessions?() }
                     do {
                         try RequestAwareTunnel.replaceUpstream(router: router, upstream: upstream.channel, upstreamLeg: .fresh(glue),
                                                                upstreamProtocol: upstream.peer.alpn,
@@ -900,7 +860,7 @@ private final class HTTPTunnelFacts {
                     self.environment.statistics.upstreamReconnected("connected")
                     done(.connected)
                 case .failure(let error):
-                    refuse((error as? TLSClientError).map(Refusal.init) ?? .upstreamUnreachable("\(error)"))
+                    refuse(UpstreamAdmission.refusal(for: error))
                 }
             }
     }
