@@ -1,4 +1,5 @@
 import FuzzSupport
+import PinGateTunnelHarness
 
 /// libFuzzer's entry: the frames an app sends after the HTTP/2 preface inside an
 /// admitted tunnel.
