@@ -120,7 +120,7 @@ struct RunCommand: AsyncParsableCommand {
     @Option(name: .long, help: "Seconds a pooled upstream connection may stay idle before it is closed (default 30).")
     var upstreamPoolIdleTimeout: Int?
 
-    @Option(name: .long, help: "The most idle upstream connections kept per host and port (default 16, as many as nginx keeps in the benchmark's keep-alive pool).")
+    @Option(name: .long, help: "The most idle upstream connections kept per host and port (default 16, as many as nginx keeps in the benchmark's keep-alive pool), shared between the gate's event loops: each keeps its share, rounded up.")
     var upstreamPoolMaxPerHost: Int?
 
     @Flag(name: .long, inversion: .prefixedNo, help: ArgumentHelp(

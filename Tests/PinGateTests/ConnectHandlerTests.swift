@@ -82,6 +82,11 @@ struct ConnectHandlerTests {
 
         /// An upstream on the same loop: an active embedded channel with an unpaired glue.
         func makeUpstream(alpn: String? = nil) throws -> (UpstreamConnection, EmbeddedChannel) {
+            try Self.makeUpstream(on: loop, alpn: alpn)
+        }
+
+        /// An upstream on `loop`: an active embedded channel with an unpaired glue.
+        static func makeUpstream(on loop: EmbeddedEventLoop, alpn: String? = nil) throws -> (UpstreamConnection, EmbeddedChannel) {
             let glue = GlueHandler(countRelayed: { _ in })
             let channel = EmbeddedChannel(handler: glue, loop: loop)
             try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 443)).wait()

@@ -274,7 +274,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         openUpstream(request, offer: offer, context: context).assumeIsolated().whenComplete { result in
             if case .success(let admitted) = result, let pool = self.environment.pool, self.inspectsRequests(request) {
                 let upstream = admitted.upstream
-                pool.dialed(self.environment.poolKey(for: request), negotiatedHTTP2: upstream.peer.alpn == "h2")
+                pool.dialed(self.environment.poolKey(for: request), on: context.eventLoop, negotiatedHTTP2: upstream.peer.alpn == "h2")
                 // HTTP/1.1 carries one tunnel at a time: nothing to wait for. (An h2 one is
                 // settled as this tunnel joins and shares it, or fails to.)
                 if upstream.peer.alpn != "h2" { self.settleDial(context: context) }
@@ -752,7 +752,7 @@ private final class HTTPTunnelFacts {
     func release(_ release: UpstreamRelease) -> Bool {
         switch release {
         case .notReusable(let reason):
-            environment.pool?.notPooled(reason)
+            environment.pool?.notPooled(reason, on: upstream.channel.eventLoop)
             return false
         case .reusable(let side):
             let parked = offerToPool(side, shared: false)
@@ -766,7 +766,7 @@ private final class HTTPTunnelFacts {
     private func offerToPool(_ side: PooledUpstreamSide, shared: Bool) -> Bool {
         guard let pool = environment.pool else { return false }
         if let reason = notPoolable() {
-            pool.notPooled(reason)
+            pool.notPooled(reason, on: upstream.channel.eventLoop)
             return false
         }
         let upstream = self.upstream

@@ -12,9 +12,11 @@ import Synchronization
 /// that connection's handshake verified, under the list in force, and its `200` without
 /// any upstream handshake.
 ///
-/// One pool per gate, one lock; each connection stays on its own event loop, where its
-/// idle timer runs and where it is closed. Pooled per loop, as nginx keeps one keep-alive
-/// cache per worker: a tunnel's legs and router share one loop, and a channel cannot move.
+/// One pool per event loop (`LoopPool`), each touched only on its loop: its state, its
+/// idle timers and its close watches need no lock. Pooled per loop, as nginx keeps one
+/// keep-alive cache per worker: a tunnel's legs and router share one loop, and a channel
+/// cannot move. What crosses loops is rare and goes to each loop as a task: a new list's
+/// re-check, the shutdown; readers of the counts read what each loop published.
 final class UpstreamPool: Sendable {
     typealias Departure = UpstreamPoolState<UpstreamConnection>.Departure
 
@@ -24,62 +26,126 @@ final class UpstreamPool: Sendable {
         /// timeouts of common servers, nginx's 75 s among them, so the gate lets go first).
         var idleTimeout: TimeAmount = .seconds(30)
         /// The most idle connections per key (host, port, SNI, address, parent proxy), over
-        /// all event loops.
+        /// all event loops (each loop keeps its share, rounded up).
         var maximumIdlePerKey = 16
     }
 
-    let settings: Settings
-    private let state: Mutex<UpstreamPoolState<UpstreamConnection>>
-    /// Channels whose close the pool already watches (one watch per connection, however
-    /// often it is parked).
-    private let watched = Mutex<Set<ObjectIdentifier>>([])
-    /// The idle timer of each connection parked idle (not shared), by channel, with its
-    /// stay: cancelled when the stay ends another way (taken, closed, dropped). Left to
-    /// fire, a busy pool kept one pending 30 s timer per tunnel it served: 600 sequential
-    /// tunnels a second held about 18,000 scheduled tasks, 3.8 MB of the gate's RSS.
-    private let idleTimers = Mutex<IdleTimers>(IdleTimers())
+    /// What one loop's pool has done and holds, published by that loop for readers on
+    /// other threads (`/status`, the metrics, tests).
+    struct Snapshot: Sendable {
+        var counters = UpstreamPoolState<UpstreamConnection>.Counters()
+        var idleByKey: [UpstreamPoolKey: Int] = [:]
+        var idleTimers = IdleTimerCounts()
+    }
 
-    /// The pending idle timers, and how many were ever scheduled, cancelled and fired.
-    struct IdleTimers {
-        var pending: [ObjectIdentifier: (stay: PooledConnectionID, timer: Scheduled<Void>)] = [:]
+    /// How many idle timers one loop has pending, and ever scheduled, cancelled and fired.
+    struct IdleTimerCounts: Sendable {
+        var pending = 0
         var scheduled = 0
         var cancelled = 0
         var fired = 0
     }
 
-    /// How many idle timers are pending, scheduled, cancelled and fired so far.
-    var idleTimerCounts: (pending: Int, scheduled: Int, cancelled: Int, fired: Int) {
-        idleTimers.withLock { ($0.pending.count, $0.scheduled, $0.cancelled, $0.fired) }
+    /// One loop's latest `Snapshot`, written only by that loop (after each change) and read
+    /// by the rare reader on another thread: never contended between loops.
+    final class PublishedSnapshot: Sendable {
+        let snapshot = Mutex(Snapshot())
     }
+
+    /// Counts shared by every loop's pool, as atomics.
+    final class SharedCounts: Sendable {
+        /// Connections in the pool over all loops, for the gauge.
+        let idle = Atomic<Int>(0)
+        /// Calls made from a loop the pool was not built for (none in the gate: every
+        /// tunnel runs on the group's loops). Such a call is treated as a miss or a refused
+        /// park, and counted here; tests hold it at 0.
+        let foreignLoopCalls = Atomic<Int>(0)
+    }
+
+    let settings: Settings
+    /// Each event loop's own pool: its state, its idle timers and its close watches,
+    /// touched only on that loop, so no loop ever waits for another's lock (issue 31, item
+    /// 6). A connection never leaves its loop.
+    private let loops: [EventLoopID: NIOLoopBoundBox<LoopPool>]
+    private let published: [EventLoopID: PublishedSnapshot]
+    private let shared = SharedCounts()
     private let metrics: GateMetrics
     /// What the pool's connections taught about each origin's keep-alive timeout, shared
     /// with every tunnel (`GateEnvironment.keepAlive`).
     let keepAlive = OriginKeepAlive()
-    private let logger: Logger
 
-    /// The gate's clock (the one its verdicts use), for the chains' expiry.
-    private let now: @Sendable () -> Date
-
-    init(settings: Settings, metrics: GateMetrics, logger: Logger, now: @escaping @Sendable () -> Date = { Date() }) {
+    /// A pool for connections on `eventLoops` (the gate's group). The per-key cap is split
+    /// between the loops, rounded up.
+    init(settings: Settings, eventLoops: [any EventLoop], metrics: GateMetrics, logger: Logger,
+         now: @escaping @Sendable () -> Date = { Date() }) {
         self.settings = settings
         self.metrics = metrics
-        self.logger = logger
-        self.now = now
-        state = Mutex(UpstreamPoolState(maximumIdlePerKey: settings.maximumIdlePerKey))
+        let count = max(1, eventLoops.count)
+        let share = max(1, (settings.maximumIdlePerKey + count - 1) / count)
+        var loops: [EventLoopID: NIOLoopBoundBox<LoopPool>] = [:]
+        var published: [EventLoopID: PublishedSnapshot] = [:]
+        for eventLoop in eventLoops {
+            let outlet = PublishedSnapshot()
+            let shared = shared
+            let publish: LoopPool.Publish = { state, timers, delta in
+                outlet.snapshot.withLock { $0 = Snapshot(counters: state.counters, idleByKey: state.idleByKey, idleTimers: timers) }
+                if delta != 0 { metrics.upstreamPoolIdle(shared.idle.add(delta, ordering: .relaxed).newValue) }
+            }
+            // Made here, before any tunnel runs, and from then on touched only on its loop.
+            loops[EventLoopID(eventLoop)] = NIOLoopBoundBox.makeBoxSendingValue(
+                LoopPool(eventLoop: eventLoop, maximumIdlePerKey: share, idleTimeout: settings.idleTimeout, keepAlive: keepAlive,
+                         metrics: metrics, logger: logger, now: now, publish: publish),
+                eventLoop: eventLoop)
+            published[EventLoopID(eventLoop)] = outlet
+        }
+        self.loops = loops
+        self.published = published
     }
 
-    /// What the pool has done so far.
-    var counters: UpstreamPoolState<UpstreamConnection>.Counters { state.withLock { $0.counters } }
+    /// The pool of `eventLoop` (the caller runs on it), or nil for a loop it was not built for.
+    private func local(_ eventLoop: any EventLoop) -> LoopPool? {
+        guard let box = loops[EventLoopID(eventLoop)] else {
+            shared.foreignLoopCalls.add(1, ordering: .relaxed)
+            return nil
+        }
+        return box.value
+    }
+
+    /// Calls from a loop the pool was not built for (tests: 0).
+    var callsFromForeignLoops: Int { shared.foreignLoopCalls.load(ordering: .relaxed) }
+
+    private var snapshots: [Snapshot] { published.values.map { $0.snapshot.withLock { $0 } } }
+
+    /// What the pool has done so far, over all loops.
+    var counters: UpstreamPoolState<UpstreamConnection>.Counters {
+        snapshots.reduce(into: UpstreamPoolState<UpstreamConnection>.Counters()) { sum, snapshot in
+            let counters = snapshot.counters
+            sum.hits += counters.hits
+            sum.misses += counters.misses
+            sum.waitedForDial += counters.waitedForDial
+            sum.parked += counters.parked
+            sum.notPooled.merge(counters.notPooled, uniquingKeysWith: +)
+            sum.departed.merge(counters.departed, uniquingKeysWith: +)
+        }
+    }
 
     /// How many connections wait now.
-    var idleCount: Int { state.withLock { $0.idleCount } }
+    var idleCount: Int { snapshots.reduce(0) { $0 + $1.idleByKey.values.reduce(0, +) } }
 
     /// Idle connections per `host:port`, for `/status`.
     var idleByHost: [String: Int] {
-        state.withLock { state in
-            var byHost: [String: Int] = [:]
-            for (key, count) in state.idleByKey { byHost[key.description, default: 0] += count }
-            return byHost
+        var byHost: [String: Int] = [:]
+        for snapshot in snapshots {
+            for (key, count) in snapshot.idleByKey { byHost[key.description, default: 0] += count }
+        }
+        return byHost
+    }
+
+    /// How many idle timers are pending, scheduled, cancelled and fired so far, over all loops.
+    var idleTimerCounts: (pending: Int, scheduled: Int, cancelled: Int, fired: Int) {
+        snapshots.reduce(into: (0, 0, 0, 0)) { sum, snapshot in
+            let timers = snapshot.idleTimers
+            sum = (sum.0 + timers.pending, sum.1 + timers.scheduled, sum.2 + timers.cancelled, sum.3 + timers.fired)
         }
     }
 
@@ -99,20 +165,132 @@ final class UpstreamPool: Sendable {
     /// wait for, and it must call `dialSettled` once its connection is shared or will not be.
     func checkout(_ key: UpstreamPoolKey, on eventLoop: any EventLoop, generation: UInt64, shareableDial: Bool,
                   resume: (() -> Void)?) -> UpstreamPoolState<UpstreamConnection>.Checkout {
+        guard let pool = local(eventLoop) else {
+            metrics.upstreamPoolCheckout(hit: false)
+            return .dial(registered: false)
+        }
+        return pool.checkout(key, generation: generation, shareableDial: shareableDial, resume: resume)
+    }
+
+    /// A dial for `key` on `eventLoop` completed, negotiating `h2` or not: whether later
+    /// CONNECTs to it on that loop wait for a dial in flight (see `UpstreamPoolState.dialed`).
+    func dialed(_ key: UpstreamPoolKey, on eventLoop: any EventLoop, negotiatedHTTP2: Bool) {
+        local(eventLoop)?.dialed(key, negotiatedHTTP2: negotiatedHTTP2)
+    }
+
+    /// The registered dial for `key` on `eventLoop` is settled: the CONNECTs that waited for
+    /// it check out again, now (called on that loop).
+    func dialSettled(_ key: UpstreamPoolKey, on eventLoop: any EventLoop) {
+        local(eventLoop)?.dialSettled(key)
+    }
+
+    /// Offers `connection` (its side parked, or, `shared`, an `h2` connection that tunnels
+    /// share while it has streams to spare) for `key`; true when the pool kept it, false
+    /// when the caller must close it (or, shared, keep it to its own tunnel). Runs on the
+    /// connection's event loop.
+    func park(_ connection: UpstreamConnection, key: UpstreamPoolKey, generation: UInt64, currentGeneration: UInt64,
+              shared: Bool = false, stillTrusted: () -> Bool) -> Bool {
+        guard let pool = local(connection.channel.eventLoop) else {
+            notPooledOnForeignLoop()
+            return false
+        }
+        return pool.park(connection, key: key, generation: generation, currentGeneration: currentGeneration,
+                         shared: shared, stillTrusted: stillTrusted)
+    }
+
+    /// Counts a connection not kept when its tunnel ended (on the tunnel's loop).
+    func notPooled(_ reason: UpstreamNotPooledReason, on eventLoop: any EventLoop) {
+        guard let pool = local(eventLoop) else {
+            notPooledOnForeignLoop()
+            return
+        }
+        pool.notPooled(reason)
+    }
+
+    private func notPooledOnForeignLoop() {
+        metrics.upstreamPoolNotPooled(reason: UpstreamNotPooledReason.full.rawValue)
+    }
+
+    /// A new list is in force (`generation`): the idle connections it no longer trusts
+    /// (`trusts`, on the key's host and the connection's verified chain) are closed, each
+    /// loop's on its loop.
+    func listInstalled(generation: UInt64, trusts: @escaping @Sendable (UpstreamPoolKey, UpstreamConnection) -> Bool) {
+        for box in loops.values {
+            box.eventLoop.execute { box.value.listInstalled(generation: generation, trusts: trusts) }
+        }
+    }
+
+    /// Empties the pool (the gate is shutting down): idle connections close now; shared
+    /// ones close once the tunnels on them have finished. Each loop empties its own.
+    func closeAll() {
+        for box in loops.values {
+            box.eventLoop.execute { box.value.closeAll() }
+        }
+    }
+}
+
+/// One event loop's pool: the state (`UpstreamPoolState`), the idle timers and the close
+/// watches of the connections on that loop. Only ever touched on its loop, so it has no
+/// lock; what it counts it publishes after each change (`publish`).
+private final class LoopPool {
+    typealias Departure = UpstreamPoolState<UpstreamConnection>.Departure
+
+    let eventLoop: any EventLoop
+    private var state: UpstreamPoolState<UpstreamConnection>
+    private let idleTimeout: TimeAmount
+    /// The idle timer of each connection parked idle (not shared), by channel, with its
+    /// stay: cancelled when the stay ends another way (taken, closed, dropped). Left to
+    /// fire, a busy pool kept one pending 30 s timer per tunnel it served: 600 sequential
+    /// tunnels a second held about 18,000 scheduled tasks, 3.8 MB of the gate's RSS.
+    private var idleTimers: [ObjectIdentifier: (stay: PooledConnectionID, timer: Scheduled<Void>)] = [:]
+    private var timerCounts = UpstreamPool.IdleTimerCounts()
+    /// Channels whose close the pool already watches (one watch per connection, however
+    /// often it is parked).
+    private var watched: Set<ObjectIdentifier> = []
+    private let metrics: GateMetrics
+    private let logger: Logger
+    /// The gate's clock (the one its verdicts use), for the chains' expiry.
+    private let now: @Sendable () -> Date
+    /// What the pool's connections teach about each origin's keep-alive timeout.
+    private let keepAlive: OriginKeepAlive
+    /// Publishes the state's counts, the timers' and the change in idle connections.
+    typealias Publish = @Sendable (UpstreamPoolState<UpstreamConnection>, UpstreamPool.IdleTimerCounts, Int) -> Void
+    private let publish: Publish
+
+    init(eventLoop: any EventLoop, maximumIdlePerKey: Int, idleTimeout: TimeAmount, keepAlive: OriginKeepAlive,
+         metrics: GateMetrics, logger: Logger, now: @escaping @Sendable () -> Date, publish: @escaping Publish) {
+        self.eventLoop = eventLoop
+        self.state = UpstreamPoolState(maximumIdlePerKey: maximumIdlePerKey)
+        self.idleTimeout = idleTimeout
+        self.keepAlive = keepAlive
+        self.metrics = metrics
+        self.logger = logger
+        self.now = now
+        self.publish = publish
+    }
+
+    /// Publishes after a change that moved the idle count from `before`.
+    private func changed(idleBefore before: Int) {
+        timerCounts.pending = idleTimers.count
+        publish(state, timerCounts, state.idleCount - before)
+    }
+
+    func checkout(_ key: UpstreamPoolKey, generation: UInt64, shareableDial: Bool,
+                  resume: (() -> Void)?) -> UpstreamPoolState<UpstreamConnection>.Checkout {
+        // Run on this loop, by this loop: the waiter needs no hop.
         let waiter: (@Sendable () -> Void)? = resume.map { resume in
             let bound = NIOLoopBound(resume, eventLoop: eventLoop)
             return { bound.value() }
         }
+        let before = state.idleCount
+        let departedBefore = state.counters.departed
         let now = self.now()
-        let (checkout, stale, idle, departed) = state.withLock { state in
-            let before = state.counters.departed
-            let result = state.checkout(key, on: EventLoopID(eventLoop), generation: generation,
-                                        unusable: { Self.unusable($0, at: now) }, canShare: Self.canShare,
-                                        shareableDial: shareableDial, waiter: waiter)
-            return (result.checkout, result.stale, state.idleCount, state.counters.departed.merging(before) { $0 - $1 })
+        let (checkout, stale) = state.checkout(key, on: EventLoopID(eventLoop), generation: generation,
+                                               unusable: { Self.unusable($0, at: now) }, canShare: Self.canShare,
+                                               shareableDial: shareableDial, waiter: waiter)
+        for (departure, count) in state.counters.departed.merging(departedBefore, uniquingKeysWith: -) where count > 0 {
+            metrics.upstreamPoolClosed(reason: departure.rawValue, count: count)
         }
-        metrics.upstreamPoolIdle(idle)
-        for (departure, count) in departed where count > 0 { metrics.upstreamPoolClosed(reason: departure.rawValue, count: count) }
         for entry in stale {
             // An expired chain's tunnels finish first; anything else found unusable is dead.
             if entry.departure == .certificateExpired { retire(entry.connection) } else { close(entry.connection) }
@@ -124,80 +302,70 @@ final class UpstreamPool: Sendable {
         case .dial: metrics.upstreamPoolCheckout(hit: false)
         case .wait: metrics.upstreamPoolWaited()
         }
+        changed(idleBefore: before)
         return checkout
     }
 
-    /// A dial for `key` completed, negotiating `h2` or not: whether later CONNECTs to it
-    /// wait for a dial in flight (see `UpstreamPoolState.dialed`).
     func dialed(_ key: UpstreamPoolKey, negotiatedHTTP2: Bool) {
-        state.withLock { $0.dialed(key, negotiatedHTTP2: negotiatedHTTP2) }
+        state.dialed(key, negotiatedHTTP2: negotiatedHTTP2)
     }
 
-    /// The registered dial for `key` on `eventLoop` is settled: the CONNECTs that waited for
-    /// it check out again, now (called on that loop).
-    func dialSettled(_ key: UpstreamPoolKey, on eventLoop: any EventLoop) {
-        let waiters = state.withLock { $0.dialSettled(key, on: EventLoopID(eventLoop)) }
-        waiters.forEach { $0() }
+    func dialSettled(_ key: UpstreamPoolKey) {
+        state.dialSettled(key, on: EventLoopID(eventLoop)).forEach { $0() }
     }
 
-    /// Offers `connection` (its side parked, or, `shared`, an `h2` connection that tunnels
-    /// share while it has streams to spare) for `key`; true when the pool kept it, false
-    /// when the caller must close it (or, shared, keep it to its own tunnel). Runs on the
-    /// connection's event loop.
     func park(_ connection: UpstreamConnection, key: UpstreamPoolKey, generation: UInt64, currentGeneration: UInt64,
-              shared: Bool = false, stillTrusted: () -> Bool) -> Bool {
-        let eventLoop = connection.channel.eventLoop
-        // Decided outside the lock: it runs the pin policy.
+              shared: Bool, stillTrusted: () -> Bool) -> Bool {
         let trusted = generation == currentGeneration || stillTrusted()
-        let (outcome, idle) = state.withLock {
-            ($0.park(connection, key: key, on: EventLoopID(eventLoop), generation: generation,
-                     currentGeneration: currentGeneration, trustedByCurrentList: trusted, shared: shared), $0.idleCount)
-        }
+        let before = state.idleCount
+        let outcome = state.park(connection, key: key, on: EventLoopID(eventLoop), generation: generation,
+                                 currentGeneration: currentGeneration, trustedByCurrentList: trusted, shared: shared)
         guard case .parked(let id) = outcome else {
             if case .refused(let reason) = outcome { metrics.upstreamPoolNotPooled(reason: reason.rawValue) }
+            changed(idleBefore: before)
             return false
         }
-        metrics.upstreamPoolIdle(idle)
         if shared, case .pooled(let side) = connection.leg.value {
             // Its own timer: it is idle only once its last tunnel left.
-            side.share(timeout: settings.idleTimeout) { [self] in _ = remove(id, departure: .idleTimeout) }
+            side.share(timeout: idleTimeout) { [self] in _ = remove(id, departure: .idleTimeout) }
         } else {
             let channelID = ObjectIdentifier(connection.channel)
-            let timer = eventLoop.assumeIsolated().scheduleTask(in: settings.idleTimeout) { [self] in
-                // Counted as fired only while still pending: a timer cancelled as it ran
-                // (from another thread) was counted as cancelled.
-                idleTimers.withLock { timers in
-                    if timers.pending[channelID]?.stay == id {
-                        timers.pending[channelID] = nil
-                        timers.fired += 1
-                    }
-                }
-                if let expired = remove(id, departure: .idleTimeout) { close(expired) }
+            let timer = eventLoop.assumeIsolated().scheduleTask(in: idleTimeout) { [self] in
+                guard idleTimers[channelID]?.stay == id else { return }
+                idleTimers[channelID] = nil
+                timerCounts.fired += 1
+                if let expired = remove(id, departure: .idleTimeout) { close(expired) } else { changed(idleBefore: state.idleCount) }
             }
-            let replaced = idleTimers.withLock { timers in
-                timers.scheduled += 1
-                return timers.pending.updateValue((id, timer), forKey: channelID)
-            }
+            timerCounts.scheduled += 1
             // A connection has one idle stay at a time; an earlier stay's timer is moot.
-            if let replaced { cancelRemoved(replaced.timer) }
+            if let replaced = idleTimers.updateValue((id, timer), forKey: channelID) { cancel(replaced.timer) }
         }
         let channelID = ObjectIdentifier(connection.channel)
-        if watched.withLock({ $0.insert(channelID).inserted }) {
-            connection.channel.closeFuture.whenComplete { [self] _ in
-                _ = watched.withLock { $0.remove(channelID) }
+        if watched.insert(channelID).inserted {
+            connection.channel.closeFuture.assumeIsolated().whenComplete { [self] _ in
+                watched.remove(channelID)
                 cancelIdleTimer(of: connection.channel)
                 // Whichever stay it is in now (a connection is parked again after each tunnel).
-                if let closed = state.withLock({ $0.stayID(of: { $0.channel === connection.channel }) }) {
+                if let closed = state.stayID(of: { $0.channel === connection.channel }) {
                     let departure = Self.departureOnClose(connection)
                     _ = remove(closed, departure: departure)
                     if departure == .peerClosed, case .pooled(let side) = connection.leg.value, let idle = side.idleCloseAfter {
                         // The origin closed it as it waited: its keep-alive timeout, learned.
                         keepAlive.closedWhileIdle(key, after: idle)
                     }
+                } else {
+                    changed(idleBefore: state.idleCount)
                 }
             }
         }
+        changed(idleBefore: before)
         return true
+    }
+
+    func notPooled(_ reason: UpstreamNotPooledReason) {
+        state.notPooled(reason)
+        metrics.upstreamPoolNotPooled(reason: reason.rawValue)
+        changed(idleBefore: state.idleCount)
     }
 
     /// Why a pooled connection closed while it waited (on its loop, as its close completes):
@@ -210,7 +378,7 @@ final class UpstreamPool: Sendable {
     /// Why a pooled connection cannot carry a new tunnel at `now`, or nil when it can: it
     /// closed, or sent bytes while it waited (its close on the way), or a certificate of its
     /// verified chain has expired since its handshake. Checked at checkout, on its loop.
-    private static func unusable(_ connection: UpstreamConnection, at now: Date) -> UpstreamPoolState<UpstreamConnection>.Departure? {
+    private static func unusable(_ connection: UpstreamConnection, at now: Date) -> Departure? {
         if case .pooled(let side) = connection.leg.value, side.sentUnsolicitedBytes { return .unsolicitedBytes }
         if !connection.channel.isActive { return .peerClosed }
         if let validUntil = connection.chainValidUntil, validUntil <= now { return .certificateExpired }
@@ -223,69 +391,53 @@ final class UpstreamPool: Sendable {
         return side.reuseBlocker == nil
     }
 
-    /// Counts a connection not kept when its tunnel ended.
-    func notPooled(_ reason: UpstreamNotPooledReason) {
-        _ = state.withLock { $0.notPooled(reason) }
-        metrics.upstreamPoolNotPooled(reason: reason.rawValue)
-    }
-
     /// Ends stay `id` for `departure`, counted; the connection to close, if it was still idle.
     private func remove(_ id: PooledConnectionID, departure: Departure) -> UpstreamConnection? {
-        let (removed, idle) = state.withLock { ($0.remove(id, departure: departure), $0.idleCount) }
-        guard let removed else { return nil }
-        metrics.upstreamPoolIdle(idle)
-        metrics.upstreamPoolClosed(reason: departure.rawValue, count: 1)
+        let before = state.idleCount
+        let removed = state.remove(id, departure: departure)
+        if removed != nil { metrics.upstreamPoolClosed(reason: departure.rawValue, count: 1) }
+        changed(idleBefore: before)
         return removed
     }
 
-    /// A new list is in force (`generation`): the idle connections it no longer trusts
-    /// (`trusts`, on the key's host and the connection's verified chain) are closed.
-    func listInstalled(generation: UInt64, trusts: @Sendable (UpstreamPoolKey, UpstreamConnection) -> Bool) {
-        let (dropped, idle) = state.withLock { ($0.listInstalled(generation: generation, trusts: trusts), $0.idleCount) }
-        metrics.upstreamPoolIdle(idle)
+    func listInstalled(generation: UInt64, trusts: (UpstreamPoolKey, UpstreamConnection) -> Bool) {
+        let before = state.idleCount
+        let dropped = state.listInstalled(generation: generation, trusts: trusts)
         if !dropped.isEmpty {
             metrics.upstreamPoolClosed(reason: Departure.listChanged.rawValue, count: dropped.count)
             logger.notice("closing pooled upstream connections after a list update", metadata: ["connections": "\(dropped.count)"])
         }
         dropped.forEach(close)
+        changed(idleBefore: before)
     }
 
-    /// Empties the pool (the gate is shutting down): idle connections close now; shared
-    /// ones close once the tunnels on them have finished.
     func closeAll() {
-        let all = state.withLock { $0.removeAll() }
-        metrics.upstreamPoolIdle(0)
+        let before = state.idleCount
+        let all = state.removeAll()
         if !all.isEmpty { metrics.upstreamPoolClosed(reason: Departure.shutdown.rawValue, count: all.count) }
         all.forEach(retire)
+        changed(idleBefore: before)
     }
 
     /// Closes `connection` once the tunnels on it (a shared one's) have finished; at once
     /// when none is on it.
     private func retire(_ connection: UpstreamConnection) {
         cancelIdleTimer(of: connection.channel)
-        let leg = connection.leg
-        connection.channel.eventLoop.execute {
-            if case .pooled(let side) = leg.value { side.stopSharing() } else { connection.channel.close(promise: nil) }
-        }
+        if case .pooled(let side) = connection.leg.value { side.stopSharing() } else { connection.channel.close(promise: nil) }
     }
 
     /// Cancels the idle timer of `channel`'s stay, if one is pending: the stay ended.
     private func cancelIdleTimer(of channel: Channel) {
-        let pending = idleTimers.withLock { $0.pending.removeValue(forKey: ObjectIdentifier(channel)) }
-        if let pending { cancelRemoved(pending.timer) }
+        if let pending = idleTimers.removeValue(forKey: ObjectIdentifier(channel)) { cancel(pending.timer) }
     }
 
-    /// Cancels a timer just taken out of `pending` (by whoever took it: only one can).
-    private func cancelRemoved(_ timer: Scheduled<Void>) {
+    private func cancel(_ timer: Scheduled<Void>) {
         timer.cancel()
-        idleTimers.withLock { $0.cancelled += 1 }
+        timerCounts.cancelled += 1
     }
 
     private func close(_ connection: UpstreamConnection) {
         cancelIdleTimer(of: connection.channel)
-        let leg = connection.leg
-        connection.channel.eventLoop.execute {
-            if case .pooled(let side) = leg.value { side.close() } else { connection.channel.close(promise: nil) }
-        }
+        if case .pooled(let side) = connection.leg.value { side.close() } else { connection.channel.close(promise: nil) }
     }
 }

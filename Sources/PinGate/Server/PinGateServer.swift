@@ -150,7 +150,7 @@ public final class PinGateServer: Service, Sendable {
         let pool = configuration.upstreamPoolEnabled && policy.inspectsRequests
             ? UpstreamPool(settings: .init(idleTimeout: configuration.upstreamPoolIdleTimeout,
                                            maximumIdlePerKey: configuration.upstreamPoolMaximumIdlePerHost),
-                           metrics: metrics, logger: logger, now: now)
+                           eventLoops: Array(group.makeIterator()), metrics: metrics, logger: logger, now: now)
             : nil
         var updater: PinListUpdater?
         do {
