@@ -160,6 +160,12 @@ public final class HTTP2Session {
     private var headerBlock: HeaderBlock?
     /// Body bytes queued to send, by stream, with whether the stream ends after them.
     private var outgoing: [Int32: OutgoingBody] = [:]
+    /// The peer's streams closed lately, and of those the ones this side reset: nghttp2
+    /// keeps no closed streams here (`nghttp2_option_set_no_closed_streams`), so without
+    /// this record a HEADERS frame on a closed stream would be ignored, not answered with
+    /// the connection error RFC 9113 §5.1 asks for (h2spec 5.1/9, 5.1/12, 5.1.1/2).
+    private var closedStreams = RecentStreamIDs()
+    private var streamsResetHere = RecentStreamIDs()
 
     /// The error code of the GOAWAY this session sent for a connection error (nghttp2 sends
     /// one by itself on an invalid frame, a flow-control or an HPACK failure); nil while it
@@ -582,6 +588,22 @@ public final class HTTP2Session {
         guard result == 0 else { throw HTTP2Error(code: result, operation: "sending GOAWAY") }
     }
 
+    /// A server's check of a HEADERS frame's header, before nghttp2 reads it: one on a
+    /// peer's stream at or below the last it opened, and not open now, is a connection
+    /// error (RFC 9113 §5.1, §5.1.1): `STREAM_CLOSED` for a stream seen closing,
+    /// `PROTOCOL_ERROR` for one never opened (a lower id). Trailers that cross this side's
+    /// own RST_STREAM are let through to nghttp2, which ignores them: the peer could not
+    /// know yet.
+    private func checkHeadersOnUsedStream(_ header: nghttp2_frame_hd) {
+        let id = header.stream_id
+        guard role == .server, Int(header.type) == Int(NGHTTP2_HEADERS.rawValue), id > 0, id % 2 == 1,
+              id <= nghttp2_session_get_last_proc_stream_id(session),
+              nghttp2_session_find_stream(session, id) == nil, !streamsResetHere.contains(id) else { return }
+        let code = closedStreams.contains(id) ? NGHTTP2_STREAM_CLOSED : NGHTTP2_PROTOCOL_ERROR
+        // Queued GOAWAY, and the session closing: nghttp2 reads nothing more of the peer's.
+        _ = nghttp2_session_terminate_session(session, code.rawValue)
+    }
+
     /// The version of the linked libnghttp2.
     public static var libraryVersion: String {
         guard let info = nghttp2_version(0), let text = info.pointee.version_str else { return "unknown" }
@@ -737,6 +759,14 @@ public final class HTTP2Session {
             if Int(frame.pointee.hd.type) == Int(NGHTTP2_GOAWAY.rawValue), frame.pointee.goaway.error_code != 0 {
                 owner.connectionErrorSent = frame.pointee.goaway.error_code
             }
+            if Int(frame.pointee.hd.type) == Int(NGHTTP2_RST_STREAM.rawValue) {
+                owner.streamsResetHere.insert(frame.pointee.hd.stream_id)
+            }
+            return 0
+        }
+        nghttp2_session_callbacks_set_on_begin_frame_callback(callbacks) { _, header, userData in
+            guard let owner = HTTP2Session.owner(userData), let header else { return 0 }
+            owner.checkHeadersOnUsedStream(header.pointee)
             return 0
         }
         nghttp2_session_callbacks_set_on_frame_not_send_callback(callbacks) { _, frame, _, userData in
@@ -767,10 +797,31 @@ public final class HTTP2Session {
                 owner.discardedBodyBytes[streamID, default: 0] += body.bytes.count - body.offset
             }
             owner.activeStreams.remove(streamID)
+            owner.closedStreams.insert(streamID)
             // `sentBodyBytes` stays: bytes that went out just before the close are still
             // owed to the other leg (its connection window needs them back).
             owner.emit(.streamClosed(streamID: streamID, errorCode: errorCode))
             return 0
         }
     }
+}
+
+/// The last few stream ids of one kind a session saw, oldest dropped first: a bounded
+/// record (at most `capacity` ids, kept only once the first arrives), so that an idle
+/// connection holds a few hundred bytes for it at most.
+struct RecentStreamIDs {
+    static let capacity = 32
+    private var ids: [Int32] = []
+    private var next = 0
+
+    mutating func insert(_ id: Int32) {
+        if ids.count < Self.capacity {
+            ids.append(id)
+        } else {
+            ids[next] = id
+            next = (next + 1) % Self.capacity
+        }
+    }
+
+    func contains(_ id: Int32) -> Bool { ids.contains(id) }
 }

@@ -85,3 +85,95 @@ struct ClientSideTests {
         #expect(harness.requestsStarted == 1)
     }
 }
+
+/// Frames on streams already used get their error (issue 31, item 7; h2spec 5.1/9,
+/// 5.1/12, 5.1.1/2): written by hand, since no client library sends them.
+@Suite("HTTP/2 frames on used streams")
+struct UsedStreamFrameTests {
+    static func frame(type: UInt8, flags: UInt8, stream: UInt32, _ payload: [UInt8] = []) -> [UInt8] {
+        let length = UInt32(payload.count)
+        return [UInt8(length >> 16 & 0xFF), UInt8(length >> 8 & 0xFF), UInt8(length & 0xFF), type, flags,
+                UInt8(stream >> 24 & 0x7F), UInt8(stream >> 16 & 0xFF), UInt8(stream >> 8 & 0xFF), UInt8(stream & 0xFF)] + payload
+    }
+
+    /// The client's SETTINGS, which must come first after the preface.
+    static let settings = frame(type: 0x4, flags: 0, stream: 0)
+
+    /// A GET for `/` on `stream`: static-table `:method GET`, `:scheme https`, `:path /`,
+    /// and `:authority` as a literal without indexing (no dynamic-table state to share).
+    static func get(stream: UInt32, endStream: Bool = true) -> [UInt8] {
+        let block: [UInt8] = [0x82, 0x87, 0x84, 0x01, 0x10] + Array("pay.example.test".utf8)
+        return frame(type: 0x1, flags: endStream ? 0x5 : 0x4, stream: stream, block)
+    }
+
+    /// The frames in `bytes`, as (type, stream, payload).
+    static func frames(_ bytes: [UInt8]) -> [(type: UInt8, stream: UInt32, payload: [UInt8])] {
+        var found: [(UInt8, UInt32, [UInt8])] = []
+        var offset = 0
+        while offset + 9 <= bytes.count {
+            let length = Int(bytes[offset]) << 16 | Int(bytes[offset + 1]) << 8 | Int(bytes[offset + 2])
+            let stream = UInt32(bytes[offset + 5] & 0x7F) << 24 | UInt32(bytes[offset + 6]) << 16 | UInt32(bytes[offset + 7]) << 8 | UInt32(bytes[offset + 8])
+            guard offset + 9 + length <= bytes.count else { break }
+            found.append((bytes[offset + 3], stream, Array(bytes[offset + 9..<offset + 9 + length])))
+            offset += 9 + length
+        }
+        return found
+    }
+
+    /// The error code of the GOAWAY in `bytes`, if one was sent.
+    static func goAwayCode(_ bytes: [UInt8]) -> UInt32? {
+        guard let goAway = frames(bytes).first(where: { $0.type == 0x7 }), goAway.payload.count >= 8 else { return nil }
+        return goAway.payload[4..<8].reduce(0) { $0 << 8 | UInt32($1) }
+    }
+
+    /// True when a response HEADERS frame went out on `stream`.
+    static func answered(_ bytes: [UInt8], stream: UInt32) -> Bool {
+        frames(bytes).contains { $0.type == 0x1 && $0.stream == stream }
+    }
+
+    @Test("HEADERS on a stream that closed (answered, both ends ended) is a connection error STREAM_CLOSED, and nothing of it goes upstream")
+    func headersAfterClose() throws {
+        let harness = try TunnelHarness(.http2, answer: .answering(statesLength: true))
+        defer { harness.finish() }
+        harness.deliver(Self.settings + Self.get(stream: 1))
+        #expect(Self.answered(harness.written(), stream: 1))
+        harness.deliver(Self.get(stream: 1))
+        #expect(Self.goAwayCode(harness.written()) == 0x5)
+        #expect(harness.requestsStarted == 1)
+    }
+
+    @Test("HEADERS on a stream the client reset itself is a connection error STREAM_CLOSED")
+    func headersAfterClientReset() throws {
+        let harness = try TunnelHarness(.http2, answer: .answering(statesLength: true))
+        defer { harness.finish() }
+        harness.deliver(Self.settings + Self.get(stream: 1, endStream: false))
+        harness.deliver(Self.frame(type: 0x3, flags: 0, stream: 1, [0, 0, 0, 0x8]))
+        _ = harness.written()
+        harness.deliver(Self.get(stream: 1))
+        #expect(Self.goAwayCode(harness.written()) == 0x5)
+    }
+
+    @Test("HEADERS on a stream id lower than one already opened, never used itself, is a connection error PROTOCOL_ERROR")
+    func lowerStreamID() throws {
+        let harness = try TunnelHarness(.http2, answer: .answering(statesLength: true))
+        defer { harness.finish() }
+        harness.deliver(Self.settings + Self.get(stream: 5))
+        #expect(Self.answered(harness.written(), stream: 5))
+        harness.deliver(Self.get(stream: 3))
+        #expect(Self.goAwayCode(harness.written()) == 0x1)
+        #expect(harness.requestsStarted == 1)
+    }
+
+    @Test("requests on rising stream ids, with trailers on an open stream, are all answered and end in no GOAWAY")
+    func ordinaryStreamsPass() throws {
+        let harness = try TunnelHarness(.http2, answer: .answering(statesLength: true))
+        defer { harness.finish() }
+        harness.deliver(Self.settings + Self.get(stream: 1) + Self.get(stream: 3, endStream: false))
+        // Trailers: a second HEADERS on the open stream 3, ending it.
+        harness.deliver(Self.frame(type: 0x1, flags: 0x5, stream: 3, [0x00, 0x01, 0x78, 0x01, 0x79]) + Self.get(stream: 7))
+        let written = harness.written()
+        #expect(Self.answered(written, stream: 1) && Self.answered(written, stream: 3) && Self.answered(written, stream: 7))
+        #expect(Self.goAwayCode(written) == nil)
+        #expect(harness.requestsStarted == 3)
+    }
+}
