@@ -596,16 +596,24 @@ struct TunnelRouterState {
     /// Empty when no such exchange is open (a refused request's body, or one already answered).
     mutating func abandonRequest(_ id: ClientExchangeID, detail: String) -> [Action] {
         guard let exchange = exchanges[id] else { return [] }
+        return abandon(id, exchange, status: 400, reason: .malformedRequest, cut: nil, detail: detail)
+    }
+
+    /// Ends exchange `id` for a broken message (`detail`): answered `status` under `reason`
+    /// when nothing of the response was sent, else its client exchange is cut, logged as
+    /// `cut` (or as refused, when nil). The upstream's half is abandoned last.
+    private mutating func abandon(_ id: ClientExchangeID, _ exchange: ExchangeRecord, status: Int, reason: RequestRefusal,
+                                  cut: TunnelRouter.ExchangeCut?, detail: String) -> [Action] {
         var actions: [Action] = []
         dropPending(id, into: &actions)
         // Detached first: cancelling an HTTP/1.1 upstream closes its connection, whose
         // going (reported at once) must not answer this exchange with a 502 of its own.
         let upstreamID = detachFromUpstream(exchange)
         if exchange.status == nil {
-            refuse(id, exchange, status: 400, reason: .malformedRequest, detail: detail, into: &actions)
+            refuse(id, exchange, status: status, reason: reason, detail: detail, into: &actions)
         } else {
-            actions.append(.observe(.refused(.malformedRequest, authority: exchange.authority, detail: detail)))
-            exchange.refusal = .malformedRequest
+            actions.append(.observe(.refused(reason, authority: exchange.authority, detail: detail)))
+            if let cut { exchange.cut = cut } else { exchange.refusal = reason }
             actions.append(.cancelClientExchange(id))
             finish(id, into: &actions)
         }
@@ -863,18 +871,7 @@ struct TunnelRouterState {
     /// abandoned, which closes an HTTP/1.1 connection: its next bytes cannot be trusted to
     /// start the next answer.
     private mutating func abandonResponse(_ id: ClientExchangeID, _ exchange: ExchangeRecord, detail: String) -> [Action] {
-        var actions: [Action] = []
-        let upstreamID = detachFromUpstream(exchange)
-        if exchange.status == nil {
-            refuse(id, exchange, status: 502, reason: .upstreamProtocolError, detail: detail, into: &actions)
-        } else {
-            actions.append(.observe(.refused(.upstreamProtocolError, authority: exchange.authority, detail: detail)))
-            exchange.cut = .upstreamProtocolError
-            actions.append(.cancelClientExchange(id))
-            finish(id, into: &actions)
-        }
-        if let upstreamID { actions.append(.cancelUpstreamExchange(upstreamID)) }
-        return actions
+        abandon(id, exchange, status: 502, reason: .upstreamProtocolError, cut: .upstreamProtocolError, detail: detail)
     }
 
     /// The upstream never processed exchange `upstreamID`, and says so (REFUSED_STREAM, a
