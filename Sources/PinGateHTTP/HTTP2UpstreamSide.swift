@@ -31,10 +31,10 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler {
     /// The tunnels on this connection, and which one opened each stream.
     private var lanes: [HTTP2UpstreamLane] = []
     private var laneByStream: [Int32: HTTP2UpstreamLane] = [:]
-    /// Set by the gate when the connection is shared through its pool: with no lane left,
-    /// it stays open for `timeout`, then `whenUnused` removes it from the pool and closes it.
-    var sharing: (timeout: TimeAmount, whenUnused: () -> Void)?
-    private var unusedTimer: Scheduled<Void>?
+    /// Set by the gate when the connection is shared through its pool, which keeps its idle
+    /// timer (the pool's timers are all its own, per loop): `unused` runs when the last lane
+    /// left a connection still good for more, `used` when a lane joins again.
+    var sharing: (unused: () -> Void, used: () -> Void)?
     private let wire: HTTP2Wire
     /// Set when the upstream sent GOAWAY: the connection takes no new streams.
     private var goAwayReceived = false
@@ -117,8 +117,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler {
     func addLane(router: TunnelRouter) -> HTTP2UpstreamLane {
         let lane = HTTP2UpstreamLane(connection: self, router: router)
         lanes.append(lane)
-        unusedTimer?.cancel()
-        unusedTimer = nil
+        if lanes.count == 1 { sharing?.used() }
         return lane
     }
 
@@ -130,24 +129,18 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler {
         guard lanes.isEmpty else { return }
         // Not shared, or good for nothing more (no SETTINGS yet, GOAWAY, bound to one user's
         // authentication): it closes with its last tunnel.
-        guard let sharing, let context, connectionBlocker == nil else {
+        guard let sharing, connectionBlocker == nil else {
             close()
             return
         }
-        unusedTimer = context.eventLoop.assumeIsolated().scheduleTask(in: sharing.timeout) { [weak self] in
-            guard let self, self.lanes.isEmpty else { return }
-            self.unusedTimer = nil
-            sharing.whenUnused()
-            self.close()
-        }
+        // The pool's idle timer starts; it closes the connection if no lane joins first.
+        sharing.unused()
     }
 
     /// Stops sharing (the gate is shutting down): the tunnels on the connection finish,
     /// and it closes after the last (at once when none is left).
     func stopSharing() {
         sharing = nil
-        unusedTimer?.cancel()
-        unusedTimer = nil
         if lanes.isEmpty { close() }
     }
 
@@ -443,7 +436,6 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler {
             onPeerSettings = nil
             waiting(false)
         }
-        unusedTimer?.cancel()
         let gone = lanes
         lanes = []
         laneByStream = [:]

@@ -91,11 +91,11 @@ package final class PooledUpstreamSide {
         }
     }
 
-    /// For an `h2` connection shared through the pool: with no tunnel left on it, it waits
-    /// `timeout`, then `whenUnused` runs and it closes. Nil stops the sharing: it then
-    /// closes once no tunnel uses it.
-    package func share(timeout: TimeAmount, whenUnused: @escaping () -> Void) {
-        if case .http2(let connection) = kind { connection.sharing = (timeout, whenUnused) }
+    /// For an `h2` connection shared through the pool, whose idle timer the pool keeps:
+    /// `unused` runs each time its last tunnel leaves it still good for more, `used` each
+    /// time a tunnel joins it again.
+    package func share(unused: @escaping () -> Void, used: @escaping () -> Void) {
+        if case .http2(let connection) = kind { connection.sharing = (unused, used) }
     }
 
     /// Ends the sharing of an `h2` connection (the gate is shutting down): its tunnels

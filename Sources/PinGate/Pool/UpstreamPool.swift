@@ -297,7 +297,9 @@ private final class LoopPool {
         }
         switch checkout {
         case .hit(let connection):
-            cancelIdleTimer(of: connection.channel)
+            // A shared connection's timer stops when a tunnel joins it (`used`): a hit whose
+            // join then fails leaves it running, so the connection still times out.
+            if !Self.isShared(connection) { cancelIdleTimer(of: connection.channel) }
             metrics.upstreamPoolCheckout(hit: true)
         case .dial: metrics.upstreamPoolCheckout(hit: false)
         case .wait: metrics.upstreamPoolWaited()
@@ -326,19 +328,14 @@ private final class LoopPool {
             return false
         }
         if shared, case .pooled(let side) = connection.leg.value {
-            // Its own timer: it is idle only once its last tunnel left.
-            side.share(timeout: idleTimeout) { [self] in _ = remove(id, departure: .idleTimeout) }
+            // Idle only once its last tunnel left: the timer runs while no tunnel is on it.
+            side.share(unused: { [self] in armIdleTimer(for: connection, stay: id) },
+                       used: { [self] in
+                           cancelIdleTimer(of: connection.channel)
+                           changed(idleBefore: state.idleCount)
+                       })
         } else {
-            let channelID = ObjectIdentifier(connection.channel)
-            let timer = eventLoop.assumeIsolated().scheduleTask(in: idleTimeout) { [self] in
-                guard idleTimers[channelID]?.stay == id else { return }
-                idleTimers[channelID] = nil
-                timerCounts.fired += 1
-                if let expired = remove(id, departure: .idleTimeout) { close(expired) } else { changed(idleBefore: state.idleCount) }
-            }
-            timerCounts.scheduled += 1
-            // A connection has one idle stay at a time; an earlier stay's timer is moot.
-            if let replaced = idleTimers.updateValue((id, timer), forKey: channelID) { cancel(replaced.timer) }
+            armIdleTimer(for: connection, stay: id)
         }
         let channelID = ObjectIdentifier(connection.channel)
         if watched.insert(channelID).inserted {
@@ -362,6 +359,22 @@ private final class LoopPool {
         return true
     }
 
+    /// Starts the idle timer of `connection`'s stay `stay`: when it fires with the stay
+    /// still on, the stay ends (`idle-timeout`) and the connection closes.
+    private func armIdleTimer(for connection: UpstreamConnection, stay id: PooledConnectionID) {
+        let channelID = ObjectIdentifier(connection.channel)
+        let timer = eventLoop.assumeIsolated().scheduleTask(in: idleTimeout) { [self] in
+            guard idleTimers[channelID]?.stay == id else { return }
+            idleTimers[channelID] = nil
+            timerCounts.fired += 1
+            if let expired = remove(id, departure: .idleTimeout) { close(expired) } else { changed(idleBefore: state.idleCount) }
+        }
+        timerCounts.scheduled += 1
+        // A connection has one idle stay at a time; an earlier stay's timer is moot.
+        if let replaced = idleTimers.updateValue((id, timer), forKey: channelID) { cancel(replaced.timer) }
+        changed(idleBefore: state.idleCount)
+    }
+
     func notPooled(_ reason: UpstreamNotPooledReason) {
         state.notPooled(reason)
         metrics.upstreamPoolNotPooled(reason: reason.rawValue)
@@ -383,6 +396,12 @@ private final class LoopPool {
         if !connection.channel.isActive { return .peerClosed }
         if let validUntil = connection.chainValidUntil, validUntil <= now { return .certificateExpired }
         return nil
+    }
+
+    /// True for an `h2` connection, which stays in the pool while tunnels share it.
+    private static func isShared(_ connection: UpstreamConnection) -> Bool {
+        if case .pooled(let side) = connection.leg.value { return side.isHTTP2 }
+        return false
     }
 
     /// A shared connection may carry one more tunnel (checked on its loop).
