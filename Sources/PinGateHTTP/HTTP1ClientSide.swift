@@ -421,9 +421,10 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         var headers = HTTPHeaders()
         headers.add(name: "content-type", value: "text/plain; charset=utf-8")
         // NIO's encoder writes no body for an answer to HEAD or CONNECT (it pairs each answer
-        // with its request's method), so neither may promise one: a HEAD answer states the
-        // length a GET's would have, a CONNECT's none at all.
-        if answered.method != .CONNECT { headers.add(name: "content-length", value: "\(body.utf8.count)") }
+        // with its request's method): a HEAD answer states the length a GET's would have, a
+        // CONNECT's refusal says 0, which is what it carries (without a length, only the
+        // connection's close would end it, RFC 9112 §6.3, and the connection stays).
+        headers.add(name: "content-length", value: answered.method == .CONNECT ? "0" : "\(body.utf8.count)")
         headers.add(name: "pingate-refusal", value: refusal)
         if !answered.keepAlive || failing || drainRequested { headers.add(name: "connection", value: "close") }
         let head = HTTPResponseHead(version: answered.version, status: HTTPResponseStatus(statusCode: status), headers: headers)

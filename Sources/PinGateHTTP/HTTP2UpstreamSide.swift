@@ -436,6 +436,8 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler {
             onPeerSettings = nil
             waiting(false)
         }
+        // The pool's hooks go with the connection: nothing of the pool is kept past it.
+        sharing = nil
         let gone = lanes
         lanes = []
         laneByStream = [:]

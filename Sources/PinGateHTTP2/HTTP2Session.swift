@@ -164,8 +164,15 @@ public final class HTTP2Session {
     /// keeps no closed streams here (`nghttp2_option_set_no_closed_streams`), so without
     /// this record a HEADERS frame on a closed stream would be ignored, not answered with
     /// the connection error RFC 9113 §5.1 asks for (h2spec 5.1/9, 5.1/12, 5.1.1/2).
-    private var closedStreams = RecentStreamIDs()
-    private var streamsResetHere = RecentStreamIDs()
+    private var closedStreams = RecentStreamIDs(capacity: 32)
+    /// Recorded as this side decides the reset (before its RST_STREAM goes out), and kept
+    /// longer than the closes: a frame for one of them is never taken for an error.
+    private var streamsResetHere = RecentStreamIDs(capacity: 64)
+    /// Ids the peer skipped when it opened a higher one (RFC 9113 §5.1.1: they are closed
+    /// unused); a HEADERS on one of them opens no stream. Empty for ordinary clients.
+    private var skippedStreams: [ClosedRange<Int32>] = []
+    /// The highest id of a stream the peer opened.
+    private var highestOpened: Int32 = -1
 
     /// The error code of the GOAWAY this session sent for a connection error (nghttp2 sends
     /// one by itself on an invalid frame, a flow-control or an HPACK failure); nil while it
@@ -529,6 +536,7 @@ public final class HTTP2Session {
     public func resetStream(_ streamID: Int32, errorCode: UInt32) throws(HTTP2Error) {
         let result = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID, errorCode)
         guard result == 0 else { throw HTTP2Error(code: result, operation: "resetting stream \(streamID)") }
+        streamsResetHere.insert(streamID)
     }
 
     /// Says `count` received body bytes of `streamID` were passed on: the peer may send
@@ -588,18 +596,38 @@ public final class HTTP2Session {
         guard result == 0 else { throw HTTP2Error(code: result, operation: "sending GOAWAY") }
     }
 
+    /// The peer opened stream `id`: the odd ids it skipped on the way are recorded (a few
+    /// ranges at most: clients count up by two).
+    private func opened(_ id: Int32) {
+        if highestOpened >= 0, id > highestOpened + 2 {
+            if skippedStreams.count >= 8 { skippedStreams.removeFirst() }
+            skippedStreams.append((highestOpened + 2)...(id - 2))
+        } else if highestOpened < 0, id > 1 {
+            skippedStreams.append(1...(id - 2))
+        }
+        highestOpened = max(highestOpened, id)
+    }
+
     /// A server's check of a HEADERS frame's header, before nghttp2 reads it: one on a
     /// peer's stream at or below the last it opened, and not open now, is a connection
-    /// error (RFC 9113 §5.1, §5.1.1): `STREAM_CLOSED` for a stream seen closing,
-    /// `PROTOCOL_ERROR` for one never opened (a lower id). Trailers that cross this side's
-    /// own RST_STREAM are let through to nghttp2, which ignores them: the peer could not
-    /// know yet.
+    /// error (RFC 9113 §5.1, §5.1.1): `PROTOCOL_ERROR` for an id it skipped, which opens
+    /// nothing; `STREAM_CLOSED` for a stream seen closing. Trailers that cross this side's
+    /// own RST_STREAM are let through to nghttp2, which ignores them (the peer could not
+    /// know yet), and so is a frame on a stream too old for the records: when in doubt the
+    /// connection stays.
     private func checkHeadersOnUsedStream(_ header: nghttp2_frame_hd) {
         let id = header.stream_id
         guard role == .server, Int(header.type) == Int(NGHTTP2_HEADERS.rawValue), id > 0, id % 2 == 1,
               id <= nghttp2_session_get_last_proc_stream_id(session),
               nghttp2_session_find_stream(session, id) == nil, !streamsResetHere.contains(id) else { return }
-        let code = closedStreams.contains(id) ? NGHTTP2_STREAM_CLOSED : NGHTTP2_PROTOCOL_ERROR
+        let code: nghttp2_error_code
+        if skippedStreams.contains(where: { $0.contains(id) }) {
+            code = NGHTTP2_PROTOCOL_ERROR
+        } else if closedStreams.contains(id) {
+            code = NGHTTP2_STREAM_CLOSED
+        } else {
+            return
+        }
         // Queued GOAWAY, and the session closing: nghttp2 reads nothing more of the peer's.
         _ = nghttp2_session_terminate_session(session, code.rawValue)
     }
@@ -702,7 +730,11 @@ public final class HTTP2Session {
             guard let owner = HTTP2Session.owner(userData), let frame else { return 0 }
             owner.headerBlock = HeaderBlock(streamID: frame.pointee.hd.stream_id)
             // A server's stream opens with the request's HEADERS.
-            if frame.pointee.headers.cat == NGHTTP2_HCAT_REQUEST { owner.activeStreams.insert(frame.pointee.hd.stream_id) }
+            if frame.pointee.headers.cat == NGHTTP2_HCAT_REQUEST {
+                let id = frame.pointee.hd.stream_id
+                owner.activeStreams.insert(id)
+                if owner.role == .server { owner.opened(id) }
+            }
             return 0
         }
         nghttp2_session_callbacks_set_on_header_callback(callbacks) { _, frame, name, nameLength, value, valueLength, _, userData in
@@ -714,6 +746,8 @@ public final class HTTP2Session {
             let size = (owner.headerBlock?.size ?? 0) + nameLength + valueLength + 32
             guard owner.headerBlock?.streamID == streamID, size <= Int(owner.limits.maxHeaderListSize) else {
                 owner.headerBlock = nil
+                // nghttp2 resets the stream for this.
+                owner.streamsResetHere.insert(streamID)
                 return Int32(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue)
             }
             // Appended in place (optional chaining mutates the stored block): a copy taken
@@ -764,6 +798,14 @@ public final class HTTP2Session {
             }
             return 0
         }
+        nghttp2_session_callbacks_set_on_invalid_frame_recv_callback(callbacks) { _, frame, _, userData in
+            // nghttp2 resets the stream of an invalid frame (a HEADERS over the concurrent
+            // streams limit among them) without opening it; the peer's frames already on
+            // their way for it are not errors.
+            guard let owner = HTTP2Session.owner(userData), let frame, frame.pointee.hd.stream_id > 0 else { return 0 }
+            owner.streamsResetHere.insert(frame.pointee.hd.stream_id)
+            return 0
+        }
         nghttp2_session_callbacks_set_on_begin_frame_callback(callbacks) { _, header, userData in
             guard let owner = HTTP2Session.owner(userData), let header else { return 0 }
             owner.checkHeadersOnUsedStream(header.pointee)
@@ -808,18 +850,22 @@ public final class HTTP2Session {
 
 /// The last few stream ids of one kind a session saw, oldest dropped first: a bounded
 /// record (at most `capacity` ids, kept only once the first arrives), so that an idle
-/// connection holds a few hundred bytes for it at most.
+/// connection holds a few hundred bytes for them at most.
 struct RecentStreamIDs {
-    static let capacity = 32
+    let capacity: Int
     private var ids: [Int32] = []
     private var next = 0
 
+    init(capacity: Int) {
+        self.capacity = capacity
+    }
+
     mutating func insert(_ id: Int32) {
-        if ids.count < Self.capacity {
+        if ids.count < capacity {
             ids.append(id)
         } else {
             ids[next] = id
-            next = (next + 1) % Self.capacity
+            next = (next + 1) % capacity
         }
     }
 

@@ -164,6 +164,47 @@ struct UsedStreamFrameTests {
         #expect(harness.requestsStarted == 1)
     }
 
+    @Test("trailers that cross the gate's own RST_STREAM are let through: no GOAWAY, and the connection carries on")
+    func trailersAfterGateReset() throws {
+        let harness = try TunnelHarness(.http2, answer: .answering(statesLength: true))
+        defer { harness.finish() }
+        // Stream 1's header list is over the gate's 16 KiB limit: nghttp2 resets it. Two
+        // literal fields of 9,000 bytes, the block split over HEADERS and CONTINUATION.
+        let field: [UInt8] = [0x00, 0x01, 0x61, 0x7F, 0xA9, 0x45] + [UInt8](repeating: 0x78, count: 9_000)
+        let block: [UInt8] = [0x82, 0x87, 0x84, 0x01, 0x10] + Array("pay.example.test".utf8) + field + field
+        let oversized = Self.frame(type: 0x1, flags: 0x1, stream: 1, Array(block[..<16_000]))
+            + Self.frame(type: 0x9, flags: 0x4, stream: 1, Array(block[16_000...]))
+        // In the same read, before the reset can have gone out: stream 3, then trailers the
+        // client sent for stream 1 (it has not seen the reset), then stream 5.
+        let trailers = Self.frame(type: 0x1, flags: 0x5, stream: 1, [0x00, 0x01, 0x78, 0x01, 0x79])
+        harness.deliver(Self.settings + oversized + Self.get(stream: 3) + trailers + Self.get(stream: 5))
+        let written = harness.written()
+        #expect(Self.frames(written).contains { $0.type == 0x3 && $0.stream == 1 }, "the gate reset stream 1")
+        #expect(Self.goAwayCode(written) == nil)
+        #expect(Self.answered(written, stream: 3) && Self.answered(written, stream: 5))
+        #expect(harness.isOpen)
+    }
+
+    @Test("a stream refused over the concurrent-streams limit, then a higher one opened in the same read after a slot freed: trailers for the refused one are let through, not taken for a skipped id")
+    func trailersOnRefusedStream() throws {
+        let harness = try TunnelHarness(.http2, answer: .answering(statesLength: true))
+        defer { harness.finish() }
+        // 100 streams open (bodies to come), so stream 201 is refused; the client resets
+        // stream 1, freeing a slot for 203; then the trailers it sent for 201.
+        var bytes = Self.settings
+        for stream in stride(from: UInt32(1), through: 199, by: 2) { bytes += Self.get(stream: stream, endStream: false) }
+        bytes += Self.get(stream: 201, endStream: false)
+        bytes += Self.frame(type: 0x3, flags: 0, stream: 1, [0, 0, 0, 0x8])
+        bytes += Self.get(stream: 203)
+        bytes += Self.frame(type: 0x1, flags: 0x5, stream: 201, [0x00, 0x01, 0x78, 0x01, 0x79])
+        harness.deliver(bytes)
+        let written = harness.written()
+        #expect(Self.frames(written).contains { $0.type == 0x3 && $0.stream == 201 }, "stream 201 refused")
+        #expect(Self.goAwayCode(written) == nil)
+        #expect(Self.answered(written, stream: 203))
+        #expect(harness.isOpen)
+    }
+
     @Test("requests on rising stream ids, with trailers on an open stream, are all answered and end in no GOAWAY")
     func ordinaryStreamsPass() throws {
         let harness = try TunnelHarness(.http2, answer: .answering(statesLength: true))

@@ -86,6 +86,21 @@ struct UpstreamPoolLoopTests {
         #expect(pool.callsFromForeignLoops == 0)
     }
 
+    @Test("a checkout that comes before a new list's task reached its loop applies that list first: a connection the list still trusts is handed out, not dropped as another generation's")
+    func checkoutBeforeTheListTask() throws {
+        let a = EmbeddedEventLoop()
+        let pool = Self.pool([a])
+        let (connection, channel) = try Self.connection(on: a)
+        #expect(pool.park(connection, key: Self.key, generation: 1, currentGeneration: 1) { true })
+        // The store moved to generation 2 and told the pool; loop a has not run the task yet.
+        pool.listInstalled(generation: 2) { _, _ in true }
+        #expect(pool.take(Self.key, on: a, generation: 2) === connection)
+        #expect(channel.isActive)
+        a.run()
+        #expect(pool.counters.departed[.listChanged] == nil, "\(pool.counters)")
+        #expect(pool.counters.hits == 1)
+    }
+
     @Test("the per-key cap is split between the loops, rounded up: with 3 per key over 2 loops, each loop keeps 2")
     func capSplitBetweenLoops() throws {
         let a = EmbeddedEventLoop(), b = EmbeddedEventLoop()

@@ -25,8 +25,9 @@ final class UpstreamPool: Sendable {
         /// Idle connections close after this long (default 30 s: below the keep-alive
         /// timeouts of common servers, nginx's 75 s among them, so the gate lets go first).
         var idleTimeout: TimeAmount = .seconds(30)
-        /// The most idle connections per key (host, port, SNI, address, parent proxy), over
-        /// all event loops (each loop keeps its share, rounded up).
+        /// The most idle connections per key (host, port, SNI, address, parent proxy),
+        /// split between the event loops: each keeps this over the number of loops, rounded
+        /// up (so up to that many more than this in all, one loop short of a whole share each).
         var maximumIdlePerKey = 16
     }
 
@@ -52,14 +53,37 @@ final class UpstreamPool: Sendable {
         let snapshot = Mutex(Snapshot())
     }
 
-    /// Counts shared by every loop's pool, as atomics.
+    /// A list put in force: its generation, and whether it trusts a pooled connection.
+    struct ListInstall: Sendable {
+        let generation: UInt64
+        let trusts: @Sendable (UpstreamPoolKey, UpstreamConnection) -> Bool
+    }
+
+    /// What every loop's pool shares: counts, as atomics, and the last list put in force.
     final class SharedCounts: Sendable {
+        /// The generation of the last list put in force (0: none since start-up), read by
+        /// every checkout; `latestInstall` is read only when a loop has not applied it yet.
+        let installedGeneration = Atomic<UInt64>(0)
+        let latestInstall = Mutex<ListInstall?>(nil)
         /// Connections in the pool over all loops, for the gauge.
         let idle = Atomic<Int>(0)
         /// Calls made from a loop the pool was not built for (none in the gate: every
         /// tunnel runs on the group's loops). Such a call is treated as a miss or a refused
         /// park, and counted here; tests hold it at 0.
         let foreignLoopCalls = Atomic<Int>(0)
+
+        /// Moves the idle count by `delta` and sets the gauge to it. Two loops may set it out
+        /// of order, so each checks after its set that the count is still what it set, and
+        /// sets again if not: the last to finish leaves the gauge at the count.
+        func reportIdle(after delta: Int, to metrics: GateMetrics) {
+            var value = idle.add(delta, ordering: .sequentiallyConsistent).newValue
+            while true {
+                metrics.upstreamPoolIdle(value)
+                let now = idle.load(ordering: .sequentiallyConsistent)
+                if now == value { return }
+                value = now
+            }
+        }
     }
 
     let settings: Settings
@@ -89,7 +113,7 @@ final class UpstreamPool: Sendable {
             let shared = shared
             let publish: LoopPool.Publish = { state, timers, delta in
                 outlet.snapshot.withLock { $0 = Snapshot(counters: state.counters, idleByKey: state.idleByKey, idleTimers: timers) }
-                if delta != 0 { metrics.upstreamPoolIdle(shared.idle.add(delta, ordering: .relaxed).newValue) }
+                if delta != 0 { shared.reportIdle(after: delta, to: metrics) }
             }
             // Made here, before any tunnel runs, and from then on touched only on its loop.
             loops[EventLoopID(eventLoop)] = NIOLoopBoundBox.makeBoxSendingValue(
@@ -169,6 +193,13 @@ final class UpstreamPool: Sendable {
             metrics.upstreamPoolCheckout(hit: false)
             return .dial(registered: false)
         }
+        // A list put in force whose task has not reached this loop yet: applied here first,
+        // so the connections it still trusts are re-stamped, not dropped as another
+        // generation's (the store moves its generation before it tells the pool).
+        if shared.installedGeneration.load(ordering: .acquiring) > pool.appliedGeneration,
+           let install = shared.latestInstall.withLock({ $0 }) {
+            pool.apply(install)
+        }
         return pool.checkout(key, generation: generation, shareableDial: shareableDial, resume: resume)
     }
 
@@ -215,8 +246,13 @@ final class UpstreamPool: Sendable {
     /// (`trusts`, on the key's host and the connection's verified chain) are closed, each
     /// loop's on its loop.
     func listInstalled(generation: UInt64, trusts: @escaping @Sendable (UpstreamPoolKey, UpstreamConnection) -> Bool) {
+        let install = ListInstall(generation: generation, trusts: trusts)
+        shared.latestInstall.withLock { latest in
+            if (latest?.generation ?? 0) < generation { latest = install }
+        }
+        shared.installedGeneration.store(max(shared.installedGeneration.load(ordering: .acquiring), generation), ordering: .releasing)
         for box in loops.values {
-            box.eventLoop.execute { box.value.listInstalled(generation: generation, trusts: trusts) }
+            box.eventLoop.execute { box.value.apply(install) }
         }
     }
 
@@ -292,8 +328,14 @@ private final class LoopPool {
             metrics.upstreamPoolClosed(reason: departure.rawValue, count: count)
         }
         for entry in stale {
-            // An expired chain's tunnels finish first; anything else found unusable is dead.
-            if entry.departure == .certificateExpired { retire(entry.connection) } else { close(entry.connection) }
+            // An expired chain's tunnels finish first, and so do a shared connection's when
+            // another list is in force (the tunnels it no longer trusts are closed by its
+            // own check of each tunnel); anything else found unusable is dead.
+            if entry.departure == .certificateExpired || (entry.departure == .listChanged && Self.isShared(entry.connection)) {
+                retire(entry.connection)
+            } else {
+                close(entry.connection)
+            }
         }
         switch checkout {
         case .hit(let connection):
@@ -327,17 +369,19 @@ private final class LoopPool {
             changed(idleBefore: before)
             return false
         }
+        let channelID = ObjectIdentifier(connection.channel)
         if shared, case .pooled(let side) = connection.leg.value {
             // Idle only once its last tunnel left: the timer runs while no tunnel is on it.
-            side.share(unused: { [self] in armIdleTimer(for: connection, stay: id) },
+            // The closures name the connection by its channel's identity only: the side
+            // keeps them, and the connection (which holds the side) must not be kept by them.
+            side.share(unused: { [self] in armIdleTimer(for: channelID, stay: id) },
                        used: { [self] in
-                           cancelIdleTimer(of: connection.channel)
+                           cancelIdleTimer(of: channelID)
                            changed(idleBefore: state.idleCount)
                        })
         } else {
-            armIdleTimer(for: connection, stay: id)
+            armIdleTimer(for: channelID, stay: id)
         }
-        let channelID = ObjectIdentifier(connection.channel)
         if watched.insert(channelID).inserted {
             connection.channel.closeFuture.assumeIsolated().whenComplete { [self] _ in
                 watched.remove(channelID)
@@ -359,10 +403,9 @@ private final class LoopPool {
         return true
     }
 
-    /// Starts the idle timer of `connection`'s stay `stay`: when it fires with the stay
+    /// Starts the idle timer of stay `stay` of the connection on channel `channelID`: when it fires with the stay
     /// still on, the stay ends (`idle-timeout`) and the connection closes.
-    private func armIdleTimer(for connection: UpstreamConnection, stay id: PooledConnectionID) {
-        let channelID = ObjectIdentifier(connection.channel)
+    private func armIdleTimer(for channelID: ObjectIdentifier, stay id: PooledConnectionID) {
         let timer = eventLoop.assumeIsolated().scheduleTask(in: idleTimeout) { [self] in
             guard idleTimers[channelID]?.stay == id else { return }
             idleTimers[channelID] = nil
@@ -419,9 +462,16 @@ private final class LoopPool {
         return removed
     }
 
-    func listInstalled(generation: UInt64, trusts: (UpstreamPoolKey, UpstreamConnection) -> Bool) {
+    /// The generation of the last list this loop's connections were checked against.
+    private(set) var appliedGeneration: UInt64 = 0
+
+    /// Checks the idle connections against a list put in force, once per list (by its
+    /// task, or by the first checkout that comes before the task).
+    func apply(_ install: UpstreamPool.ListInstall) {
+        guard install.generation > appliedGeneration else { return }
+        appliedGeneration = install.generation
         let before = state.idleCount
-        let dropped = state.listInstalled(generation: generation, trusts: trusts)
+        let dropped = state.listInstalled(generation: install.generation, trusts: install.trusts)
         if !dropped.isEmpty {
             metrics.upstreamPoolClosed(reason: Departure.listChanged.rawValue, count: dropped.count)
             logger.notice("closing pooled upstream connections after a list update", metadata: ["connections": "\(dropped.count)"])
@@ -447,7 +497,11 @@ private final class LoopPool {
 
     /// Cancels the idle timer of `channel`'s stay, if one is pending: the stay ended.
     private func cancelIdleTimer(of channel: Channel) {
-        if let pending = idleTimers.removeValue(forKey: ObjectIdentifier(channel)) { cancel(pending.timer) }
+        cancelIdleTimer(of: ObjectIdentifier(channel))
+    }
+
+    private func cancelIdleTimer(of channelID: ObjectIdentifier) {
+        if let pending = idleTimers.removeValue(forKey: channelID) { cancel(pending.timer) }
     }
 
     private func cancel(_ timer: Scheduled<Void>) {

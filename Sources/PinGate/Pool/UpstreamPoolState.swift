@@ -1,6 +1,7 @@
 import PinGateHTTP
 
-/// The pool of idle, verified upstream connections, as a value: which connection waits
+/// The pool of idle, verified upstream connections, as a value (the gate keeps one per
+/// event loop, `UpstreamPool`'s `LoopPool`; the value itself can hold several loops'): which connection waits
 /// under which key on which event loop, under which list generation, and what became of
 /// each one. It does no I/O and keeps no clock: the gate's `UpstreamPool` closes what it
 /// says to close, and runs the idle timers. `Connection` is whatever the caller pools.
@@ -95,7 +96,7 @@ struct UpstreamPoolState<Connection> {
         case dial(registered: Bool)
     }
 
-    /// The most idle connections one key may hold, over all loops.
+    /// The most idle connections one key may hold, over all the loops this value holds.
     let maximumIdlePerKey: Int
     /// Idle connections by key and loop, the most recently parked last (taken first: the
     /// warmest, the least likely to have been closed by its server meanwhile).
@@ -123,7 +124,7 @@ struct UpstreamPoolState<Connection> {
     /// How many connections are in the pool now (idle ones, and shared ones in use or not).
     var idleCount: Int { slotByID.count }
 
-    /// How many wait for `key`, over all loops.
+    /// How many wait for `key`, over all the loops this value holds.
     func idleCount(for key: UpstreamPoolKey) -> Int { idlePerKey[key] ?? 0 }
 
     /// The idle connections per key, for `/status`.
