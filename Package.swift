@@ -32,10 +32,8 @@ let package = Package(
     products: [
         .executable(name: "pingate", targets: ["pingate"]),
         .library(name: "PinGate", targets: ["PinGate"]),
-        // The HTTP layer and the tunnel harness, for the fuzz package (Fuzz/), which drives
-        // the sides through it.
+        // The HTTP layer, for the fuzz package's harness (Fuzz/), which drives its sides.
         .library(name: "PinGateHTTP", targets: ["PinGateHTTP"]),
-        .library(name: "PinGateTunnelHarness", targets: ["PinGateTunnelHarness"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio", from: "2.80.0"),
@@ -155,19 +153,6 @@ let package = Package(
         // Helpers shared by the test targets: running real programs, temporary
         // directories, the signed-list vectors. Never linked into the product.
         .target(name: "PinGateTestSupport", path: "Tests/PinGateTestSupport"),
-        // One tunnel's client side in an EmbeddedChannel, with the real router and a stub
-        // upstream: the HTTP layer's side tests and the fuzz package's HTTP targets both
-        // drive it. Never linked into the product (it imports PinGateHTTP @testable, so it
-        // builds only where testing is enabled: debug, and the fuzz build).
-        .target(
-            name: "PinGateTunnelHarness",
-            dependencies: [
-                "PinGateHTTP", "PinGateHTTP2",
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOEmbedded", package: "swift-nio"),
-                .product(name: "NIOHTTP1", package: "swift-nio"),
-            ],
-            path: "Tests/PinGateTunnelHarness"),
         // glibc's heap statistics (mallinfo2), for tests that hold memory to account.
         .systemLibrary(name: "CHeapStats", path: "Tests/CHeapStats"),
         .testTarget(name: "PinGateTLSTests", dependencies: [
@@ -176,11 +161,13 @@ let package = Package(
         ]),
         .testTarget(name: "PinGateHTTP2Tests", dependencies: ["PinGateHTTP2", "PinGateTestSupport"]),
         // The HTTP layer's unit tests: framing decisions, the credit ledger and the router
-        // between model sides, property-based; no sockets (the real peers are PinGateTests').
+        // between model sides, property-based, and the client sides in an EmbeddedChannel
+        // (Support/TunnelHarness.swift, which the fuzz package's HTTP targets compile too,
+        // through a symbolic link); no sockets (the real peers are PinGateTests').
         .testTarget(
             name: "PinGateHTTPTests",
             dependencies: [
-                "PinGateHTTP", "PinGateHTTP2", "PinGateTunnelHarness",
+                "PinGateHTTP", "PinGateHTTP2",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

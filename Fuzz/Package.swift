@@ -33,23 +33,28 @@ let package = Package(
         // authority binding) behind an EmbeddedChannel, with a stub upstream.
         .executableTarget(
             name: "FuzzHTTP1",
-            dependencies: ["FuzzSupport", .product(name: "PinGateTunnelHarness", package: "pingate")],
+            dependencies: ["FuzzSupport"],
             path: "Targets/FuzzHTTP1"),
         // The tunnel's HTTP/2 client side (an nghttp2 server session) behind an
         // EmbeddedChannel, fed arbitrary bytes after the preface, with a stub upstream.
         .executableTarget(
             name: "FuzzHTTP2",
-            dependencies: ["FuzzSupport", .product(name: "PinGateTunnelHarness", package: "pingate")],
+            dependencies: ["FuzzSupport"],
             path: "Targets/FuzzHTTP2"),
         // The libFuzzer entry (see LibFuzzerEntry.swift for why each target calls
-        // libFuzzer's driver itself), and the tunnel harness the HTTP targets drive, which
-        // lives in the main package (Tests/PinGateTunnelHarness) for its side tests too.
+        // libFuzzer's driver itself), and the tunnel harness the HTTP targets drive: a
+        // symbolic link to the main package's Tests/PinGateHTTPTests/Support/TunnelHarness.swift,
+        // which its side tests drive too (one file, compiled in each package, since it
+        // imports the HTTP layer @testable and only these builds enable testing).
         .target(
             name: "FuzzSupport",
             dependencies: [
                 "CLibFuzzer",
                 .product(name: "PinGate", package: "pingate"),
-                .product(name: "PinGateTunnelHarness", package: "pingate"),
+                .product(name: "PinGateHTTP", package: "pingate"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
             ],
             path: "Targets/FuzzSupport"),
         .target(name: "CLibFuzzer", path: "Targets/CLibFuzzer"),

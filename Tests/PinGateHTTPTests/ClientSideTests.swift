@@ -1,6 +1,5 @@
 import NIOCore
 import PinGateHTTP2
-import PinGateTunnelHarness
 import Testing
 
 /// The client sides in an `EmbeddedChannel` (`TunnelHarness`, the one the fuzz targets

@@ -1,5 +1,4 @@
 import FuzzSupport
-import PinGateTunnelHarness
 
 /// libFuzzer's entry: the bytes an app sends inside an admitted HTTP/1.1 tunnel.
 @_cdecl("LLVMFuzzerTestOneInput")

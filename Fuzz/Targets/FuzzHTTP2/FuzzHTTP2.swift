@@ -1,5 +1,4 @@
 import FuzzSupport
-import PinGateTunnelHarness
 
 /// libFuzzer's entry: the frames an app sends after the HTTP/2 preface inside an
 /// admitted tunnel.

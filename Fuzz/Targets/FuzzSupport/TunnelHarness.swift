@@ -1,0 +1,1 @@
+../../../Tests/PinGateHTTPTests/Support/TunnelHarness.swift
