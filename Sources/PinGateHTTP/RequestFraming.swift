@@ -39,15 +39,11 @@ enum RequestBodyFraming: Equatable, Sendable {
             let text = headers["transfer-encoding"].joined(separator: ", ")
             return .failure(RequestFramingRefusal(detail: "transfer-encoding \"\(text)\" is not exactly chunked; the gate carries no other transfer coding (RFC 9112 §6.1)"))
         }
-        var declared: Int?
-        for field in headers["content-length"] {
-            // A list of one length repeated is that length (RFC 9110 §8.6); anything else is not.
-            for value in field.split(separator: ",", omittingEmptySubsequences: false) {
-                guard let length = Self.decimalLength(value), declared == nil || declared == length else {
-                    return .failure(RequestFramingRefusal(detail: "content-length \"\(field)\" is not one decimal length (RFC 9110 §8.6)"))
-                }
-                declared = length
-            }
+        let declared: Int?
+        switch Self.declaredLength(headers) {
+        case .success(let length): declared = length
+        case .failure(let field):
+            return .failure(RequestFramingRefusal(detail: "content-length \"\(field.value)\" is not one decimal length (RFC 9110 §8.6)"))
         }
         if endStream {
             guard declared == nil || declared == 0 else {
@@ -59,6 +55,22 @@ enum RequestBodyFraming: Equatable, Sendable {
             return .failure(RequestFramingRefusal(detail: "a TRACE request carries no content (RFC 9110 §9.3.8); this one has a body"))
         }
         return .success(declared.map(RequestBodyFraming.length) ?? .open)
+    }
+
+    /// The length the `content-length` fields of `headers` state (nil when there are none),
+    /// or the first field that does not state one: a list of one length repeated is that
+    /// length (RFC 9110 §8.6), anything else is not. One reading for requests and answers.
+    static func declaredLength(_ headers: HTTPHeaders) -> Result<Int?, UnreadableContentLength> {
+        var declared: Int?
+        for field in headers["content-length"] {
+            for value in field.split(separator: ",", omittingEmptySubsequences: false) {
+                guard let length = decimalLength(value), declared == nil || declared == length else {
+                    return .failure(UnreadableContentLength(value: field))
+                }
+                declared = length
+            }
+        }
+        return .success(declared)
     }
 
     /// The length a `Content-Length` value states: ASCII digits only (no sign, no spaces
@@ -102,6 +114,11 @@ enum RequestBodyFraming: Equatable, Sendable {
         default: return false
         }
     }
+}
+
+/// A `content-length` field that states no one length, as it came.
+struct UnreadableContentLength: Error, Equatable, Sendable {
+    var value: String
 }
 
 /// Why a request's framing was refused: the text of its 400.

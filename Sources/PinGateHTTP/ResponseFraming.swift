@@ -30,14 +30,11 @@ enum ResponseBodyFraming: Equatable, Sendable {
     /// `endStream`; or why the gate will not pass it on (a 502 naming it).
     static func decide(requestMethod: String, head: ExchangeResponseHead, endStream: Bool) -> Result<ResponseBodyFraming, ResponseFramingFault> {
         if head.upgrade != nil { return .success(.switched) }
-        var declared: Int?
-        for field in head.headers["content-length"] {
-            for value in field.split(separator: ",", omittingEmptySubsequences: false) {
-                guard let length = RequestBodyFraming.decimalLength(value), declared == nil || declared == length else {
-                    return .failure(ResponseFramingFault(detail: "the upstream's content-length \"\(field)\" is not one decimal length (RFC 9110 §8.6)"))
-                }
-                declared = length
-            }
+        let declared: Int?
+        switch RequestBodyFraming.declaredLength(head.headers) {
+        case .success(let length): declared = length
+        case .failure(let field):
+            return .failure(ResponseFramingFault(detail: "the upstream's content-length \"\(field.value)\" is not one decimal length (RFC 9110 §8.6)"))
         }
         // RFC 9110 §8.6 and §15: 1xx and 204 carry no length; a 304's would only repeat
         // what a 200 would have said, which a client has no use for here.

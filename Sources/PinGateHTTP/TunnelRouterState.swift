@@ -600,8 +600,8 @@ struct TunnelRouterState {
     }
 
     /// Ends exchange `id` for a broken message (`detail`): answered `status` under `reason`
-    /// when nothing of the response was sent, else its client exchange is cut, logged as
-    /// `cut` (or as refused, when nil). The upstream's half is abandoned last.
+    /// when nothing of the response was sent, else its client exchange is cut, counted as
+    /// `cut` (or as refused under `reason`, when nil). The upstream's half is abandoned last.
     private mutating func abandon(_ id: ClientExchangeID, _ exchange: ExchangeRecord, status: Int, reason: RequestRefusal,
                                   cut: TunnelRouter.ExchangeCut?, detail: String) -> [Action] {
         var actions: [Action] = []
@@ -612,8 +612,14 @@ struct TunnelRouterState {
         if exchange.status == nil {
             refuse(id, exchange, status: status, reason: reason, detail: detail, into: &actions)
         } else {
-            actions.append(.observe(.refused(reason, authority: exchange.authority, detail: detail)))
-            if let cut { exchange.cut = cut } else { exchange.refusal = reason }
+            // One outcome per exchange: a response cut is counted as cut (its log line says
+            // why), a request broken under way as refused.
+            if let cut {
+                exchange.cut = cut
+            } else {
+                actions.append(.observe(.refused(reason, authority: exchange.authority, detail: detail)))
+                exchange.refusal = reason
+            }
             actions.append(.cancelClientExchange(id))
             finish(id, into: &actions)
         }

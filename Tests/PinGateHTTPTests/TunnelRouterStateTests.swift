@@ -59,6 +59,9 @@ struct TunnelRouterStateTests {
         var terminals: [ClientExchangeID: Int] = [:]
         var finished: [String: Int] = [:]
         var misrouted: [String] = []
+        /// Exchanges logged as cut, and refusals observed.
+        var cuts = 0
+        var refusals = 0
         /// Markers whose answer declared a length its body broke.
         var lied: Set<String> = []
         var unplaced = 0
@@ -143,7 +146,10 @@ struct TunnelRouterStateTests {
                 reconnectAsked = dial
             case .observe(let event):
                 switch event {
-                case .finished(let summary): finished[summary.path, default: 0] += 1
+                case .finished(let summary):
+                    finished[summary.path, default: 0] += 1
+                    if summary.cut != nil { cuts += 1 }
+                case .refused: refusals += 1
                 case .creditUnplaced(let bytes): unplaced += bytes
                 default: break
                 }
@@ -340,6 +346,8 @@ struct TunnelRouterStateTests {
             model.clientSends(body: 0)
             model.originAnswers(status: 200, splitBody: false, closing: false, lengthSkew: skew)
             #expect(model.log == ["client exchange 1 \(expected)"], "skew \(skew): \(model.log)")
+            // Counted once, as what it was: cut, not also refused.
+            #expect(model.cuts == (skew != 0 ? 1 : 0) && model.refusals == 0, "skew \(skew): cuts \(model.cuts), refusals \(model.refusals)")
             #expect(model.connection?.closing == (skew != 0), "skew \(skew)")
             model.settle()
             #expect(model.state.ledger.unplaced == 0)
