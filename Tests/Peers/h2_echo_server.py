@@ -366,6 +366,8 @@ def main(argv):
     emit({"event": "listening", "port": listener.getsockname()[1]})
     while True:
         sock, _ = listener.accept()
+        # As nginx does: a small write (a WINDOW_UPDATE) must not wait behind the peer's delayed ACK.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         threading.Thread(target=serve, args=(context, sock, args.enable_connect_protocol, args.settings_after_preface,
                                                   args.refuse_streams), daemon=True).start()
 

@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import random
+import re
 import socket
 import ssl
 import subprocess
@@ -99,6 +100,15 @@ def smuggle(args, rng):
 
 def transfer(args, rng):
     """One random mix through body_client.py. Returns a list of (outcome, detail)."""
+    while True:
+        outcomes = transfer_once(args, rng)
+        if outcomes is not None:
+            return outcomes
+
+
+def transfer_once(args, rng):
+    """One draw of a mix; None when --only rules it out (the draw is spent either way, so a
+    seed replays the same sequence of draws)."""
     client = rng.choice(["http/1.1", "h2"])
     origin_h2 = rng.random() < 0.5
     upload = rng.random() < 0.35
@@ -116,6 +126,9 @@ def transfer(args, rng):
         extra = ["--path", f"/{size}.bin"]
     mix = f"{client} client, {'h2' if origin_h2 else 'HTTP/1.1'} origin, {'upload' if upload else 'download'} {size} x {count}" \
           f"{f' (concurrency {concurrency})' if concurrency > 1 else ''}, {reader} reader"
+    if args.only and not re.search(args.only, mix):
+        return None
+    started = time.monotonic()
     command = [sys.executable, os.path.join(HERE, "body_client.py"), "--proxy", str(args.gate),
                "--connect", f"{args.pinned}:{port}", "--cacert", args.cacert, "--protocol", client,
                "--count", str(count), "--concurrency", str(concurrency), "--reader", reader, "--pause", "2",
@@ -148,7 +161,7 @@ def transfer(args, rng):
         elif not upload and (t.get("length") != size or t.get("sha256") != args.digests[str(size)]):
             outcomes.append(("short", f"{mix}: download {index}: {t.get('length')} bytes, digest mismatch"))
         else:
-            outcomes.append(("whole", ""))
+            outcomes.append(("whole", f"{mix} in {time.monotonic() - started:.2f} s"))
     return outcomes
 
 
@@ -164,6 +177,7 @@ def main():
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--only", default=None, help="run only the mixes whose description matches this regular expression")
     args = parser.parse_args()
     with open(args.digests) as handle:
         args.digests = json.load(handle)

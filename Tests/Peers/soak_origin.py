@@ -434,6 +434,8 @@ def listen(alpn):
 def accept_loop(context, listener, port_kind):
     while True:
         sock, _ = listener.accept()
+        # As nginx does: a small write (a WINDOW_UPDATE) must not wait behind the peer's delayed ACK.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         threading.Thread(target=handle, args=(context, sock, port_kind), daemon=True).start()
 
 
