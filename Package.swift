@@ -159,7 +159,10 @@ let package = Package(
             "PinGateTLS", "PinGateNIO", "PinGateTestSupport", "CHeapStats",
             .product(name: "PropertyBased", package: "swift-property-based"),
         ]),
-        .testTarget(name: "PinGateHTTP2Tests", dependencies: ["PinGateHTTP2", "PinGateTestSupport"]),
+        .testTarget(name: "PinGateHTTP2Tests", dependencies: [
+            "PinGateHTTP2", "PinGateTestSupport",
+            .product(name: "PropertyBased", package: "swift-property-based"),
+        ]),
         // The HTTP layer's unit tests: framing decisions, the credit ledger and the router
         // between model sides, property-based, and the client sides in an EmbeddedChannel
         // (Support/TunnelHarness.swift, which the fuzz package's HTTP targets compile too,

@@ -22,6 +22,9 @@
 ///   stream's queued body, a closed connection;
 /// - the router could not forward them at all (`returnedUnforwarded`).
 ///
+/// And where they are not given back but moved: a sink that never wrote them hands them
+/// back to be forwarded again elsewhere (`takenBack`).
+///
 /// Anything that cannot be placed (a write reported for an account that has no such
 /// bytes outstanding) is counted in `unplaced`, never silently dropped: every test expects
 /// it to stay 0.
@@ -153,6 +156,23 @@ struct CreditLedger {
         guard let (key, found, counted) = placed(direction, sinkID: sinkID, bytes: bytes) else { return nil }
         var account = found
         return give(counted, of: &account, key: key)
+    }
+
+    /// The sink hands back `bytes` of exchange `sinkID` it took and never wrote, to be
+    /// forwarded again under another sink id (a request queued on an HTTP/1.1 connection that
+    /// closed before writing it goes to the tunnel's next connection, issue 31). Their credit
+    /// is not given: the bytes are not done with, and give it when their new sink reports
+    /// them. They stop counting as taken here, and count again when forwarded.
+    mutating func takenBack(_ direction: Direction, sinkID: Int, bytes: Int) {
+        guard let (key, found, counted) = placed(direction, sinkID: sinkID, bytes: bytes) else { return }
+        var account = found
+        account.outstanding -= counted
+        taken[direction, default: 0] -= counted
+        if account.sinkDone && account.outstanding == 0 {
+            accounts[key] = nil
+        } else {
+            accounts[key] = account
+        }
     }
 
     /// The account a sink's report of `bytes` for `sinkID` goes against, and how many of

@@ -316,6 +316,21 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         context.close(promise: nil)
     }
 
+    /// The body among queued `parts`, and its end if it came.
+    private static func queuedBody(in parts: [Part]) -> TunnelRouterState.HeldRequestBody {
+        var body = TunnelRouterState.HeldRequestBody()
+        for part in parts {
+            switch part {
+            case .head: break
+            case .body(let bytes): body.body.append(bytes)
+            case .end(let trailers):
+                body.ended = true
+                body.trailers = trailers
+            }
+        }
+        return body
+    }
+
     /// The body bytes among queued `parts`.
     private static func bodyBytes(in parts: [Part]) -> Int {
         parts.reduce(0) { total, part in
@@ -533,8 +548,9 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         }
         // An active exchange with no answer yet is the router's to fail or, on a reused
         // connection, to retry (`upstreamClosed`).
-        // Queued behind the active one: not one byte of them was sent.
-        for entry in waiting { router?.requestNotSent(entry.id) }
+        // Queued behind the active one: not one byte of them was sent. Each goes back with
+        // what it queued of its body, for the tunnel's next connection.
+        for entry in waiting { router?.requestNotSent(entry.id, queued: Self.queuedBody(in: entry.parts)) }
         if !closing || originEndedInput, active == nil, waiting.isEmpty, answersEnded > 0 {
             // The origin closed a connection that idled: its keep-alive timeout, learned (by
             // the tunnel, or by the pool when the connection was parked).

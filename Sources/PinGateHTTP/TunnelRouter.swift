@@ -463,10 +463,12 @@ package final class TunnelRouter {
     }
 
     /// Exchange `upstreamID` was never written to its connection, which is closing (it was
-    /// queued behind an answer that closed it): a bodyless request waits for the tunnel's
-    /// next connection; any other is answered as not processed.
-    func requestNotSent(_ upstreamID: Int) {
-        run(state.requestNotSent(UpstreamExchangeID(upstreamID), switchedProtocols: upstream?.switchedProtocols == true))
+    /// queued behind an answer that closed it): it waits for the tunnel's next connection
+    /// with what was `queued` of its body (an HTTP/2 client's request with a body is
+    /// answered as not processed, for the client to retry).
+    func requestNotSent(_ upstreamID: Int, queued: TunnelRouterState.HeldRequestBody) {
+        run(state.requestNotSent(UpstreamExchangeID(upstreamID), queued: queued,
+                                 switchedProtocols: upstream?.switchedProtocols == true))
     }
 
     /// The upstream's answer to exchange `upstreamID` cannot be passed on (`detail` says

@@ -181,9 +181,13 @@ struct TunnelRouterState {
         var retry: PendingRequest?
         /// It was retried once already: a second lost connection answers it.
         var retried = false
-        /// The request as sent upstream, kept until it is on the wire: a bodyless request
-        /// that its connection never wrote (queued behind an answer that closed it) goes to
-        /// the tunnel's next connection, whatever its method, since it was never sent.
+        /// Counted as forwarded: a request carried on to a new connection (never written, or
+        /// retried) is one request passed on, counted once.
+        var countedForwarded = false
+        /// The request's head as sent upstream, kept until it is on the wire: a request that
+        /// its connection never wrote (queued behind an answer that closed it) goes to the
+        /// tunnel's next connection, whatever its method, with what was queued of its body,
+        /// since none of it was sent.
         var unsent: PendingRequest?
         /// What the client sent of the body while the request waited for a connection (or
         /// while its start was carried out): passed on once its upstream id is known.
@@ -212,8 +216,10 @@ struct TunnelRouterState {
         var trailers: HTTPHeaders?
     }
 
-    /// What a client sent of a request body before its upstream exchange was paired with it.
-    private struct HeldRequestBody {
+    /// A request body as far as the client sent it, held apart from any upstream exchange:
+    /// before its exchange was paired with one, or queued on an HTTP/1.1 connection that
+    /// closed before writing it (`requestNotSent`).
+    struct HeldRequestBody {
         var body: [ByteBuffer] = []
         /// The body ended (its end not yet passed on: a request whose head ended it has none).
         var ended = false
@@ -414,8 +420,7 @@ struct TunnelRouterState {
         var sentAfterIdle: TimeAmount?
         if let idleSince = facts?.idleSince {
             let idle = NIODeadline.now() - idleSince
-            let mayBeRepeated = endStream && head.upgrade == nil && Self.idempotentMethods.contains(head.method)
-            if !mayBeRepeated && idle >= keepAliveLimit() && canReconnect && !reconnecting && pending.isEmpty {
+            if !Self.mayBeRepeated(head, endStream: endStream) && idle >= keepAliveLimit() && canReconnect && !reconnecting && pending.isEmpty {
                 // Its origin may be closing this connection as the request arrives, and such
                 // a request is not re-sent (issue 31, defect 5): it goes on a new connection.
                 // The idle one stays good for requests that may be repeated (the pool's).
@@ -424,7 +429,12 @@ struct TunnelRouterState {
                 actions.append(.dropUpstream)
                 upstream = .none
                 exchanges[id] = exchange
-                pending.append(PendingRequest(id: id, head: head, authority: authority, endStream: endStream, ended: endStream))
+                // With what the client sent of it while it waited for the connection it leaves
+                // (held by `reconnected`), so no byte of its body is lost on the way.
+                let held = exchange.held
+                exchange.held = HeldRequestBody()
+                pending.append(PendingRequest(id: id, head: head, authority: authority, endStream: endStream,
+                                              body: held.body, ended: endStream || held.ended, trailers: held.trailers))
                 startReconnect(.freshConnection, into: &actions)
                 return
             }
@@ -434,20 +444,24 @@ struct TunnelRouterState {
             if idle > .nanoseconds(2 * KeepAliveEstimate.defaultSafeIdle.nanoseconds) { sentAfterIdle = idle }
         }
         exchange.sentAfterIdle = sentAfterIdle
-        if endStream && head.upgrade == nil {
-            let request = PendingRequest(id: id, head: head, authority: authority, endStream: true, ended: true)
+        if head.upgrade == nil {
+            let request = PendingRequest(id: id, head: head, authority: authority, endStream: endStream, ended: endStream)
             exchange.unsent = request
             // Retried once when its connection is lost before any answer byte: a reused
             // connection's failure says nothing of the request (RFC 9112 §9.3.1), and neither
             // does a shared h2 connection's, which another tunnel's exchange may have ended
             // (issue 31: only the streams that were mid-body are cut).
-            if !exchange.retried && (upstreamReused || upstream == .http2Lane) && Self.idempotentMethods.contains(head.method) {
+            if endStream && !exchange.retried && (upstreamReused || upstream == .http2Lane)
+                && Self.idempotentMethods.contains(head.method) {
                 exchange.retry = request
             }
         }
         exchanges[id] = exchange
         exchange.starting = true
-        actions.append(.observe(.forwarded))
+        if !exchange.countedForwarded {
+            exchange.countedForwarded = true
+            actions.append(.observe(.forwarded))
+        }
         if !carriedConnectionAuthentication && Self.bindsConnection(head.headers) {
             carriedConnectionAuthentication = true
             // A shared h2 connection: no other tunnel joins it from now on.
@@ -769,16 +783,35 @@ struct TunnelRouterState {
         var actions: [Action] = []
         switch result {
         case .connected:
+            if let idleSince = facts?.idleSince, canReconnect, !ended,
+               waiting.contains(where: { !Self.mayBeRepeated($0.head, endStream: $0.endStream) }) {
+                let idle = NIODeadline.now() - idleSince
+                if idle >= keepAliveLimit() {
+                    // A pooled connection idle past its origin's estimate, and a request among
+                    // these that cannot be repeated: all of them wait for a new connection
+                    // together. One by one, a GET would go on this connection and the POST
+                    // behind it would leave it, with the GET on it (`forward`'s own check).
+                    actions.append(.observe(.leftIdleConnection(idle)))
+                    actions.append(.leaveUpstream(reuseVerdict(connectionBlocker: facts?.reuseBlocker)))
+                    actions.append(.dropUpstream)
+                    upstream = .none
+                    pending = waiting
+                    startReconnect(.freshConnection, into: &actions)
+                    return actions
+                }
+            }
             for request in waiting {
                 guard let exchange = exchanges[request.id] else { continue }
+                // What the client sent while the request waited goes with it: passed on once it
+                // is paired, or carried on if it waits again (`forward` leaves a stale connection).
+                exchange.held = HeldRequestBody(body: request.body, ended: request.ended && !request.endStream,
+                                                trailers: request.trailers)
                 forward(request.id, exchange, request.head, authority: request.authority, endStream: request.endStream,
                         facts: facts, into: &actions)
-                if exchange.starting {
-                    exchange.held = HeldRequestBody(body: request.body, ended: request.ended && !request.endStream,
-                                                    trailers: request.trailers)
-                } else {
+                if !exchange.starting && !pending.contains(where: { $0.id == request.id }) {
                     // Refused on the new connection: what it sent never went anywhere.
-                    returnCredit(of: request, into: &actions)
+                    returnCredit(of: exchange.held, of: request.id, into: &actions)
+                    exchange.held = HeldRequestBody()
                 }
             }
             actions.append(.flushUpstream)
@@ -902,19 +935,37 @@ struct TunnelRouterState {
     }
 
     /// Exchange `upstreamID` was never written to its connection, which is closing (queued
-    /// behind an answer that closed it): a bodyless request waits for the tunnel's next
-    /// connection, opened as the close is reported (`upstreamClosed`); sending it there is
-    /// sending it once. Any other is answered as not processed.
-    mutating func requestNotSent(_ upstreamID: UpstreamExchangeID, switchedProtocols: Bool) -> [Action] {
+    /// behind an answer that closed it), with `queued` of its body: the request waits for
+    /// the tunnel's next connection, opened as the close is reported (`upstreamClosed`), and
+    /// takes its queued body with it, its credit still out (the new connection's writes give
+    /// it back, once). Sending it there is sending it once, whatever its method. An HTTP/2
+    /// client's request with a body is answered as not processed instead: the client retries
+    /// it itself (RFC 9113 §8.7). So is any request of a tunnel that cannot reconnect.
+    mutating func requestNotSent(_ upstreamID: UpstreamExchangeID, queued: HeldRequestBody,
+                                 switchedProtocols: Bool) -> [Action] {
         guard reconnectsWhenUpstreamCloses(switchedProtocols: switchedProtocols),
-              let (_, exchange) = clientExchange(for: upstreamID), exchange.status == nil, let request = exchange.unsent else {
+              let (_, exchange) = clientExchange(for: upstreamID), exchange.status == nil, var request = exchange.unsent,
+              request.endStream || !clientRefusesUnprocessedStreams else {
             return responseNotProcessed(upstreamID)
+        }
+        var actions: [Action] = []
+        let bytes = queued.body.reduce(0) { $0 + $1.readableBytes }
+        if bytes > 0 {
+            ledger.takenBack(.request, sinkID: upstreamID.rawValue, bytes: bytes)
+            exchange.bytesUp -= bytes
+            // A take-back the ledger could not place is counted, as any miscount is.
+            actions += deliver(nil)
         }
         detachFromUpstream(exchange)
         exchange.unsent = nil
         exchange.retry = nil
+        if !request.endStream {
+            request.body = queued.body
+            request.ended = queued.ended
+            request.trailers = queued.trailers
+        }
         pending.append(request)
-        return []
+        return actions
     }
 
     /// The upstream's answer to exchange `upstreamID` cannot be passed on (`detail` says
@@ -1123,6 +1174,12 @@ struct TunnelRouterState {
             let scheme = value.drop { $0 == " " || $0 == "\t" }.prefix { $0 != " " && $0 != "\t" }.lowercased()
             return scheme == "ntlm" || scheme == "negotiate"
         }
+    }
+
+    /// Whether a request may be sent again if its connection is lost before an answer: an
+    /// idempotent method, no body, no upgrade (RFC 9110 §9.2.2, RFC 9112 §9.3.1).
+    static func mayBeRepeated(_ head: ExchangeRequestHead, endStream: Bool) -> Bool {
+        endStream && head.upgrade == nil && idempotentMethods.contains(head.method)
     }
 
     /// Methods a client may repeat without a different effect (RFC 9110 §9.2.2).

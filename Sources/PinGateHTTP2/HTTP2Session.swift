@@ -162,8 +162,9 @@ public final class HTTP2Session {
     private var outgoing: [Int32: OutgoingBody] = [:]
     /// The peer's streams closed lately, and of those the ones this side reset: nghttp2
     /// keeps no closed streams here (`nghttp2_option_set_no_closed_streams`), so without
-    /// this record a HEADERS frame on a closed stream would be ignored, not answered with
-    /// the connection error RFC 9113 §5.1 asks for (h2spec 5.1/9, 5.1/12, 5.1.1/2).
+    /// this record a HEADERS or DATA frame on a closed stream would be ignored, not answered
+    /// with the connection error RFC 9113 §5.1 asks for (h2spec 5.1/8, 5.1/9, 5.1/11,
+    /// 5.1/12, 5.1.1/2).
     private var closedStreams = RecentStreamIDs(capacity: 32)
     /// Recorded as this side decides the reset (before its RST_STREAM goes out), and kept
     /// longer than the closes: a frame for one of them is never taken for an error.
@@ -171,6 +172,9 @@ public final class HTTP2Session {
     /// Ids the peer skipped when it opened a higher one (RFC 9113 §5.1.1: they are closed
     /// unused); a HEADERS on one of them opens no stream. Empty for ordinary clients.
     private var skippedStreams: [ClosedRange<Int32>] = []
+    /// The frame headers of a server session's input, for DATA on a stream the client had
+    /// ended, which nghttp2 skips unreported once it has forgotten the stream.
+    private var peerFrames = PeerFrameScanner()
     /// The highest id of a stream the peer opened.
     private var highestOpened: Int32 = -1
 
@@ -306,12 +310,35 @@ public final class HTTP2Session {
     /// nothing: close it.
     public func receive(_ bytes: UnsafeRawBufferPointer) throws(HTTP2Error) -> [HTTP2Event] {
         guard let base = bytes.baseAddress?.assumingMemoryBound(to: UInt8.self) else { return takeEvents() }
-        receiving = UnsafeBufferPointer(start: base, count: bytes.count)
+        let input = UnsafeBufferPointer(start: base, count: bytes.count)
+        receiving = input
         defer { receiving = nil }
-        let consumed = nghttp2_session_mem_recv(session, base, bytes.count)
-        let produced = takeEvents()
-        if consumed < 0 { throw HTTP2Error(code: Int32(consumed), operation: "receiving frames") }
-        return produced
+        guard role == .server else {
+            let consumed = nghttp2_session_mem_recv(session, base, bytes.count)
+            let produced = takeEvents()
+            if consumed < 0 { throw HTTP2Error(code: Int32(consumed), operation: "receiving frames") }
+            return produced
+        }
+        // nghttp2 reads up to each DATA frame on a stream the client had ended, so that what
+        // came before it is processed first; then, if nghttp2 no longer knows that stream,
+        // the connection ends with STREAM_CLOSED and nothing after is read.
+        var offset = 0
+        while offset < input.count {
+            let late = peerFrames.scan(input, from: offset)
+            let end = late?.headerEnd ?? input.count
+            let consumed = nghttp2_session_mem_recv(session, base + offset, end - offset)
+            if consumed < 0 {
+                _ = takeEvents()
+                throw HTTP2Error(code: Int32(consumed), operation: "receiving frames")
+            }
+            offset = end
+            if let late, nghttp2_session_find_stream(session, late.streamID) == nil, !streamsResetHere.contains(late.streamID) {
+                // Queued GOAWAY, and the session closing: nothing more of the peer's is read.
+                _ = nghttp2_session_terminate_session(session, NGHTTP2_STREAM_CLOSED.rawValue)
+                break
+            }
+        }
+        return takeEvents()
     }
 
     /// Events that arose while sending, not receiving: a stream closes when the frame that
@@ -614,7 +641,8 @@ public final class HTTP2Session {
     /// nothing; `STREAM_CLOSED` for a stream seen closing. Trailers that cross this side's
     /// own RST_STREAM are let through to nghttp2, which ignores them (the peer could not
     /// know yet), and so is a frame on a stream too old for the records: when in doubt the
-    /// connection stays.
+    /// connection stays. (DATA on such a stream never reaches this callback: nghttp2 skips
+    /// it first. `PeerFrameScanner` finds it.)
     private func checkHeadersOnUsedStream(_ header: nghttp2_frame_hd) {
         let id = header.stream_id
         guard role == .server, Int(header.type) == Int(NGHTTP2_HEADERS.rawValue), id > 0, id % 2 == 1,

@@ -2,14 +2,18 @@
 """An HTTP/1.1 client that pipelines a GET and a POST's head, for pingate's tests.
 
 pipeline_client.py --proxy HOST:PORT --connect HOST:PORT --cacert CA [--body-size N]
+                   [--first PATH] [--early-bytes K]
     Opens a tunnel through the proxy (CONNECT, then TLS with ALPN http/1.1), and writes,
-    in ONE write, `GET /first` and the head of `POST /upload` with `Content-Length: N`
-    (default 200000). It reads the GET's whole answer first, and only then sends the POST's
-    body; then it reads the POST's answer. Prints one JSON object: each answer's status
-    and body text, and whether the connection was closed before both came.
+    in ONE write, `GET PATH` (default /first), the head of `POST /upload` with
+    `Content-Length: N` (default 200000) and the first K bytes of its body (default 0). It
+    reads the GET's whole answer first, and only then sends the rest of the POST's body;
+    then it reads the POST's answer. Prints one JSON object: each answer's status and body
+    text, the SHA-256 of the body it sent, and whether the connection was closed before
+    both came.
 """
 
 import argparse
+import hashlib
 import json
 import sys
 
@@ -45,22 +49,26 @@ def main():
     parser.add_argument("--cacert", required=True)
     parser.add_argument("--body-size", type=int, default=200000)
     parser.add_argument("--timeout", type=float, default=15)
+    parser.add_argument("--first", default="/first")
+    parser.add_argument("--early-bytes", type=int, default=0)
     args = parser.parse_args()
-    result = {"answers": [], "closed_early": False}
+    body = bytes((index * 31 + 7) & 0xFF for index in range(args.body_size))
+    early = min(args.early_bytes, len(body))
+    result = {"answers": [], "closed_early": False, "sent_sha256": hashlib.sha256(body).hexdigest()}
     try:
         tls = open_tunnel(args.proxy, args.connect, args.cacert, args.timeout)
         stream = tls.makefile("rb")
-        tls.sendall((f"GET /first HTTP/1.1\r\nHost: {args.connect}\r\n\r\n"
+        tls.sendall((f"GET {args.first} HTTP/1.1\r\nHost: {args.connect}\r\n\r\n"
                      f"POST /upload HTTP/1.1\r\nHost: {args.connect}\r\n"
-                     f"Content-Length: {args.body_size}\r\nContent-Type: application/octet-stream\r\n\r\n").encode())
+                     f"Content-Length: {args.body_size}\r\nContent-Type: application/octet-stream\r\n\r\n").encode()
+                    + body[:early])
         first = read_response(stream)
         if first is None:
             result["closed_early"] = True
         else:
             result["answers"].append({"status": first[0], "body": first[1]})
-            body = bytes((index * 31 + 7) & 0xFF for index in range(args.body_size))
             try:
-                tls.sendall(body)
+                tls.sendall(body[early:])
             except OSError as error:
                 result["send_error"] = str(error)
             second = read_response(stream)

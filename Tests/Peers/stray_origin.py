@@ -33,6 +33,7 @@ another path's answer, got what was not its own.
 """
 
 import argparse
+import hashlib
 import itertools
 import json
 import socket
@@ -89,7 +90,8 @@ def serve(connection, number):
                 headers[name.strip().lower()] = value.strip()
             length = int(headers.get("content-length", "0"))
             body = stream.read(length) if length else b""
-            emit({"event": "request", "path": target, "method": method, "connection": number, "body_len": len(body)})
+            emit({"event": "request", "path": target, "method": method, "connection": number, "body_len": len(body),
+                  "body_sha256": hashlib.sha256(body).hexdigest()})
             url = urlsplit(target)
             answer = f"answer to {target} on connection {number}\n".encode()
             kind = url.path[len("/stray/"):] if url.path.startswith("/stray/") else None

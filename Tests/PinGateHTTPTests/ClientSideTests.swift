@@ -152,6 +152,42 @@ struct UsedStreamFrameTests {
         #expect(Self.goAwayCode(harness.written()) == 0x5)
     }
 
+    @Test("DATA on a stream that closed (answered, both ends ended), or that the client reset itself, is a connection error STREAM_CLOSED (h2spec 5.1/11, 5.1/8), and nothing of it goes upstream",
+          arguments: [false, true])
+    func dataAfterClose(clientReset: Bool) throws {
+        let harness = try TunnelHarness(.http2, answer: .answering(statesLength: true))
+        defer { harness.finish() }
+        if clientReset {
+            harness.deliver(Self.settings + Self.get(stream: 1, endStream: false))
+            harness.deliver(Self.frame(type: 0x3, flags: 0, stream: 1, [0, 0, 0, 0x8]))
+        } else {
+            harness.deliver(Self.settings + Self.get(stream: 1))
+            #expect(Self.answered(harness.written(), stream: 1))
+        }
+        _ = harness.written()
+        harness.deliver(Self.frame(type: 0x0, flags: 0x1, stream: 1, Array("late".utf8)))
+        #expect(Self.goAwayCode(harness.written()) == 0x5)
+        #expect(harness.requestBodyBytesForwarded == 0)
+    }
+
+    @Test("DATA that crosses the gate's own RST_STREAM is let through: no GOAWAY, and the connection carries on")
+    func dataAfterGateReset() throws {
+        let harness = try TunnelHarness(.http2, answer: .answering(statesLength: true))
+        defer { harness.finish() }
+        // A request whose content-length its body breaks: the gate resets the stream; the
+        // client's next DATA for it was already on its way.
+        let block: [UInt8] = [0x83, 0x87, 0x84, 0x01, 0x10] + Array("pay.example.test".utf8) + [0x0F, 0x0D, 0x01, 0x32]
+        harness.deliver(Self.settings + Self.frame(type: 0x1, flags: 0x4, stream: 1, block)
+                        + Self.frame(type: 0x0, flags: 0, stream: 1, Array("too long".utf8)))
+        let written = harness.written()
+        #expect(Self.frames(written).contains { $0.type == 0x3 && $0.stream == 1 }, "the gate reset stream 1")
+        harness.deliver(Self.frame(type: 0x0, flags: 0x1, stream: 1, Array("more".utf8)) + Self.get(stream: 3))
+        let after = harness.written()
+        #expect(Self.goAwayCode(written + after) == nil)
+        #expect(Self.answered(after, stream: 3))
+        #expect(harness.isOpen)
+    }
+
     @Test("HEADERS on a stream id lower than one already opened, never used itself, is a connection error PROTOCOL_ERROR")
     func lowerStreamID() throws {
         let harness = try TunnelHarness(.http2, answer: .answering(statesLength: true))

@@ -31,6 +31,10 @@ struct TunnelRouterStateTests {
             /// The `content-length` its answer declares against its body's true length:
             /// nil for none, 0 for the truth, else a lie by that many bytes.
             var lengthSkew: Int?
+            /// Body bytes the connection was handed for it, and of those the ones still
+            /// queued (the exchange not yet on the wire: never written).
+            var bodyReceived = 0
+            var queued = 0
         }
         let generation: Int
         var nextID = 1
@@ -73,6 +77,13 @@ struct TunnelRouterStateTests {
         /// completes later): the client's of responses, the upstream's of requests.
         var clientWrites: [(ClientExchangeID, Int)] = []
         var upstreamWrites: [(generation: Int, UpstreamExchangeID, Int)] = []
+        /// Request body bytes per exchange: sent by the client, and credited back to it.
+        var sentUp: [ClientExchangeID: Int] = [:]
+        var creditedUp: [ClientExchangeID: Int] = [:]
+        /// Each request's declared body length, by marker, and the answers the origin gave
+        /// to a request whose body it did not get whole.
+        var declared: [String: Int] = [:]
+        var shortBodies: [String] = []
         var log: [String] = []
 
         init(reconnects: Bool) {
@@ -108,8 +119,9 @@ struct TunnelRouterStateTests {
             case .endResponse(let id, _): terminal(id, "ended")
             case .cancelClientExchange(let id): terminal(id, "cut")
             case .refuseUnprocessed(let id): terminal(id, "refused as not processed")
-            case .creditRequestBody, .requestBodyQueued, .flushClient, .creditResponseBody, .flushUpstream,
-                 .markConnectionAuthentication:
+            case .creditRequestBody(let id, let bytes):
+                creditedUp[id, default: 0] += bytes
+            case .requestBodyQueued, .flushClient, .creditResponseBody, .flushUpstream, .markConnectionAuthentication:
                 break
             case .closeClient, .closeClientForUpstreamFailure:
                 clientGone = true
@@ -121,12 +133,19 @@ struct TunnelRouterStateTests {
                 let upstreamID = UpstreamExchangeID(connection.nextID)
                 connection.nextID += 1
                 connection.order.append(upstreamID)
-                if connection.order.count == 1 && !connection.closing { connection.written.insert(upstreamID) }
                 connection.exchanges[upstreamID] = .init(marker: head.path, requestEnded: endStream)
                 self.connection = connection
+                if connection.order.count == 1 && !connection.closing { markWritten(upstreamID) }
                 run(state.requestStarted(id, as: upstreamID))
             case .sendRequestBody(let upstreamID, let bytes):
-                if let connection { upstreamWrites.append((connection.generation, upstreamID, bytes.readableBytes)) }
+                guard let generation = connection?.generation else { return }
+                connection?.exchanges[upstreamID]?.bodyReceived += bytes.readableBytes
+                if connection?.written.contains(upstreamID) == true {
+                    upstreamWrites.append((generation, upstreamID, bytes.readableBytes))
+                } else {
+                    // Queued behind the exchange on the wire: written when its turn comes.
+                    connection?.exchanges[upstreamID]?.queued += bytes.readableBytes
+                }
             case .endRequest(let upstreamID, _):
                 connection?.exchanges[upstreamID]?.requestEnded = true
             case .cancelUpstreamExchange(let upstreamID):
@@ -136,8 +155,12 @@ struct TunnelRouterStateTests {
                 connection?.closing = true
             case .closeUpstream:
                 connection?.closing = true
-            case .leaveUpstream(.reusable), .dropUpstream:
+            case .leaveUpstream(.reusable):
                 connection = nil
+            case .dropUpstream:
+                // Detached from the tunnel: its close, if one is coming, never reaches the router.
+                connection = nil
+                leftClosing = false
             case .leaveUpstream(.notReusable):
                 // Closed: its side reports the close, as a channel going inactive does.
                 connection = nil
@@ -156,6 +179,16 @@ struct TunnelRouterStateTests {
             }
         }
 
+        /// Exchange `upstreamID` goes on the wire: what was queued of its body is written.
+        mutating func markWritten(_ upstreamID: UpstreamExchangeID) {
+            guard let generation = connection?.generation else { return }
+            connection?.written.insert(upstreamID)
+            if let queued = connection?.exchanges[upstreamID]?.queued, queued > 0 {
+                connection?.exchanges[upstreamID]?.queued = 0
+                upstreamWrites.append((generation, upstreamID, queued))
+            }
+        }
+
         // MARK: steps
 
         mutating func clientSends(body: Int) {
@@ -169,6 +202,7 @@ struct TunnelRouterStateTests {
             let head = ExchangeRequestHead(method: body > 0 ? "POST" : "GET", path: marker, authority: "pay.test",
                                            headers: headers, upgrade: nil)
             if body > 0 { uploading[id] = body }
+            declared[marker] = body
             run(state.requestHead(id, head, endStream: body == 0, upstream: connection == nil ? nil : facts))
         }
 
@@ -176,6 +210,7 @@ struct TunnelRouterStateTests {
             guard !clientGone, let id = uploading.keys.sorted()[safe: pick % max(1, uploading.count)],
                   let left = uploading[id] else { return }
             let chunk = min(left, 1 + pick % 7)
+            sentUp[id, default: 0] += chunk
             run(state.requestBody(id, ByteBuffer(repeating: 0x61, count: chunk)))
             if left - chunk == 0 {
                 uploading[id] = nil
@@ -191,6 +226,9 @@ struct TunnelRouterStateTests {
         mutating func originAnswers(status: Int, splitBody: Bool, closing: Bool, lengthSkew: Int? = nil) {
             guard var connection, !connection.closing, let upstreamID = connection.order.first,
                   let exchange = connection.exchanges[upstreamID], exchange.requestEnded || status == 413 else { return }
+            if status != 413 && exchange.bodyReceived != declared[exchange.marker] {
+                shortBodies.append("\(exchange.marker): \(exchange.bodyReceived) of \(declared[exchange.marker] ?? -1) body bytes")
+            }
             if !exchange.headSent {
                 var headers = HTTPHeaders([("x-marker", exchange.marker)])
                 if closing { headers.add(name: "connection", value: "close") }
@@ -209,7 +247,7 @@ struct TunnelRouterStateTests {
             self.connection?.order.removeFirst()
             self.connection?.exchanges[upstreamID] = nil
             if closing { self.connection?.closing = true }
-            if !closing, let next = self.connection?.order.first { self.connection?.written.insert(next) }
+            if !closing, let next = self.connection?.order.first { markWritten(next) }
             run(state.responseEnd(upstreamID, trailers: nil))
             if closing { connectionCloses() }
         }
@@ -219,7 +257,12 @@ struct TunnelRouterStateTests {
         mutating func connectionCloses() {
             guard let connection else { return }
             for upstreamID in connection.order where !connection.written.contains(upstreamID) {
-                run(state.requestNotSent(upstreamID, switchedProtocols: false))
+                // With what it had queued of its body, as the real side hands it back.
+                let exchange = connection.exchanges[upstreamID]
+                let queued = exchange?.queued ?? 0
+                run(state.requestNotSent(upstreamID, queued: .init(
+                    body: queued > 0 ? [ByteBuffer(repeating: 0x61, count: queued)] : [],
+                    ended: exchange?.requestEnded ?? false), switchedProtocols: false))
             }
             // A close reported by an old connection after the tunnel moved on never reaches
             // the router (its side was detached): only the current one's does.
@@ -249,14 +292,18 @@ struct TunnelRouterStateTests {
             }
         }
 
-        mutating func reconnectCompletes(refused: Bool) {
-            guard reconnectAsked != nil else { return }
+        /// `stale`: a pooled connection (the dial `asBefore` takes one) that idled past its
+        /// origin's estimate, so a request that cannot be repeated leaves it again at once.
+        mutating func reconnectCompletes(refused: Bool, stale: Bool = false) {
+            guard let dial = reconnectAsked else { return }
             reconnectAsked = nil
             if refused {
                 run(state.reconnected(.refused(status: 502, reason: .pinMismatch, detail: "no"), upstream: nil))
             } else {
                 attachNewConnection()
+                if stale && dial == .asBefore { facts.idleSince = .now() - .hours(1) }
                 run(state.reconnected(.connected, upstream: facts))
+                facts.idleSince = nil
             }
         }
 
@@ -271,13 +318,13 @@ struct TunnelRouterStateTests {
             case 9: originAnswers(status: pick % 3 == 0 ? 413 : 200, splitBody: false, closing: true)
             case 10: if connection?.closing == true || pick % 4 == 0 { connectionCloses() }
             case 11: originResets()
-            case 12: reconnectCompletes(refused: pick % 5 == 0)
+            case 12: reconnectCompletes(refused: pick % 5 == 0, stale: pick % 3 == 0)
             case 13:
                 // An upstream exchange not processed (an h2 origin's REFUSED_STREAM, say).
                 if let upstreamID = connection?.order.first, connection?.exchanges[upstreamID]?.headSent == false {
                     connection?.order.removeFirst()
                     connection?.exchanges[upstreamID] = nil
-                    if let next = connection?.order.first { connection?.written.insert(next) }
+                    if let next = connection?.order.first { markWritten(next) }
                     run(state.responseNotProcessed(upstreamID))
                 }
             case 14:
@@ -336,6 +383,14 @@ struct TunnelRouterStateTests {
             #expect(model.unplaced == 0)
             #expect(model.state.ledger.unplaced == 0)
             #expect(model.state.ledger.openAccounts == 0, "credit accounts left open")
+            // Every body the origin answered came whole, and every byte a client sent was
+            // credited back exactly once: none lost with a closed connection, none twice for
+            // a request carried on to the next one.
+            #expect(model.shortBodies.isEmpty, "\(model.shortBodies) — \(model.log)")
+            for (id, sent) in model.sentUp {
+                #expect(model.creditedUp[id] ?? 0 == sent, "\(id): \(sent) bytes sent, \(model.creditedUp[id] ?? 0) credited — \(model.log)")
+            }
+            #expect(model.state.ledger.taken[.request] == model.state.ledger.given[.request])
         }
     }
 
@@ -401,6 +456,36 @@ struct TunnelRouterStateTests {
         #expect(model.misrouted.isEmpty)
         #expect(model.log == ["client exchange 1 ended", "client exchange 2 ended"], "\(model.log)")
         #expect(model.finished == ["/r1": 1, "/r2": 1])
+    }
+
+    @Test("Connection: close with a POST pipelined behind it, part of its body queued before the close and the rest sent after: it goes on the next connection with its whole body, once, is answered by the origin, and each body byte is credited once; to a stale pooled connection it does not go at all")
+    func pipelinedPostBehindClose() {
+        for stale in [false, true] {
+            var model = Model(reconnects: true)
+            model.clientSends(body: 0)
+            model.clientSends(body: 12)
+            model.clientUploads(pick: 4)  // 5 bytes, queued behind the GET
+            #expect(model.connection?.exchanges[UpstreamExchangeID(2)]?.queued == 5)
+            model.originAnswers(status: 200, splitBody: false, closing: true)
+            #expect(model.reconnectAsked == .asBefore)
+            model.clientUploads(pick: 6)  // 7 more: the body is whole, sent while no connection is up
+            #expect(model.uploading.isEmpty)
+            model.reconnectCompletes(refused: false, stale: stale)
+            if stale {
+                // Left for a new connection, with its body; the GET went before.
+                #expect(model.reconnectAsked == .freshConnection)
+                model.reconnectCompletes(refused: false)
+            }
+            #expect(model.connection?.order == [UpstreamExchangeID(1)])
+            #expect(model.connection?.exchanges[UpstreamExchangeID(1)]?.bodyReceived == 12)
+            model.settle()
+            #expect(model.misrouted.isEmpty)
+            #expect(model.shortBodies.isEmpty, "\(model.shortBodies)")
+            #expect(model.log == ["client exchange 1 ended", "client exchange 2 ended"], "stale \(stale): \(model.log)")
+            #expect(model.creditedUp == [ClientExchangeID(2): 12], "\(model.creditedUp)")
+            #expect(model.state.ledger.unplaced == 0)
+            #expect(model.state.ledger.openAccounts == 0)
+        }
     }
 
     @Test("a POST cut by its connection's close is answered 502 (never re-sent), while a GET on a reused connection is retried once")

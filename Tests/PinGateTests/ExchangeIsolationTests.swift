@@ -202,6 +202,32 @@ struct ExchangeIsolationTests {
         }
     }
 
+    @Test("a POST pipelined behind an answer with Connection: close, part of its body sent before that answer and the rest after: it goes on the tunnel's next connection, its body whole by SHA-256, once, and is answered by the origin, with the pool on and off",
+          arguments: [(true, 0), (true, 50_000), (false, 50_000)])
+    func pipelinedPostBehindClose(pool: Bool, earlyBytes: Int) async throws {
+        try await Self.withStrayOrigin(configure: { $0.upstreamPoolEnabled = pool }) { gate, origin in
+            let run = try await TestProcess.run("python3", [
+                H2EchoOrigin.peers + "/pipeline_client.py", "--proxy", "127.0.0.1:\(gate.port)",
+                "--connect", "\(Self.host):\(origin.port)", "--cacert", gate.caPath, "--body-size", "200000",
+                "--first", "/close", "--early-bytes", "\(earlyBytes)",
+            ], timeout: 60)
+            #expect(run.status == 0, "\(run.stderr)")
+            let output = try #require(try JSONSerialization.jsonObject(with: run.stdoutData) as? [String: Any], "\(run.stdout)")
+            let answers = output["answers"] as? [[String: Any]] ?? []
+            #expect(answers.map { $0["status"] as? Int } == [200, 200], "\(output)")
+            #expect(answers.map { $0["body"] as? String } == ["answer to /close on connection 1\n", "answer to /upload on connection 2\n"],
+                    "\(output)")
+            #expect(output["closed_early"] as? Bool == false)
+            let requests = origin.events.filter { $0["event"] as? String == "request" }
+            #expect(requests.compactMap { $0["path"] as? String } == ["/close", "/upload"], "sent once: \(requests)")
+            #expect(requests.last?["body_len"] as? Int == 200_000, "\(requests)")
+            #expect(requests.last?["body_sha256"] as? String == output["sent_sha256"] as? String)
+            #expect(gate.statistics.requestsForwarded == 2)
+            #expect(gate.statistics.requestsRefused(.upstreamUnreachable) == 0)
+            #expect(gate.statistics.creditUnplacedBytes == 0)
+        }
+    }
+
     @Test("an idle timeout that cuts a stalled download is signalled to an h2 client as RST_STREAM INTERNAL_ERROR on its stream, not only as a GOAWAY")
     func idleCutIsAReset() async throws {
         try await Self.withStrayOrigin(configure: { $0.idleTimeout = .seconds(1) }) { gate, origin in

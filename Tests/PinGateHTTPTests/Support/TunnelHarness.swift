@@ -109,6 +109,9 @@ public final class TunnelHarness {
     /// How many requests reached the upstream.
     public var requestsStarted: Int { upstream.requestsStarted }
 
+    /// How many request body bytes reached the upstream.
+    public var requestBodyBytesForwarded: Int { upstream.bodyBytesForwarded }
+
     /// True while the client's connection is open.
     public var isOpen: Bool { channel.isActive }
 
@@ -179,6 +182,8 @@ public struct StubAnswer: Sendable {
 final class StubUpstream: TunnelUpstreamSide {
     /// How many requests reached it.
     private(set) var requestsStarted = 0
+    /// How many request body bytes reached it.
+    private(set) var bodyBytesForwarded = 0
 
     weak var router: TunnelRouter?
     private let answer: StubAnswer
@@ -205,7 +210,10 @@ final class StubUpstream: TunnelUpstreamSide {
         return id
     }
 
-    func sendRequestBody(_ id: Int, _ bytes: ByteBuffer) { credits.append((id, bytes.readableBytes)) }
+    func sendRequestBody(_ id: Int, _ bytes: ByteBuffer) {
+        bodyBytesForwarded += bytes.readableBytes
+        credits.append((id, bytes.readableBytes))
+    }
     func endRequest(_ id: Int, trailers: HTTPHeaders?) { ended.insert(id) }
     func cancel(_ id: Int) { started[id] = nil; ended.remove(id) }
     func responseBodyPassedOn(_ id: Int, bytes: Int) {}
