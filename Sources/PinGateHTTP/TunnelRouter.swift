@@ -459,7 +459,7 @@ package final class TunnelRouter {
     /// connection (RFC 9113 §8.7); an HTTP/1.1 client gets the 502 of `responseFailed`.
     /// Counted and logged as `upstream-unreachable` either way.
     func responseNotProcessed(_ upstreamID: Int) {
-        run(state.responseNotProcessed(UpstreamExchangeID(upstreamID)))
+        run(state.responseNotProcessed(UpstreamExchangeID(upstreamID), upstream: upstreamFacts))
     }
 
     /// Exchange `upstreamID` was never written to its connection, which is closing (it was

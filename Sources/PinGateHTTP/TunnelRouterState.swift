@@ -425,9 +425,7 @@ struct TunnelRouterState {
                 // a request is not re-sent (issue 31, defect 5): it goes on a new connection.
                 // The idle one stays good for requests that may be repeated (the pool's).
                 actions.append(.observe(.leftIdleConnection(idle)))
-                actions.append(.leaveUpstream(reuseVerdict(connectionBlocker: facts?.reuseBlocker)))
-                actions.append(.dropUpstream)
-                upstream = .none
+                leaveForNewConnection(connectionBlocker: facts?.reuseBlocker, into: &actions)
                 exchanges[id] = exchange
                 // With what the client sent of it while it waited for the connection it leaves
                 // (held by `reconnected`), so no byte of its body is lost on the way.
@@ -522,9 +520,7 @@ struct TunnelRouterState {
               exchanges.values.allSatisfy({ $0.responseEnded }), ledger.openAccounts == 0,
               head.upgrade.map(WebSocketHandshake.isWebSocket) == true else { return false }
         // The lane leaves the shared connection, which stays with the other tunnels.
-        actions.append(.leaveUpstream(reuseVerdict(connectionBlocker: connectionBlocker)))
-        actions.append(.dropUpstream)
-        upstream = .none
+        leaveForNewConnection(connectionBlocker: connectionBlocker, into: &actions)
         exchanges[id] = exchange
         pending.append(PendingRequest(id: id, head: head, authority: authority, endStream: endStream, ended: endStream))
         startReconnect(.privateHTTP1, into: &actions)
@@ -765,6 +761,20 @@ struct TunnelRouterState {
         }
     }
 
+    /// The tunnel leaves its upstream connection for a new one (pooled or closed, as
+    /// `reuseVerdict` says), and detaches its side, whose reports reach the tunnel no more.
+    /// So what that side still held is settled here: request bytes it took and did not
+    /// write are credited back to the client (the verdict pools no connection with any
+    /// outstanding), and credit for response bytes still on their way to the client has no
+    /// connection to go back to (the next one's exchange ids start again).
+    private mutating func leaveForNewConnection(connectionBlocker: UpstreamNotPooledReason?, into actions: inout [Action]) {
+        actions.append(.leaveUpstream(reuseVerdict(connectionBlocker: connectionBlocker)))
+        actions.append(.dropUpstream)
+        upstream = .none
+        for credit in ledger.sinkGone(.request) { actions += deliver(credit) }
+        ledger.sourceGone(.response)
+    }
+
     /// Opens a new upstream connection for the waiting requests, unless one is being opened.
     private mutating func startReconnect(_ dial: TunnelRouter.UpstreamDial, into actions: inout [Action]) {
         guard !reconnecting, !ended, canReconnect else { return }
@@ -792,9 +802,7 @@ struct TunnelRouterState {
                     // together. One by one, a GET would go on this connection and the POST
                     // behind it would leave it, with the GET on it (`forward`'s own check).
                     actions.append(.observe(.leftIdleConnection(idle)))
-                    actions.append(.leaveUpstream(reuseVerdict(connectionBlocker: facts?.reuseBlocker)))
-                    actions.append(.dropUpstream)
-                    upstream = .none
+                    leaveForNewConnection(connectionBlocker: facts?.reuseBlocker, into: &actions)
                     pending = waiting
                     startReconnect(.freshConnection, into: &actions)
                     return actions
@@ -916,11 +924,19 @@ struct TunnelRouterState {
     /// The upstream never processed exchange `upstreamID`, and says so (REFUSED_STREAM, a
     /// stream above a GOAWAY's last id, a request still queued when its HTTP/1.1 connection
     /// closed): an HTTP/2 client hears it as REFUSED_STREAM and retries on a new connection
-    /// (RFC 9113 §8.7), with a tunnel and a verdict of its own; an HTTP/1.1 client has no
-    /// such signal and gets the 502 of `responseFailed`.
-    mutating func responseNotProcessed(_ upstreamID: UpstreamExchangeID) -> [Action] {
+    /// (RFC 9113 §8.7), with a tunnel and a verdict of its own. An HTTP/1.1 client has no
+    /// such signal: the gate sends the request once more itself, on a new connection
+    /// (`carryUnprocessed`), or answers the 502 of `responseFailed`.
+    /// - Parameter facts: the upstream side in use, asked what it says against reuse.
+    mutating func responseNotProcessed(_ upstreamID: UpstreamExchangeID,
+                                       upstream facts: (any UpstreamConnectionFacts)?) -> [Action] {
         let detail = "the upstream did not process the request"
-        guard let (id, exchange) = clientExchange(for: upstreamID), exchange.status == nil, clientRefusesUnprocessedStreams else {
+        guard let (id, exchange) = clientExchange(for: upstreamID), exchange.status == nil else {
+            return responseFailed(upstreamID, detail: detail)
+        }
+        guard clientRefusesUnprocessedStreams else {
+            var actions: [Action] = []
+            if carryUnprocessed(exchange, facts: facts, into: &actions) { return actions }
             return responseFailed(upstreamID, detail: detail)
         }
         exchange.refusal = .upstreamUnreachable
@@ -932,6 +948,31 @@ struct TunnelRouterState {
         ]
         finishIfDone(id, into: &actions)
         return actions
+    }
+
+    /// An HTTP/1.1 client's request that the upstream did not process (an `h2` origin's
+    /// REFUSED_STREAM, or its GOAWAY, which nginx sends after `keepalive_requests` streams
+    /// and which leaves the connection unable to take the tunnel's next request): it waits
+    /// for a new connection, which the tunnel opens after leaving this one, and is sent there
+    /// once. Only when it can be sent whole (no body byte of it went upstream yet; what the
+    /// client sends from now on waits with it), when it was not carried before, and when no
+    /// other exchange of the tunnel is on this connection (an HTTP/1.1 client has one at a
+    /// time). False when it cannot be carried.
+    private mutating func carryUnprocessed(_ exchange: ExchangeRecord, facts: (any UpstreamConnectionFacts)?,
+                                           into actions: inout [Action]) -> Bool {
+        guard reconnectsWhenUpstreamCloses(switchedProtocols: false), !reconnecting, upstream != .none,
+              !exchange.retried, let request = exchange.unsent, request.endStream || exchange.bytesUp == 0,
+              !exchanges.values.contains(where: { $0 !== exchange && !$0.responseEnded && ($0.upstreamID != nil || $0.starting) })
+        else { return false }
+        detachFromUpstream(exchange)
+        exchange.unsent = nil
+        exchange.retry = nil
+        exchange.retried = true
+        pending.append(request)
+        leaveForNewConnection(connectionBlocker: facts?.reuseBlocker, into: &actions)
+        actions.append(.observe(.upstreamLost))
+        startReconnect(.asBefore, into: &actions)
+        return true
     }
 
     /// Exchange `upstreamID` was never written to its connection, which is closing (queued
@@ -946,7 +987,8 @@ struct TunnelRouterState {
         guard reconnectsWhenUpstreamCloses(switchedProtocols: switchedProtocols),
               let (_, exchange) = clientExchange(for: upstreamID), exchange.status == nil, var request = exchange.unsent,
               request.endStream || !clientRefusesUnprocessedStreams else {
-            return responseNotProcessed(upstreamID)
+            // Its connection is closing: nothing can be carried from it but by the close.
+            return responseNotProcessed(upstreamID, upstream: nil)
         }
         var actions: [Action] = []
         let bytes = queued.body.reduce(0) { $0 + $1.readableBytes }

@@ -20,6 +20,10 @@ classic CONNECT (no `:protocol`) gets 405. The stream's log line then has `proto
 
 With `--refuse-streams` every request stream is reset at once with REFUSED_STREAM (RFC
 9113 §8.7: not processed), and a line `{"event": "refused", "stream": N}` is printed.
+With `--goaway-unprocessed-after N` each connection serves N requests; the next one it
+receives is not processed: the connection sends GOAWAY with the last stream id it served
+(the race nginx's `keepalive_requests` runs into when a request crosses its GOAWAY),
+prints `{"event": "goaway-unprocessed", "stream": N}`, and closes.
 
 Only the `h2` library and the standard library are used. It runs until it is killed.
 """
@@ -123,9 +127,12 @@ def ws_frame(opcode, payload, mask=None):
 class EchoConnection:
     """One HTTP/2 connection, served on its own thread with blocking reads."""
 
-    def __init__(self, tls, connect_protocol=False, settings_after_preface=False, refuse_streams=False):
+    def __init__(self, tls, connect_protocol=False, settings_after_preface=False, refuse_streams=False,
+                 goaway_after=None):
         self.sock = tls
         self.refuse_streams = refuse_streams
+        self.goaway_after = goaway_after
+        self.served = []
         self.connect_protocol = connect_protocol
         self.settings_after_preface = settings_after_preface
         config = h2.config.H2Configuration(client_side=False, header_encoding="utf-8")
@@ -189,12 +196,19 @@ class EchoConnection:
         if isinstance(event, h2.events.RequestReceived) and self.refuse_streams:
             self.conn.reset_stream(event.stream_id, error_code=h2.errors.ErrorCodes.REFUSED_STREAM)
             emit({"event": "refused", "stream": event.stream_id})
+        elif (isinstance(event, h2.events.RequestReceived) and self.goaway_after is not None
+              and len(self.served) >= self.goaway_after):
+            self.conn.close_connection(error_code=0, last_stream_id=self.served[-1] if self.served else 0)
+            emit({"event": "goaway-unprocessed", "stream": event.stream_id})
+            self.flush()
+            self.closed = True
         elif isinstance(event, h2.events.RequestReceived):
             headers = {}
             for name, value in event.headers:
                 headers[name] = headers[name] + ", " + value if name in headers else value
             stream = Stream(event.stream_id, headers)
             self.streams[event.stream_id] = stream
+            self.served.append(event.stream_id)
             self.start(stream)
             if event.stream_ended is not None:
                 self.ended(stream)
@@ -324,7 +338,7 @@ class EchoConnection:
               "ws_close_code": stream.ws_close_code})
 
 
-def serve(context, sock, connect_protocol, settings_after_preface, refuse_streams):
+def serve(context, sock, connect_protocol, settings_after_preface, refuse_streams, goaway_after):
     try:
         tls = context.wrap_socket(sock, server_side=True)
     except (ssl.SSLError, OSError) as error:
@@ -337,7 +351,7 @@ def serve(context, sock, connect_protocol, settings_after_preface, refuse_stream
         tls.close()
         return
     emit({"event": "connection"})
-    EchoConnection(tls, connect_protocol, settings_after_preface, refuse_streams).run()
+    EchoConnection(tls, connect_protocol, settings_after_preface, refuse_streams, goaway_after).run()
 
 
 def main(argv):
@@ -350,6 +364,8 @@ def main(argv):
                         help="send SETTINGS only after the client's preface arrived")
     parser.add_argument("--refuse-streams", action="store_true",
                         help="reset every request stream with REFUSED_STREAM")
+    parser.add_argument("--goaway-unprocessed-after", type=int, default=None, metavar="N",
+                        help="serve N requests per connection, then GOAWAY the next one unprocessed and close")
     args = parser.parse_args(argv)
     # A parent that ignores or blocks SIGTERM (a service runner does) passes that on
     # through exec: restore the default, so the test's SIGTERM stops this origin at once.
@@ -369,7 +385,7 @@ def main(argv):
         # As nginx does: a small write (a WINDOW_UPDATE) must not wait behind the peer's delayed ACK.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         threading.Thread(target=serve, args=(context, sock, args.enable_connect_protocol, args.settings_after_preface,
-                                                  args.refuse_streams), daemon=True).start()
+                                                  args.refuse_streams, args.goaway_unprocessed_after), daemon=True).start()
 
 
 if __name__ == "__main__":

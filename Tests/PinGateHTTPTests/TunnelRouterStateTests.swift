@@ -325,7 +325,7 @@ struct TunnelRouterStateTests {
                     connection?.order.removeFirst()
                     connection?.exchanges[upstreamID] = nil
                     if let next = connection?.order.first { markWritten(next) }
-                    run(state.responseNotProcessed(upstreamID))
+                    run(state.responseNotProcessed(upstreamID, upstream: facts))
                 }
             case 14:
                 if pick % 8 == 0 { run(state.cutOpenExchangesForIdleTimeout()) } else { sidesWrite(pick: pick) }
@@ -486,6 +486,21 @@ struct TunnelRouterStateTests {
             #expect(model.state.ledger.unplaced == 0)
             #expect(model.state.ledger.openAccounts == 0)
         }
+    }
+
+    @Test("an HTTP/1.1 client's request the upstream did not process (REFUSED_STREAM, or above a GOAWAY's last id) leaves that connection and is sent once more on a new one; refused there too, it is answered 502")
+    func unprocessedCarriedOnce() {
+        var model = Model(reconnects: true)
+        model.clientSends(body: 0)
+        model.run(model.state.responseNotProcessed(UpstreamExchangeID(1), upstream: model.facts))
+        #expect(model.reconnectAsked == .asBefore)
+        #expect(model.connection == nil, "the refusing connection was left")
+        model.reconnectCompletes(refused: false)
+        #expect(model.connection?.order == [UpstreamExchangeID(1)])
+        model.run(model.state.responseNotProcessed(UpstreamExchangeID(1), upstream: model.facts))
+        #expect(model.reconnectAsked == nil, "carried once only")
+        #expect(model.log == ["client exchange 1 answered 502"], "\(model.log)")
+        #expect(model.finished == ["/r1": 1])
     }
 
     @Test("a POST cut by its connection's close is answered 502 (never re-sent), while a GET on a reused connection is retried once")

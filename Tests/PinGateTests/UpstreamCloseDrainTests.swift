@@ -86,7 +86,52 @@ struct UpstreamCloseDrainTests {
         }
     }
 
-    @Test("h2 origin that refuses every stream (REFUSED_STREAM): an h2 client hears REFUSED_STREAM, which it may retry; an HTTP/1.1 client gets 502 upstream-unreachable")
+    @Test("h2 origin that ends its connection with GOAWAY every 2 requests (nginx keepalive_requests 2): an HTTP/1.1 client's 7 requests on one kept-alive tunnel are all answered 200, each once, with the pool on and off",
+          arguments: [true, false])
+    func goAwayEveryTwoRequests(pool: Bool) async throws {
+        try await UpstreamPoolTests.withOrigin(http2: true, serverDirectives: "keepalive_requests 2;",
+                                               configure: { $0.upstreamPoolEnabled = pool }) { gate, nginx, _ in
+            let urls = (1...7).map { "https://\(UpstreamPoolTests.host):\(nginx.port)/a.txt?n=\($0)" }
+            let result = try await curlThroughGate(gate, urls: urls, ["--http1.1"])
+            #expect(result.exitStatus == 0, "\(result.stderr)")
+            #expect(result.transfers == Array(repeating: "200 1.1", count: 7), "\(result.transfers)")
+            #expect(result.body == Array(repeating: UpstreamPoolTests.body, count: 7).reduce(Data(), +))
+            #expect(result.stderr.components(separatedBy: "> CONNECT ").count - 1 == 1, "one tunnel")
+            #expect(gate.statistics.requestsForwarded == 7)
+            #expect(gate.statistics.requestsRefused(.upstreamUnreachable) == 0)
+            // Each request reached the origin once, over at least 4 connections (2 each).
+            #expect(nginx.accessLogProtocols().count == 7, "\(nginx.accessLogConnections())")
+            #expect(Set(nginx.accessLogConnections()).count >= 4, "\(nginx.accessLogConnections())")
+        }
+    }
+
+    @Test("h2 origin whose GOAWAY crosses a request (it serves one request per connection, then GOAWAYs the next unprocessed and closes): an HTTP/1.1 client's requests on one kept-alive tunnel are each carried to a new connection and answered by the origin, none twice, with the pool on and off",
+          arguments: [true, false])
+    func goAwayCrossesRequest(pool: Bool) async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "goaway")
+        try await H2EchoOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath,
+                                    extraArguments: ["--goaway-unprocessed-after", "1"]) { origin in
+            try await GateFixture.with(pki: pki, listPath: try pki.signedList([(Self.host, leaf.fingerprint)]),
+                                       resolve: ["\(Self.host):\(origin.port)"], configure: { $0.upstreamPoolEnabled = pool }) { gate in
+                let urls = Array(repeating: "https://\(Self.host):\(origin.port)/echo", count: 3)
+                let result = try await curlThroughGate(gate, urls: urls, ["--http1.1"])
+                #expect(result.exitStatus == 0, "\(result.stderr)")
+                // The echo origin's own answer to a GET (it echoes POSTs), never the gate's 502.
+                #expect(result.transfers == ["400 1.1", "400 1.1", "400 1.1"], "\(result.transfers)")
+                #expect(result.stderr.components(separatedBy: "> CONNECT ").count - 1 == 1, "one tunnel")
+                let served = origin.events.filter { $0["event"] as? String == "stream" && $0["status"] as? Int == 400 }
+                #expect(served.count == 3, "each served once: \(origin.events)")
+                #expect(origin.events.filter { $0["event"] as? String == "goaway-unprocessed" }.count == 2, "\(origin.events)")
+                #expect(gate.statistics.requestsForwarded == 3)
+                #expect(gate.statistics.requestsRefused(.upstreamUnreachable) == 0)
+            }
+        }
+    }
+
+    @Test("h2 origin that refuses every stream (REFUSED_STREAM): an h2 client hears REFUSED_STREAM, which it may retry; an HTTP/1.1 client's request is sent once more on a new connection, and refused again, gets 502 upstream-unreachable")
     func refusedStream() async throws {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
@@ -105,7 +150,8 @@ struct UpstreamCloseDrainTests {
                 #expect(h1.httpCode == "502", "\(h1.stderr)")
                 #expect(String(decoding: h1.body, as: UTF8.self).lowercased().contains("pingate-refusal: upstream-unreachable"))
                 #expect(String(decoding: h1.body, as: UTF8.self).contains("the upstream did not process the request"))
-                #expect(origin.events.filter { $0["event"] as? String == "refused" }.count == 2)
+                // The h2 client's stream once; the HTTP/1.1 client's request twice (carried once).
+                #expect(origin.events.filter { $0["event"] as? String == "refused" }.count == 3)
                 #expect(gate.statistics.requestsRefused(.upstreamUnreachable) == 2)
                 #expect(gate.statistics.requestsForwarded == 2)
             }
