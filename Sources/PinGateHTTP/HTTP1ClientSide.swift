@@ -457,6 +457,9 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     /// count against one read budget whatever waits where.
     func requestBodyQueued(_ id: Int, bytes: Int) {}
 
+    /// One exchange at a time, read as fast as credit comes back: no window to open.
+    func openRequestWindow(_ id: Int) {}
+
     func requestBodyPassedOn(_ id: Int, bytes: Int) {
         resumeReading(afterPassingOn: bytes)
     }

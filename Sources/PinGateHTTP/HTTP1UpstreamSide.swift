@@ -198,6 +198,10 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         if mayStartNow {
             activate(id)
             for part in parts { write(part, id: id) }
+            if !endStream {
+                // Heard a turn later, once the router has paired the id this returns.
+                context?.eventLoop.assumeIsolated().execute { [weak self] in self?.router?.requestOnWire(id) }
+            }
         } else {
             waiting.append((id, parts, endStream))
         }
@@ -530,7 +534,10 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         let next = waiting.removeFirst()
         activate(next.id)
         for part in next.parts { write(part, id: next.id) }
-        if !next.ended { flush() }
+        if !next.ended {
+            flush()
+            router?.requestOnWire(next.id)
+        }
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {

@@ -53,6 +53,9 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
     private var ownAnswers: Set<Int32> = []
     /// Between `channelRead` and `channelReadComplete`: output waits for the burst's end.
     private var inReadBurst = false
+    /// The stream window a request gets once its upstream connection sends it, or nil when
+    /// every stream has its full window from the start (`init`).
+    private let activeRequestWindow: Int?
     private var closing = false
     /// Connection-window credit given back early, by stream, for request bytes that waited
     /// upstream (`requestBodyQueued`): taken off the connection's share when their stream
@@ -77,8 +80,13 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
     /// - Parameters:
     ///   - advertisesExtendedConnect: whether the client is told it may open extended
     ///     CONNECT streams (RFC 8441): only when the tunnel's upstream can carry them.
-    init(router: TunnelRouter, limits: HTTP2Session.Limits, advertisesExtendedConnect: Bool) throws(HTTP2Error) {
+    /// - Parameter activeRequestWindow: the stream window a request gets once its upstream
+    ///   connection sends it (`openRequestWindow`), when that is more than `limits` give
+    ///   every stream; nil when every stream has its full window from the start.
+    init(router: TunnelRouter, limits: HTTP2Session.Limits, advertisesExtendedConnect: Bool,
+         activeRequestWindow: Int? = nil) throws(HTTP2Error) {
         self.router = router
+        self.activeRequestWindow = activeRequestWindow
         // RFC 8441: the client may open extended CONNECT streams (WebSocket over HTTP/2).
         // Each is checked like any request and reaches only the pinned upstream, in its
         // own form there (an extended CONNECT, or an HTTP/1.1 Upgrade). Advertised only when
@@ -373,6 +381,18 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
             connectionCreditGiven[Int32(id), default: 0] += bytes
         } catch {
             router.creditNotApplied(bytes: bytes, detail: "\(error)")
+        }
+        if !inReadBurst { writeOutput(flush: true) }
+    }
+
+    func openRequestWindow(_ id: Int) {
+        guard let activeRequestWindow else { return }
+        do {
+            try wire.session.setStreamReceiveWindow(Int32(id), bytes: activeRequestWindow)
+        } catch {
+            // nghttp2 fails this only when out of memory: the stream goes, as on any
+            // failure of the session for it.
+            reset(Int32(id))
         }
         if !inReadBurst { writeOutput(flush: true) }
     }

@@ -64,12 +64,18 @@ package enum RequestAwareTunnel {
                     // what a waiting stream sends waits with it: a small stream window bounds
                     // that (64 KiB a stream, however many streams), while the connection's share
                     // is given back at once (`requestBodyQueued`) so the stream being sent
-                    // always has room.
+                    // always has room. The stream being sent gets the full window
+                    // (`openRequestWindow`).
                     var clientLimits = limits
-                    if upstreamProtocol != "h2" { clientLimits.initialWindowSize = min(limits.initialWindowSize, 64 * 1024) }
+                    var activeRequestWindow: Int?
+                    if upstreamProtocol != "h2" {
+                        clientLimits.initialWindowSize = min(limits.initialWindowSize, 64 * 1024)
+                        activeRequestWindow = Int(limits.initialWindowSize)
+                    }
                     // The upstream's SETTINGS are in by now (the client's bytes wait for them).
                     let clientSide = try HTTP2ClientSide(router: router, limits: clientLimits,
-                                                         advertisesExtendedConnect: router.upstream?.carriesExtendedConnect ?? false)
+                                                         advertisesExtendedConnect: router.upstream?.carriesExtendedConnect ?? false,
+                                                         activeRequestWindow: activeRequestWindow)
                     router.client = clientSide
                     try context.pipeline.syncOperations.addHandler(clientSide, position: .last)
                 case (.http1, "http/1.1"), (.http1, nil):

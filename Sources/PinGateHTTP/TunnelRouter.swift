@@ -207,6 +207,8 @@ package final class TunnelRouter {
             client?.requestBodyPassedOn(id.rawValue, bytes: bytes)
         case .requestBodyQueued(let id, let bytes):
             client?.requestBodyQueued(id.rawValue, bytes: bytes)
+        case .openRequestWindow(let id):
+            client?.openRequestWindow(id.rawValue)
         case .flushClient:
             client?.flush()
         case .closeClient(let whenAnswered):
@@ -496,6 +498,12 @@ package final class TunnelRouter {
     /// another exchange: the client may use that much of its connection window elsewhere.
     func requestBodyQueued(_ upstreamID: Int, bytes: Int) {
         run(state.requestBodyQueued(UpstreamExchangeID(upstreamID), bytes: bytes))
+    }
+
+    /// Exchange `upstreamID`'s request, its body still coming, is the one its connection
+    /// sends now: the client's stream may have its full window.
+    func requestOnWire(_ upstreamID: Int) {
+        run(state.requestOnWire(UpstreamExchangeID(upstreamID)))
     }
 
     /// One of this tunnel's `h2` upstream streams was given a larger receive window.

@@ -106,6 +106,8 @@ struct TunnelRouterState {
         case creditRequestBody(ClientExchangeID, bytes: Int)
         /// `bytes` of the exchange's request body wait upstream behind another exchange.
         case requestBodyQueued(ClientExchangeID, bytes: Int)
+        /// The exchange's request is the one its upstream connection sends now.
+        case openRequestWindow(ClientExchangeID)
         /// What went to the client side goes out.
         case flushClient
         /// The client's connection ends (`whenAnswered`: once every response passed on is out).
@@ -1047,6 +1049,14 @@ struct TunnelRouterState {
     mutating func requestBodyQueued(_ upstreamID: UpstreamExchangeID, bytes: Int) -> [Action] {
         guard let id = clientIDByUpstreamID[upstreamID] else { return [.observe(.creditUnplaced(bytes))] }
         return [.requestBodyQueued(id, bytes: bytes)]
+    }
+
+    /// Exchange `upstreamID`'s request, its body still coming, is the one its connection
+    /// sends now. One that ended meanwhile needs nothing (the side's report may come a turn
+    /// late), so it is not an impossible input.
+    func requestOnWire(_ upstreamID: UpstreamExchangeID) -> [Action] {
+        guard let id = clientIDByUpstreamID[upstreamID] else { return [] }
+        return [.openRequestWindow(id)]
     }
 
     /// The upstream's channel is writable again.

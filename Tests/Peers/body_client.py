@@ -155,12 +155,17 @@ def http2(args):
                 headers.append(("content-length", str(len(body))))
             conn.send_headers(stream_id, headers, end_stream=not body)
             streams[stream_id] = {"status": None, "length": 0, "digest": hashlib.sha256(), "ended": False,
-                                  "error": None, "pending": body, "sent_sha256": hashlib.sha256(body).hexdigest() if args.upload is not None else None}
+                                  "error": None, "pending": body, "sent_sha256": hashlib.sha256(body).hexdigest() if args.upload is not None else None,
+                                  "max_window": 0}
         tls.sendall(conn.data_to_send())
         try:
             while not all(s["ended"] or s["error"] for s in streams.values()):
                 # Send what the windows allow of each upload.
                 for stream_id, stream in streams.items():
+                    if stream["pending"]:
+                        # What the gate lets this upload send before it must wait (its
+                        # stream window; the connection's is larger).
+                        stream["max_window"] = max(stream["max_window"], conn.local_flow_control_window(stream_id))
                     while stream["pending"] and conn.local_flow_control_window(stream_id) > 0:
                         size = min(len(stream["pending"]), conn.local_flow_control_window(stream_id), conn.max_outbound_frame_size)
                         conn.send_data(stream_id, stream["pending"][:size], end_stream=size == len(stream["pending"]))
@@ -201,6 +206,8 @@ def http2(args):
         for stream in streams.values():
             record = {"status": stream["status"], "length": stream["length"], "sha256": stream["digest"].hexdigest(),
                       "error": stream["error"], "sent_sha256": stream["sent_sha256"]}
+            if args.upload:
+                record["max_send_window"] = stream["max_window"]
             if stream["length"] <= 256:
                 record["text"] = stream.get("small", b"").decode("latin-1")
             transfers.append(record)

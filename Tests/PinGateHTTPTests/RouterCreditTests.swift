@@ -119,6 +119,9 @@ struct RouterCreditTests {
             early[id, default: 0] += bytes
             window += bytes
         }
+        /// Requests whose upstream connection began sending them, body still coming.
+        var onWire: [Int] = []
+        func openRequestWindow(_ id: Int) { onWire.append(id) }
         func flush() {}
         func close() {}
         func closeWhenAnswered() {}

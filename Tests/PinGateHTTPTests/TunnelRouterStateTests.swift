@@ -121,7 +121,7 @@ struct TunnelRouterStateTests {
             case .refuseUnprocessed(let id): terminal(id, "refused as not processed")
             case .creditRequestBody(let id, let bytes):
                 creditedUp[id, default: 0] += bytes
-            case .requestBodyQueued, .flushClient, .creditResponseBody, .flushUpstream, .markConnectionAuthentication:
+            case .requestBodyQueued, .openRequestWindow, .flushClient, .creditResponseBody, .flushUpstream, .markConnectionAuthentication:
                 break
             case .closeClient, .closeClientForUpstreamFailure:
                 clientGone = true
@@ -501,6 +501,17 @@ struct TunnelRouterStateTests {
         #expect(model.reconnectAsked == nil, "carried once only")
         #expect(model.log == ["client exchange 1 answered 502"], "\(model.log)")
         #expect(model.finished == ["/r1": 1])
+    }
+
+    @Test("a request whose connection begins sending it, its body still coming, gets its client's full window; a report for an exchange no longer paired asks nothing")
+    func requestOnWireOpensItsWindow() {
+        var model = Model(reconnects: true)
+        model.clientSends(body: 10)
+        #expect(model.state.requestOnWire(UpstreamExchangeID(1)).contains { action in
+            if case .openRequestWindow(ClientExchangeID(1)) = action { return true }
+            return false
+        })
+        #expect(model.state.requestOnWire(UpstreamExchangeID(9)).isEmpty)
     }
 
     @Test("a POST cut by its connection's close is answered 502 (never re-sent), while a GET on a reused connection is retried once")
