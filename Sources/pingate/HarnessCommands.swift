@@ -79,11 +79,12 @@ struct HarnessCommand: AsyncParsableCommand {
         commandName: "harness",
         abstract: "Prove that traffic to a target fails closed under interception: gate, attack and control legs.",
         discussion: """
-        gate:    client → gate → origin must succeed.
-        attack:  client → gate → attacker → origin must be refused with pin-mismatch, and the attacker
-                 must read no application data.
-        control: client → attacker → origin, with the client trusting the attacker CA, must be intercepted
-                 (proving the attack is real).
+        gate: client → gate → origin must succeed.
+
+        attack: client → gate → attacker → origin must be refused by the gate, for whatever reason its checks gave (pin-mismatch; chain-invalid when a depth pin asks for a valid chain, as list propose lists do), and the attacker must read no application data.
+
+        control: client → attacker → origin, with the client trusting the attacker CA, must be intercepted (proving the attack is real).
+
         With --app, your command runs once per leg with HTTPS_PROXY, https_proxy, SSL_CERT_FILE, \
         REQUESTS_CA_BUNDLE, NODE_EXTRA_CA_CERTS, CURL_CA_BUNDLE and PINGATE_TARGET set; it must exit 0 \
         in the gate and control legs and non-zero in the attack leg. Exit code 0 only if every leg did.

@@ -42,10 +42,29 @@ struct HarnessTests {
             try await withResource(start: { try await start(host: host) }, stop: { await $0.stop() }, body: body)
         }
 
-        func configuration(mode: String = "enforce", app: String? = nil) throws -> HarnessConfiguration {
-            let list = try PinGateSignedList.verify(try pki.signedV2(sequence: 1, pins: [
-                .init(host: host, sha256: leaf.fingerprint, expires: Int64(Date().timeIntervalSince1970) + 86400, mode: mode),
-            ]), keys: [try pki.signer.publicKey()], source: "test")
+        /// The pins a list gives the target.
+        enum ListShape: String, CaseIterable, Sendable {
+            /// The leaf certificate's hash.
+            case leaf
+            /// The leaf's public key hash.
+            case spki
+            /// What `pingate list propose` writes by default: the leaf, and its issuer as a
+            /// depth-1 backup.
+            case proposed
+        }
+
+        func configuration(mode: String = "enforce", app: String? = nil, shape: ListShape = .leaf) throws -> HarnessConfiguration {
+            let expires = Int64(Date().timeIntervalSince1970) + 86400
+            let pins: [PinGateSignedList.Pin]
+            switch shape {
+            case .leaf: pins = [.init(host: host, sha256: leaf.fingerprint, expires: expires, mode: mode)]
+            case .spki: pins = [.init(host: host, spki: leaf.certificate.spkiSHA256, expires: expires, mode: mode)]
+            case .proposed:
+                pins = [.init(host: host, sha256: leaf.fingerprint, expires: expires, mode: mode),
+                        .init(host: host, sha256: pki.originCA.fingerprint, expires: expires, mode: mode, depth: .position(1))]
+            }
+            let list = try PinGateSignedList.verify(try pki.signedV2(sequence: 1, pins: pins),
+                                                    keys: [try pki.signer.publicKey()], source: "test")
             var configuration = HarnessConfiguration(target: url, list: list)
             configuration.resolve = [try ResolveOverride(parsing: "\(host):\(origin.port):127.0.0.1")]
             configuration.upstreamTrust = .pemFiles([pki.originCA.certificatePath])
@@ -83,6 +102,22 @@ struct HarnessTests {
         #expect(report.legs[2].detail.contains("POST /login"))
         #expect(report.legs[2].detail.contains("password=hunter2"))
         #expect(applicationBytes > 0) // the gate and control legs did reach the origin
+    }
+
+    @Test("the attack leg passes for any refusal of the interception, whatever its reason, and reports the reason: with a leaf list (pin-mismatch), an SPKI list, and a `list propose` list whose depth-1 backup needs a valid chain (chain-invalid)",
+          arguments: Target.ListShape.allCases)
+    func attackLegJudgesTheOutcome(shape: Target.ListShape) async throws {
+        let report = try await Target.with { target in
+            try await HarnessRunner.run(try target.configuration(shape: shape), logger: GateFixture.quietLogger)
+        }
+        #expect(report.passed, "\(report.table())")
+        #expect(report.legs.map(\.passed) == [true, true, true], "\(report.table())")
+        let attack = report.legs[1]
+        #expect(attack.interceptedRequests == 0)
+        let reason = try #require(attack.refusal, "\(attack.detail)")
+        #expect(["pin-mismatch", "chain-invalid"].contains(reason), "\(attack.detail)")
+        if shape == .proposed { #expect(reason == "chain-invalid", "\(attack.detail)") }
+        #expect(attack.detail.contains("refused: \(reason)") || attack.detail.contains(reason), "\(attack.detail)")
     }
 
     @Test("a gate that does not gate (a report-only, pins-only host) is caught: the attack leg fails and the run fails; JUnit says why")
