@@ -1,4 +1,6 @@
 import ArgumentParser
+import Foundation
+import PinGateNIO
 import PinGateTLS
 import PinGateStateFiles
 
@@ -6,17 +8,34 @@ import PinGateStateFiles
 struct KeygenCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "keygen",
-        abstract: "Make a list-signing ECDSA P-256 key pair: PREFIX.key (0600) and PREFIX.pub.pem.")
+        abstract: "Make a list-signing ECDSA P-256 key pair: PREFIX.key (0600) and PREFIX.pub.pem; refuses to overwrite unless --force.")
 
     @Option(name: .long, help: "Output prefix.")
     var out: String
 
+    @Flag(name: .long, help: "Replace PREFIX.key and PREFIX.pub.pem if they exist. Every list signed with the old key then needs the old public key to verify, or a new signature.")
+    var force = false
+
     func run() throws {
-        let key = try PrivateKey.generateP256()
         let keyPath = PathText.resolve(out + ".key")
         let publicPath = PathText.resolve(out + ".pub.pem")
+        if !force {
+            // A signing key replaced by mistake orphans every list it signed: the gates that
+            // trust its public key refuse the next list signed with the new one.
+            for path in [keyPath, publicPath] where FileManager.default.fileExists(atPath: path) {
+                throw ConfigurationError("keygen: \(path) already exists\(Self.keyIDNote(keyPath)); overwriting it would orphan every list signed with that key. Choose another --out, or pass --force to replace it.")
+            }
+        }
+        let key = try PrivateKey.generateP256()
         try StateFiles.writeAtomically(Array(try key.pkcs8PEM().utf8), to: keyPath, mode: 0o600)
         try StateFiles.writeAtomically(Array(try key.publicKey().pemString().utf8), to: publicPath, mode: 0o644)
         print("wrote \(keyPath) (private, 0600) and \(publicPath) (public), key id \(try key.publicKey().keyID)")
+    }
+
+    /// " (key id …)" for an existing private key that can be read, else "".
+    private static func keyIDNote(_ keyPath: String) -> String {
+        guard let pem = try? String(contentsOfFile: keyPath, encoding: .utf8), let key = try? PrivateKey(pem: pem),
+              let id = try? key.publicKey().keyID else { return "" }
+        return " (key id \(id))"
     }
 }

@@ -136,6 +136,30 @@ struct CommandLineTests {
         #expect(badResolve.stderr.contains("--resolve expects HOST:PORT:ADDRESS"))
     }
 
+    @Test("keygen refuses to overwrite an existing key pair, naming the file, its key id and --force; with --force it replaces both, and the key is 0600")
+    func keygenDoesNotOverwrite() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let first = try await TestProcess.run(Self.pingate, ["keygen", "--out", directory.file("signer")])
+        #expect(first.status == 0, "\(first.stderr)")
+        let original = try String(contentsOfFile: directory.file("signer.key"), encoding: .utf8)
+        let id = try #require(first.stdout.components(separatedBy: "key id ").last?.trimmingCharacters(in: .whitespacesAndNewlines))
+        let again = try await TestProcess.run(Self.pingate, ["keygen", "--out", directory.file("signer")])
+        #expect(again.status != 0)
+        #expect(again.stderr.contains("\(directory.file("signer.key")) already exists (key id \(id))"), "\(again.stderr)")
+        #expect(again.stderr.contains("--force"), "\(again.stderr)")
+        #expect(try String(contentsOfFile: directory.file("signer.key"), encoding: .utf8) == original)
+        // Only the public half left behind: still refused, the private key is not made alone.
+        try FileManager.default.removeItem(atPath: directory.file("signer.key"))
+        let half = try await TestProcess.run(Self.pingate, ["keygen", "--out", directory.file("signer")])
+        #expect(half.status != 0 && half.stderr.contains("signer.pub.pem already exists"), "\(half.stderr)")
+        let forced = try await TestProcess.run(Self.pingate, ["keygen", "--out", directory.file("signer"), "--force"])
+        #expect(forced.status == 0, "\(forced.stderr)")
+        #expect(try String(contentsOfFile: directory.file("signer.key"), encoding: .utf8) != original)
+        let mode = try FileManager.default.attributesOfItem(atPath: directory.file("signer.key"))[.posixPermissions] as? Int
+        #expect(mode == 0o600)
+    }
+
     @Test("errors a user can cause name the thing and the fix: a missing file, a directory, a public key given to sign --key, a file that is not a certificate, a missing --pins file, a busy --listen and --admin-listen address; never Foundation's or OpenSSL's bare text")
     func errorsNameTheThingAndTheFix() async throws {
         let directory = try TemporaryDirectory()
