@@ -136,6 +136,44 @@ struct CommandLineTests {
         #expect(badResolve.stderr.contains("--resolve expects HOST:PORT:ADDRESS"))
     }
 
+    @Test("scripts/demo-origin, started as the README's first command starts it and ended as Ctrl-C ends it (SIGINT to the whole process group), frees its port; so does SIGTERM to the script")
+    func demoOriginStopsWithItsShell() async throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        // As a terminal runs the README's first command: a foreground job with SIGINT at its
+        // default, in a process group of its own, which Ctrl-C signals as a whole. Its
+        // subshell starts the script in the background, so the script ignores SIGINT.
+        let script = """
+        import os, signal, socket, subprocess, sys, time
+        os.chdir(sys.argv[1])
+        def free_port():
+            s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close(); return port
+        def listening(port):
+            s = socket.socket(); result = s.connect_ex(("127.0.0.1", port)); s.close(); return result == 0
+        def wait_for(up, port):
+            for _ in range(100):
+                if listening(port) == up: return True
+                time.sleep(0.1)
+            return False
+        def default_sigint(): signal.signal(signal.SIGINT, signal.SIG_DFL)
+        port = free_port()
+        shell = subprocess.Popen(["bash", "-c", "(scripts/demo-origin & sleep 60)"], env=dict(os.environ, DEMO_ORIGIN_PORT=str(port)),
+                                 start_new_session=True, preexec_fn=default_sigint)
+        if not wait_for(True, port): sys.exit("ctrl-c: never listened")
+        os.killpg(shell.pid, signal.SIGINT)
+        shell.wait()
+        print("ctrl-c:", "freed" if wait_for(False, port) else "still listening")
+        # SIGTERM to the script itself, as scripts/check-readme ends it.
+        port = free_port()
+        origin = subprocess.Popen(["scripts/demo-origin"], env=dict(os.environ, DEMO_ORIGIN_PORT=str(port)))
+        if not wait_for(True, port): sys.exit("term: never listened")
+        origin.terminate()
+        origin.wait()
+        print("term:", "freed" if wait_for(False, port) else "still listening")
+        """
+        let run = try await TestProcess.run("python3", ["-c", script, root.path], timeout: 60)
+        #expect(run.stdout == "ctrl-c: freed\nterm: freed\n", "\(run.stdout) \(run.stderr)")
+    }
+
     @Test("keygen refuses to overwrite an existing key pair, naming the file, its key id and --force; with --force it replaces both, and the key is 0600")
     func keygenDoesNotOverwrite() async throws {
         let directory = try TemporaryDirectory()
