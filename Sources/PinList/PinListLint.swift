@@ -1,7 +1,8 @@
 import Foundation
 
 /// Checks a verified list for what makes pinning fragile or pointless before it is
-/// published: `pingate list lint`. Each finding is a warning; the list still verifies.
+/// published: `pingate list lint`. Each finding is a warning, except an expiry already past,
+/// which is an error: the gate refuses every connection the list or pin was for.
 public enum PinListLint {
     /// One warning about the list.
     public struct Finding: Sendable, Equatable, CustomStringConvertible {
@@ -11,6 +12,8 @@ public enum PinListLint {
             case singlePin = "single-pin"
             /// A pin (or the v2 list itself) expires within the warning window.
             case expiresSoon = "expires-soon"
+            /// A pin (or the v2 list itself) has expired already: an error, not a warning.
+            case expired
             /// A wildcard pattern covers a public suffix (e.g. `*.co.uk`).
             case publicSuffixWildcard = "public-suffix-wildcard"
             /// A depth pin names the only trust anchor configured, so it restricts nothing.
@@ -24,8 +27,11 @@ public enum PinListLint {
         /// What is wrong and what to do.
         public let message: String
 
-        /// `warning: [rule] host: message`.
-        public var description: String { "warning: [\(rule.rawValue)] \(host): \(message)" }
+        /// True for a finding that makes the list unusable as it stands (`expired`).
+        public var isError: Bool { rule == .expired }
+
+        /// `warning: [rule] host: message`, or `error: …`.
+        public var description: String { "\(isError ? "error" : "warning"): [\(rule.rawValue)] \(host): \(message)" }
     }
 
     /// Pins expiring closer than this are flagged: Wultra's expiration update threshold.
@@ -54,7 +60,10 @@ public enum PinListLint {
     public static func findings(for list: PinList, now: Date, trustAnchors: [CertificateHashes]?) -> [Finding] {
         var findings: [Finding] = []
         let stamp = ISO8601DateFormatter()
-        if let expiresAt = list.metadata.expiresAt, expiresAt.timeIntervalSince(now) < expiryWarning {
+        if let expiresAt = list.metadata.expiresAt, expiresAt <= now {
+            findings.append(Finding(rule: .expired, host: "-",
+                                    message: "the list itself expired at \(stamp.string(from: expiresAt)): a gate refuses every CONNECT under it (list-expired); sign and publish a new one"))
+        } else if let expiresAt = list.metadata.expiresAt, expiresAt.timeIntervalSince(now) < expiryWarning {
             findings.append(Finding(rule: .expiresSoon, host: "-",
                                     message: "the list itself expires at \(stamp.string(from: expiresAt)); sign and publish a new one"))
         }
@@ -69,10 +78,12 @@ public enum PinListLint {
         }
         for pin in list.entries.sorted(by: { ($0.name, $0.expires) < ($1.name, $1.expires) }) {
             let left = pin.expires.timeIntervalSince(now)
-            if left < expiryWarning {
-                let when = left <= 0 ? "expired at" : "expires at"
+            if left <= 0 {
+                findings.append(Finding(rule: .expired, host: pin.name,
+                                        message: "the \(pin.kind.rawValue) pin \(pin.fingerprint) expired at \(stamp.string(from: pin.expires)): it matches nothing any more; drop or renew it"))
+            } else if left < expiryWarning {
                 findings.append(Finding(rule: .expiresSoon, host: pin.name,
-                                        message: "the \(pin.kind.rawValue) pin \(pin.fingerprint) \(when) \(stamp.string(from: pin.expires))"))
+                                        message: "the \(pin.kind.rawValue) pin \(pin.fingerprint) expires at \(stamp.string(from: pin.expires))"))
             }
         }
         var flaggedPatterns = Set<String>()

@@ -113,8 +113,14 @@ public enum PinListRejection: Error, Equatable, Sendable, CustomStringConvertibl
 /// The rules a verified candidate must meet before it replaces the list in force.
 public enum PinListAcceptance {
     /// Throws when `candidate` must not replace `inForce` at `now`.
-    public static func check(_ candidate: PinList, replacing inForce: PinList?, now: Date) throws {
-        if let expiresAt = candidate.metadata.expiresAt, expiresAt <= now {
+    /// - Parameter allowingExpired: an expired candidate is let through (the rollback rule
+    ///   still holds): the `--pins` file at start-up, which the gate puts in force even
+    ///   expired, refusing every CONNECT with `list-expired` under it and saying so, rather
+    ///   than not starting at all (issue 33). An update never replaces a list with an
+    ///   expired one.
+    public static func check(_ candidate: PinList, replacing inForce: PinList?, now: Date,
+                             allowingExpired: Bool = false) throws {
+        if !allowingExpired, let expiresAt = candidate.metadata.expiresAt, expiresAt <= now {
             throw PinListRejection.stale(expiresAt: expiresAt)
         }
         if let current = inForce?.metadata.sequence {

@@ -75,13 +75,14 @@ public enum PinsFileStartup {
             do {
                 // One owner of the rollback rule: the file may replace the persisted list
                 // exactly when an update could have.
-                try PinListAcceptance.check(list, replacing: persistedList, now: now)
+                // Expired or not: the file the operator names is what the gate enforces, and
+                // an expired one refuses everything, said at start-up and on /ready.
+                try PinListAcceptance.check(list, replacing: persistedList, now: now, allowingExpired: true)
             } catch PinListRejection.rollback {
                 return .refuse("\(file) is older than \(persistedText), which an earlier run put in force; starting with it "
                     + "would roll the pins back. Start with a list at least as new, or drop the persisted list with "
                     + "`pingate list forget --state-dir \(stateDirectory)` if the rollback is meant")
             } catch {
-                // Expired: the caller's own verification has already refused such a file.
                 return .refuse("\(file) cannot replace \(persistedText): \(error)")
             }
             return .useFile(ListProvenance(.pinsFile, "\(file); it replaces \(persistedText)"), persist: true)

@@ -78,14 +78,18 @@ public final class PinListStore: Sendable {
     /// this process just sent. Only then are its domain rules (`domainsConfig`, a bypass
     /// list) put in force: a persisted answer verifies with an old challenge anyone may
     /// replay, and a file or fallback has no challenge at all, so theirs are dropped.
+    ///
+    /// `allowingExpired` puts an expired list in force too (the `--pins` file at start-up:
+    /// `PinListAcceptance.check`).
     @discardableResult
     public func install(_ document: SignedListDocument, keys: [PublicKey], persistence: PinListPersistence?, now: Date,
-                        provenance: ListProvenance, answersFreshChallenge: Bool = false) -> Result<PinList, PinListRejection> {
+                        provenance: ListProvenance, answersFreshChallenge: Bool = false,
+                        allowingExpired: Bool = false) -> Result<PinList, PinListRejection> {
         let candidate: PinList
         do {
             let verified = try document.verify(keys: keys)
             candidate = answersFreshChallenge && document.format == .wultraDynamic ? verified : verified.withoutDomainRules()
-            try PinListAcceptance.check(candidate, replacing: list, now: now)
+            try PinListAcceptance.check(candidate, replacing: list, now: now, allowingExpired: allowingExpired)
         } catch let rejection as PinListRejection {
             record(rejection.token, at: now)
             return .failure(rejection)

@@ -46,7 +46,7 @@ struct ListCommand: ParsableCommand {
     /// `pingate list lint FILE --key KEY`.
     struct Lint: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Verify a list file, then warn about fragile or pointless pins; non-zero with --strict when there is a warning.",
+            abstract: "Verify a list file, then warn about fragile or pointless pins; exit 4 when the list or a pin has expired, and 3 with --strict when there is a warning.",
             discussion: """
             Warns when a host has a single pin and no backup (TrustKit's two-pin rule), when a \
             pin (or a v2 list) expires within 14 days, when a wildcard covers a public suffix \
@@ -71,7 +71,13 @@ struct ListCommand: ParsableCommand {
             }
             let findings = PinListLint.findings(for: list, now: Date(), trustAnchors: anchors)
             for finding in findings { print(finding) }
-            print("\(path): \(list.entries.count) pins, \(findings.count) warning\(findings.count == 1 ? "" : "s")")
+            let errors = findings.filter(\.isError).count
+            let warnings = findings.count - errors
+            print("\(path): \(list.entries.count) pins, \(warnings) warning\(warnings == 1 ? "" : "s")"
+                + (errors > 0 ? ", \(errors) error\(errors == 1 ? "" : "s")" : ""))
+            // An expiry already past is not a matter of taste: the list, as it stands,
+            // refuses what it was for.
+            if errors > 0 { throw ExitCode(4) }
             if strict && !findings.isEmpty { throw ExitCode(3) }
         }
     }

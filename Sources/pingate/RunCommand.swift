@@ -20,11 +20,12 @@ struct RunCommand: AsyncParsableCommand {
         abstract: "Run the gate: listen for CONNECT and relay only to pinned servers.",
         discussion: """
         A host with no unexpired pin (or every host, when no list is configured) is refused with \
-        403 and Pingate-Refusal: empty. A list whose pins have all expired (or a v2 list past its \
-        expiresAt) is warned about at start-up and on /ready, and every CONNECT is refused with \
-        503 and Pingate-Refusal: list-expired: the gate fails closed. A list that does not verify \
-        stops start-up with a non-zero exit. The local CA is created in the state directory on \
-        first run.
+        403 and Pingate-Refusal: empty. A list whose pins have all expired, or a v2 list past its \
+        expiresAt, of either format: the gate starts anyway, logs an error, /ready answers 503 \
+        with the reason, the admin endpoint is up, and every CONNECT is refused with 503 and \
+        Pingate-Refusal: list-expired: the gate fails closed until a renewed list is re-read \
+        (SIGHUP). A list that does not verify stops start-up with a non-zero exit. The local CA \
+        is created in the state directory on first run.
         """
     )
 
@@ -389,7 +390,8 @@ struct RunCommand: AsyncParsableCommand {
         case .refuse(let message):
             throw ConfigurationError("refusing to start: \(message)")
         case .useFile(let provenance, let persist):
-            switch store.install(document, keys: keys, persistence: persist ? persistence : nil, now: now, provenance: provenance) {
+            switch store.install(document, keys: keys, persistence: persist ? persistence : nil, now: now, provenance: provenance,
+                                 allowingExpired: true) {
             case .success(let list):
                 if store.status.lastResult == "persist-failed" {
                     logger.warning("the --pins file is in force but could not be persisted; `pingate list show` shows the older copy",

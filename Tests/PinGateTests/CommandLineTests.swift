@@ -49,9 +49,9 @@ struct CommandLineTests {
         let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
         // Both are stopped before the decision log is read; the origin's port is kept for it.
         let (log, originPort) = try await LoopbackOrigin.with(identity: leaf, behaviour: .http(body: "through the gate")) { origin in
-            let keygen = try await TestProcess.run(Self.pingate, ["keygen", "--out", directory.file("signer")])
+            let keygen = try await TestProcess.run(Self.pingate, ["keygen", "--out", directory.file("cli-signer")])
             #expect(keygen.status == 0, "\(keygen.stderr)")
-            let keyMode = try FileManager.default.attributesOfItem(atPath: directory.file("signer.key"))[.posixPermissions] as? Int
+            let keyMode = try FileManager.default.attributesOfItem(atPath: directory.file("cli-signer.key"))[.posixPermissions] as? Int
             #expect(keyMode == 0o600)
 
             let fromFile = try await TestProcess.run(Self.pingate, ["fingerprint", "--cert", leaf.certificatePath])
@@ -60,7 +60,7 @@ struct CommandLineTests {
             #expect(live.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == leaf.fingerprint, "\(live.stderr)")
             #expect(origin.observed.applicationBytes == 0)
 
-            let sign = try await TestProcess.run(Self.pingate, ["sign", "--key", directory.file("signer.key"), "--cert", leaf.certificatePath, "--name", host])
+            let sign = try await TestProcess.run(Self.pingate, ["sign", "--key", directory.file("cli-signer.key"), "--cert", leaf.certificatePath, "--name", host])
             #expect(sign.status == 0, "\(sign.stderr)")
             try directory.write("pins.json", sign.stdout)
 
@@ -69,7 +69,7 @@ struct CommandLineTests {
             state-dir: state
             pins:
               source: pins.json
-              keys: [signer.pub.pem]
+              keys: [cli-signer.pub.pem]
             upstream-ca: [\(pki.upstreamTrustPath)]
             resolve: ["\(host):\(origin.port):127.0.0.1"]
             log-level: info
@@ -429,16 +429,16 @@ struct ListCommandLineTests {
         let host = "v2.pingate.test"
         let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
         try await LoopbackOrigin.with(identity: leaf, behaviour: .http(body: "v2 ok")) { origin in
-            _ = try await TestProcess.run(Self.pingate, ["keygen", "--out", directory.file("signer")])
+            _ = try await TestProcess.run(Self.pingate, ["keygen", "--out", directory.file("cli-signer")])
             let sign = try await TestProcess.run(Self.pingate, [
-                "sign", "--format", "v2", "--sequence", "3", "--key", directory.file("signer.key"),
+                "sign", "--format", "v2", "--sequence", "3", "--key", directory.file("cli-signer.key"),
                 "--connect", "\(host):\(origin.port)", "--resolve", "\(host):\(origin.port):127.0.0.1", "--spki",
                 "--revoke", SHA256Digest.base64(Array("old".utf8)),
             ])
             #expect(sign.status == 0, "\(sign.stderr)")
             let listPath = try directory.write("pins-v2.json", sign.stdout)
 
-            let verify = try await TestProcess.run(Self.pingate, ["list", "verify", listPath, "--key", directory.file("signer.pub.pem")])
+            let verify = try await TestProcess.run(Self.pingate, ["list", "verify", listPath, "--key", directory.file("cli-signer.pub.pem")])
             #expect(verify.status == 0, "\(verify.stderr)")
             #expect(verify.stdout.contains("valid pingate-v2 list"))
             #expect(verify.stdout.contains("sequence:   3"))
@@ -446,13 +446,13 @@ struct ListCommandLineTests {
             #expect(verify.stdout.contains("days left"))
 
             let tampered = try directory.write("tampered.json", sign.stdout.replacingOccurrences(of: "\"keyId\" : \"", with: "\"keyId\" : \"0"))
-            let bad = try await TestProcess.run(Self.pingate, ["list", "verify", tampered, "--key", directory.file("signer.pub.pem")])
+            let bad = try await TestProcess.run(Self.pingate, ["list", "verify", tampered, "--key", directory.file("cli-signer.pub.pem")])
             #expect(bad.status != 0)
             #expect(bad.stderr.contains("does not verify"))
 
             try await RunningGate.with([
                 "--listen", "127.0.0.1:0", "--state-dir", directory.file("state"), "--pins", listPath,
-                "--pins-key", directory.file("signer.pub.pem"), "--upstream-ca", pki.upstreamTrustPath,
+                "--pins-key", directory.file("cli-signer.pub.pem"), "--upstream-ca", pki.upstreamTrustPath,
                 "--resolve", "\(host):\(origin.port):127.0.0.1",
             ]) { gate in
                 let curl = try await TestProcess.run("curl", ["-sS", "--max-time", "20", "--proxy", "http://127.0.0.1:\(gate.port)",

@@ -101,6 +101,42 @@ struct HardeningTests {
         #expect(help.stdout.contains("list-expired"))
     }
 
+    @Test("a v2 list past its own expiresAt starts the gate refusing, as an all-expired static list does (issue 33, item 4): the admin endpoint is up, /ready 503 says why, every CONNECT is 503 list-expired, an error is logged; a renewed list on SIGHUP lifts it")
+    func expiredV2ListStartsRefusing() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let host = "expired-v2.pingate.test"
+        let leaf = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "origin")
+        let now = Int64(Date().timeIntervalSince1970)
+        let pin = PinGateSignedList.Pin(host: host, sha256: leaf.fingerprint, expires: now + 86_400 * 30)
+        func signed(sequence: Int64, expiresAt: Int64) throws -> Data {
+            try PinGateSignedList.sign(.init(sequence: sequence, issuedAt: expiresAt - 7 * 86_400, expiresAt: expiresAt, pins: [pin]),
+                                       key: pki.signer)
+        }
+        let listPath = directory.file("pins.json")
+        try signed(sequence: 1, expiresAt: now - 3_600).write(to: URL(fileURLWithPath: listPath))
+        try await RunningGate.with([
+            "--listen", "127.0.0.1:0", "--state-dir", directory.file("state"),
+            "--pins", listPath, "--pins-key", pki.signerPublicKeyPath, "--decision-log", "off",
+        ]) { gate in
+            let answer = try await Self.connect(gatePort: gate.port, "https://\(host):443/")
+            #expect(answer.status == "503", "\(answer.stderr)")
+            #expect(answer.refusal == "list-expired", "\(answer.stderr)")
+            #expect(gate.logText.contains("error") && gate.logText.contains("the fingerprint list in force has expired"), "\(gate.logText)")
+            let adminPort = try await Self.adminPort(gate)
+            let ready = try await Self.admin(port: adminPort, "/ready")
+            #expect(ready.status == 503)
+            #expect(ready.body.contains("list-expired: the fingerprint list from"), "\(ready.body)")
+            // Renewed: the same file, re-signed with a later expiry and sequence, on SIGHUP.
+            try signed(sequence: 2, expiresAt: now + 86_400).write(to: URL(fileURLWithPath: listPath))
+            kill(gate.process.processIdentifier, SIGHUP)
+            #expect(await eventually(timeout: .seconds(10)) {
+                (try? await Self.admin(port: adminPort, "/ready"))?.status == 200
+            }, "\(gate.logText)")
+        }
+    }
+
     // MARK: item 6
 
     @Test("--pins-key errors name the key file and what is wrong with it, never the list")

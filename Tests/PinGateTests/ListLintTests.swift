@@ -23,7 +23,9 @@ struct ListLintTests {
         let far = now + 200 * 86_400
 
         func write(_ name: String, _ pins: [PinGateSignedList.Pin], listExpires: Int64? = nil) throws -> String {
-            let payload = PinGateSignedList.Payload(sequence: 1, issuedAt: now - 60, expiresAt: listExpires ?? far, pins: pins)
+            // Issued a day before it expires at the latest (an expired list was issued earlier).
+            let expires = listExpires ?? far
+            let payload = PinGateSignedList.Payload(sequence: 1, issuedAt: min(now - 60, expires - 86_400), expiresAt: expires, pins: pins)
             return try directory.write(name, String(decoding: try PinGateSignedList.sign(payload, key: signer), as: UTF8.self))
         }
         let sound = try write("sound.json", [
@@ -64,6 +66,26 @@ struct ListLintTests {
             let strict = try await lint(path, ["--strict"])
             #expect(strict.status != 0, "\(path) under --strict")
         }
+
+        // Expired already: an error, non-zero without --strict (issue 33, item 4), for the
+        // list itself and for a pin.
+        let expiredList = try write("expired-list.json", [
+            .init(host: "api.example.com", spki: Self.hash("current key"), expires: far),
+            .init(host: "api.example.com", spki: Self.hash("backup key"), expires: far),
+        ], listExpires: now - 3_600)
+        let listRun = try await lint(expiredList)
+        #expect(listRun.status == 4, "\(listRun.stdout) \(listRun.stderr)")
+        #expect(listRun.stdout.contains("error: [expired] -: the list itself expired at"), "\(listRun.stdout)")
+        #expect(!listRun.stdout.contains("expires-soon"), "\(listRun.stdout)")
+        #expect(listRun.stdout.contains("2 pins, 0 warnings, 1 error"), "\(listRun.stdout)")
+        let expiredPin = try write("expired-pin.json", [
+            .init(host: "api.example.com", sha256: Self.hash("a"), expires: now - 60),
+            .init(host: "api.example.com", sha256: Self.hash("b"), expires: far),
+            .init(host: "api.example.com", sha256: Self.hash("c"), expires: far),
+        ])
+        let pinRun = try await lint(expiredPin)
+        #expect(pinRun.status == 4, "\(pinRun.stdout) \(pinRun.stderr)")
+        #expect(pinRun.stdout.contains("error: [expired] api.example.com: the sha256 pin \(Self.hash("a")) expired at"), "\(pinRun.stdout)")
 
         // The anchor check needs the anchors; with the only root configured it warns.
         #expect(!(try await lint(rootDepth)).stdout.contains("pins-only-trust-anchor"))

@@ -244,9 +244,10 @@ public final class PinGateServer: Service, Sendable {
             // itself would fail on its own, by the head timeout, not loop.
             if let bound = listener.localAddress { destinationGuard.addOwnListener(bound) }
             if let expired = store.list?.expiryReason(at: now()) {
-                // The list verified, so nothing stopped start-up; but a gate that will
-                // refuse everything should say so where the operator is looking.
-                logger.warning("the fingerprint list in force has expired: every CONNECT will be refused (503 list-expired)", metadata: [
+                // The list verified, so nothing stopped start-up (an expired list of either
+                // format starts a refusing gate, not a restart loop with the admin endpoint
+                // down); but a gate that will refuse everything says so, loudly.
+                logger.error("the fingerprint list in force has expired: every CONNECT is refused with 503 list-expired until a renewed list is in force (sign a new one; SIGHUP re-reads a --pins file)", metadata: [
                     "detail": "\(expired)",
                 ])
             }
