@@ -252,7 +252,14 @@ struct RunCommand: AsyncParsableCommand {
         services.append(HeapTrimmer(statistics: server.statistics))
         if configuration.learning { services.append(LearnModeReminder(logger: logger, recorder: server.observations)) }
         if let updater = server.updater { services.append(updater) }
-        services.append(ListReloadOnHangup(signals: hangups, updater: server.updater, logger: logger))
+        let requestLog = server.requestLog
+        services.append(ListReloadOnHangup(signals: hangups, updater: server.updater, logger: logger, reopenLogs: {
+            // Log rotation: logrotate moves the files, then sends SIGHUP.
+            var failures: [String] = []
+            do { try await decisionLogHandler?.reopen() } catch { failures.append("\(error)") }
+            do { try await requestLog.reopen() } catch { failures.append("\(error)") }
+            return failures
+        }))
         let group = ServiceGroup(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         let startupStop = Task {
             for await signal in earlyStops {
@@ -443,15 +450,18 @@ struct RunCommand: AsyncParsableCommand {
     }
 }
 
-/// SIGHUP: fetch (or re-read) the list now instead of waiting for the schedule. Ends
-/// with the service group.
+/// SIGHUP: reopen the log files (rotation), and fetch (or re-read) the list now instead of
+/// waiting for the schedule. Ends with the service group.
 struct ListReloadOnHangup: Service {
     let signals: UnixSignalsSequence
     let updater: PinListUpdater?
     let logger: Logger
+    /// Reopens the decision and request logs' files; returns what could not be reopened.
+    let reopenLogs: @Sendable () async -> [String]
 
     func run() async throws {
         for await _ in signals.cancelOnGracefulShutdown() {
+            for failure in await reopenLogs() { logger.error("\(failure)") }
             guard let updater else {
                 logger.notice("SIGHUP ignored: no fingerprint list source to re-read")
                 continue

@@ -137,6 +137,38 @@ struct HardeningTests {
         }
     }
 
+    @Test("SIGHUP reopens the decision log for rotation (issue 33, item 7): after the file is moved aside and the gate gets SIGHUP, new lines go to a new file at the old path, and the moved file keeps only what came before")
+    func hangupReopensTheDecisionLog() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns("pinned.pingate.test")], issuer: pki.originCA, file: "origin")
+        let list = try pki.signedList([("pinned.pingate.test", leaf.fingerprint)])
+        let logPath = directory.file("decisions.log")
+        try await RunningGate.with([
+            "--listen", "127.0.0.1:0", "--admin-listen", "off", "--state-dir", directory.file("state"),
+            "--pins", list, "--pins-key", pki.signerPublicKeyPath, "--decision-log", logPath,
+        ]) { gate in
+            func lines(_ path: String) -> [String] {
+                ((try? String(contentsOfFile: path, encoding: .utf8)) ?? "").split(separator: "\n").map(String.init)
+            }
+            _ = try await Self.connect(gatePort: gate.port, "https://before.pingate.test:443/")
+            #expect(await eventually(timeout: .seconds(10)) { lines(logPath).contains { $0.contains("before.pingate.test") } })
+            try FileManager.default.moveItem(atPath: logPath, toPath: logPath + ".1")
+            kill(gate.process.processIdentifier, SIGHUP)
+            // The reopen is done once the re-read it comes with is logged.
+            #expect(await eventually(timeout: .seconds(10)) { gate.logText.contains("list update requested (SIGHUP)") })
+            _ = try await Self.connect(gatePort: gate.port, "https://after.pingate.test:443/")
+            #expect(await eventually(timeout: .seconds(10)) { lines(logPath).contains { $0.contains("after.pingate.test") } },
+                    "\(lines(logPath)) \(gate.logText)")
+            #expect(!lines(logPath).contains { $0.contains("before.pingate.test") })
+            #expect(lines(logPath + ".1").contains { $0.contains("before.pingate.test") })
+            #expect(!lines(logPath + ".1").contains { $0.contains("after.pingate.test") })
+            let mode = try FileManager.default.attributesOfItem(atPath: logPath)[.posixPermissions] as? Int
+            #expect(mode == 0o640)
+        }
+    }
+
     // MARK: item 6
 
     @Test("--pins-key errors name the key file and what is wrong with it, never the list")

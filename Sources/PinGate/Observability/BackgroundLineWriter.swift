@@ -28,6 +28,9 @@ final class BackgroundLineWriter: Sendable {
     }
 
     private let core: Core
+    /// The file written to, for `reopen`; nil for standard error.
+    private let path: String?
+    private let purpose: String
 
     /// Opens `target` and starts the writer thread. `purpose` names the log in the error
     /// thrown when its file cannot be opened ("decision log", "request log").
@@ -47,6 +50,8 @@ final class BackgroundLineWriter: Sendable {
         }
         let core = Core(descriptor: descriptor, ownsDescriptor: ownsDescriptor, limits: limits)
         self.core = core
+        if case .file(let path) = target { self.path = path } else { self.path = nil }
+        self.purpose = purpose
         // The thread holds the core, not this object: the last owner of the writer going
         // away is what tells the thread to write what is left, close the file and end.
         let thread = Thread { core.run() }
@@ -63,6 +68,23 @@ final class BackgroundLineWriter: Sendable {
     @discardableResult
     func enqueue(_ line: some Collection<UInt8>) -> Bool {
         core.enqueue(line)
+    }
+
+    /// Opens the file again by its path, for log rotation (logrotate moves the file, then
+    /// SIGHUP): what was queued before goes to the old file, and lines from here on to the
+    /// new one, created 0640 if missing. The new descriptor takes the old one's number
+    /// (`dup2`), so the writer thread never sees it change. Nothing for standard error.
+    /// - Throws: a `ConfigurationError` naming the file when it cannot be opened; the log
+    ///   then goes on to the old file.
+    func reopen() async throws {
+        guard let path else { return }
+        await waitUntilWritten()
+        let fresh = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o640)
+        guard fresh >= 0 else {
+            throw ConfigurationError("cannot reopen \(purpose) \(path): \(String(cString: strerror(errno))); it goes on to the file it had open")
+        }
+        defer { _ = close(fresh) }
+        try core.replaceDescriptor(with: fresh, purpose: purpose, path: path)
     }
 
     /// Lines dropped because the queue was full, since the start.
@@ -169,6 +191,13 @@ final class BackgroundLineWriter: Sendable {
                 guard state.written < state.queued else { return false }
                 state.waiters.append(Waiter(target: state.queued, resume: resume))
                 return true
+            }
+        }
+
+        /// Points the descriptor at `fresh`'s file (`dup2`: atomic, and the number stays).
+        func replaceDescriptor(with fresh: Int32, purpose: String, path: String) throws {
+            guard dup2(fresh, descriptor) >= 0 else {
+                throw ConfigurationError("cannot reopen \(purpose) \(path): \(String(cString: strerror(errno))); it goes on to the file it had open")
             }
         }
 

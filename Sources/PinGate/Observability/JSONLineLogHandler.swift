@@ -31,6 +31,11 @@ public struct JSONLineLogHandler: LogHandler {
         }
     }
 
+    /// Opens its file again (log rotation: SIGHUP); nothing for standard error.
+    public func reopen() async throws {
+        try await writer.reopen()
+    }
+
     /// Blocks until every line logged before the call is written: for shutdown, so the
     /// last decisions are not lost with the process.
     public func flush() {

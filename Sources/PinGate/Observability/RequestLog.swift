@@ -119,6 +119,11 @@ public final class RequestLog: Sendable {
     public var droppedLines: Int { writer?.droppedLines ?? 0 }
 
     /// Blocks until every record logged before the call is written: for shutdown and tests.
+    /// Opens its file again (log rotation: SIGHUP); nothing when it is off or on stderr.
+    public func reopen() async throws {
+        try await writer?.reopen()
+    }
+
     public func flush() {
         writer?.flush()
     }
