@@ -161,7 +161,11 @@ private final class AdminHTTPHandler: ChannelInboundHandler {
             let route = AdminRoute.route(
                 method: head.method.rawValue, path: head.uri, authorization: head.headers.first(name: "Authorization"), token: self.token,
                 snapshot: { AdminSnapshot.gather(gate: self.gate, adminAddress: self.address.address, nextUpdate: next, now: Date()) },
-                metrics: { self.registry.emitToString() })
+                metrics: {
+                    let list = self.gate.store.list
+                    let health = self.gate.statistics.pinHealth.health(list: list, generation: self.gate.store.generation, now: Date())
+                    return self.registry.emitToString() + PinHealthMetrics.text(health: health, list: list)
+                })
             switch route {
             case .respond(let response):
                 self.write(context: context, head: head, response: response)

@@ -31,6 +31,9 @@ public struct AdminSnapshot: Sendable, Codable {
         public var learnUnrecordedTunnels: Int?
         /// See `learnUnrecordedTunnels`.
         public var learnWriteFailures: Int?
+        /// Each host's pin health under the list in force (`PinHealthBook`): every host
+        /// seen, and every pinned name not reached since the list came in force.
+        public var pinHealth: [PinHealthBook.HostHealth] = []
     }
 
     /// Learn mode: one host:port and the chains it presented.
@@ -262,7 +265,8 @@ public struct AdminSnapshot: Sendable, Codable {
                 }
             },
             learnUnrecordedTunnels: gate.observations?.unrecorded,
-            learnWriteFailures: gate.observations?.writeFailures)
+            learnWriteFailures: gate.observations?.writeFailures,
+            pinHealth: gate.statistics.pinHealth.health(list: list, generation: gate.store.generation, now: now))
         var reason: String?
         // Learn mode admits on validated chains with or without a list: ready unless draining.
         if !usable && !gate.configuration.learning {

@@ -104,6 +104,56 @@ struct DepthPinTests {
         }
     }
 
+    @Test("the rotation drill (issue 34): a host pinned by its leaf key with its issuer as the depth-1 backup re-keys its leaf under the same issuer; traffic still passes, on the backup, and /status and /metrics say backup-only after one request; no request is refused")
+    func rotationShowsBackupOnly() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let chains = try await Chains.make(directory)
+        let rekeyed = try await chains.chain.leaf("leaf-a2", host: Self.host, issuer: chains.intermediate)
+        let expires = Int64(Date().timeIntervalSince1970) + 200 * 86_400
+        let list = try chains.pki.directory.write("rotation.json", String(decoding: try chains.pki.signedV2(sequence: 1, pins: [
+            .init(host: Self.host, spki: chains.leaf.certificate.spkiSHA256, expires: expires),
+            .init(host: Self.host, spki: chains.intermediate.certificate.spkiSHA256, expires: expires, depth: .position(1)),
+        ], expiresAt: Date().addingTimeInterval(200 * 86_400)), as: UTF8.self))
+        try await LoopbackOrigin.with(identity: chains.leaf, chain: [chains.intermediate], behaviour: .http(body: "rotation")) { origin in
+            try await GateFixture.with(pki: chains.pki, listPath: list, resolve: ["\(Self.host):\(origin.port)"],
+                                       configure: {
+                                           $0.upstreamTrust = .pemFiles([chains.trustPath])
+                                           // Each CONNECT dials: a pooled connection would carry the old leaf's chain.
+                                           $0.upstreamPoolEnabled = false
+                                       }) { gate in
+                func health() throws -> [String: Any] {
+                    let snapshot = AdminSnapshot.gather(gate: gate.server, adminAddress: "127.0.0.1:0", nextUpdate: nil, now: Date())
+                    let status = try #require(try Self.adminJSON("/status", snapshot) as? [String: Any])
+                    let hosts = try #require(status["pin_health"] as? [[String: Any]])
+                    return try #require(hosts.first { $0["host"] as? String == Self.host })
+                }
+                #expect(try health()["state"] as? String == "unseen")
+                let target = "https://\(Self.host):\(origin.port)/"
+                let first = try await curlThroughGate(gate, target)
+                #expect(first.httpCode == "200", "\(first.stderr)")
+                let afterFirst = try health()
+                #expect(afterFirst["state"] as? String == "ok", "\(afterFirst)")
+
+                try origin.present(rekeyed, chain: [chains.intermediate])
+                let second = try await curlThroughGate(gate, target)
+                #expect(second.httpCode == "200", "\(second.stderr)")
+                let rotated = try health()
+                #expect(rotated["state"] as? String == "backup-only", "\(rotated)")
+                #expect((rotated["why"] as? String)?.contains("depth-1") == true, "\(rotated)")
+                #expect(gate.statistics.count(.pinMismatch) == 0)
+
+                let now = Date()
+                let book = gate.server.statistics.pinHealth.health(list: gate.server.store.list, generation: gate.server.store.generation, now: now)
+                let metrics = PinHealthMetrics.text(health: book, list: gate.server.store.list)
+                #expect(metrics.contains("pingate_pin_health{host=\"\(Self.host)\",state=\"backup-only\"} 1"), "\(metrics)")
+                #expect(metrics.contains("pingate_pin_health{host=\"\(Self.host)\",state=\"ok\"} 0"), "\(metrics)")
+                #expect(metrics.contains("pingate_pin_expiry_timestamp_seconds{host=\"\(Self.host)\",pin=\"depth-1 spki \(chains.intermediate.certificate.spkiSHA256)\"} \(expires)"),
+                        "\(metrics)")
+            }
+        }
+    }
+
     @Test("an attacker whose own CA the gate trusts, sending the pinned intermediate as an extra chain certificate, is refused")
     func appendedIntermediateDoesNotCount() async throws {
         let directory = try TemporaryDirectory()

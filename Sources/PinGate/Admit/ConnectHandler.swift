@@ -321,6 +321,10 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     private func refuse(_ refusal: Refusal, request: ConnectRequest?, upstream: UpstreamConnection?, context: ChannelHandlerContext) {
         cancelTimers()
         environment.statistics.recordDecision(refusal.reason)
+        if let request {
+            environment.statistics.pinHealth.refused(host: request.host, reason: refusal.reason,
+                                                     generation: environment.store.generation, at: environment.now())
+        }
         let pinVerdict: Verdict? = if case .verdict(let verdict) = refusal { verdict } else { nil }
         logDecision(verdict: "refused", reason: refusal.reason, observed: refusal.observedFingerprint, pinVerdict: pinVerdict,
                     request: request, upstream: upstream)
@@ -408,6 +412,8 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             ])
         }
         statistics.recordDecision(DecisionReason(verdict), pin: verdict.matchedPin)
+        statistics.pinHealth.trusted(host: request.host, pin: verdict.matchedPin, leafNotAfter: upstream.peer.chain.first?.notAfter,
+                                     generation: environment.store.generation, at: environment.now())
         // Learn mode writes down what every admitted host presented: the chain OpenSSL
         // validated (a pins-only host's unvalidated chain has no positions to pin).
         environment.observations?.record(host: request.host, port: request.port, chain: upstream.peer.verifiedChain,

@@ -80,6 +80,8 @@ public final class GateStatistics: Sendable {
     private let state = Mutex(Snapshot())
     /// The same events, exported through swift-metrics.
     public let metrics: GateMetrics
+    /// Each host's pin health, from the verdicts (issue 34).
+    public let pinHealth = PinHealthMonitor()
 
     /// Creates zeroed counters, mirrored into `metrics`.
     public init(metrics: GateMetrics = .discarding) {

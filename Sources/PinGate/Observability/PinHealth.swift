@@ -1,0 +1,177 @@
+import Foundation
+import PinList
+import Synchronization
+
+/// Pin health per host (issue 34): what the gate's own verdicts say about each pinned host
+/// before a pin breaks. Pinning's usual failure is not an attack but a rotation the list
+/// did not follow; the gate sees every chain it enforces, so it can say which hosts already
+/// pass only on a backup, which pins are about to expire, which pinned hosts nobody reached,
+/// and which are being refused.
+///
+/// Sans-IO: the gate feeds it verdicts; `health(list:…)` judges them against the list in
+/// force. The states, worst first:
+/// - `refusing`: the host's last verdict was a refusal for its pins (`pin-mismatch`) or
+///   for having none (`empty`);
+/// - `expiring`: the pin that carried the last verdict, or the list itself, expires within
+///   the warning window, or (for a pin on the leaf certificate's hash) that certificate
+///   does: its renewal changes the hash, where an SPKI pin survives a renewal that keeps
+///   the key;
+/// - `backup-only`: the last verdict came from a pin deeper in the chain (an issuer's key,
+///   say) although the host has leaf pins: its leaf no longer matches them, so the rotation
+///   has started and the next list should pin the new leaf;
+/// - `unseen`: a pinned host no client has reached since the list came in force;
+/// - `ok`.
+public struct PinHealthBook: Sendable {
+    /// A host's health.
+    public enum State: String, Sendable, Codable, CaseIterable {
+        case ok
+        case backupOnly = "backup-only"
+        case expiring
+        case unseen
+        case refusing
+    }
+
+    /// One host's health, with why.
+    public struct HostHealth: Sendable, Codable, Equatable {
+        /// The host name clients asked for (or the pinned pattern, when unseen).
+        public var host: String
+        /// Its state.
+        public var state: State
+        /// Why, in words.
+        public var why: String
+        /// The pin that carried the last trusted verdict (`depth-1 spki …`), if any.
+        public var lastPin: String?
+        /// When that pin expires.
+        public var pinExpires: Date?
+        /// When the last verdict was made.
+        public var lastVerdict: Date?
+    }
+
+    private struct Record {
+        var generation: UInt64
+        var at: Date
+        /// The last trusted verdict's pin, and the leaf's notAfter.
+        var pin: PinMatch?
+        var leafNotAfter: Date?
+        /// Set when the last verdict was a refusal for the host's pins.
+        var refusal: DecisionReason?
+    }
+
+    /// The days before an expiry that make a host `expiring` (`pin-warning-days`).
+    public static let defaultWarningDays = 30
+    /// How many hosts are kept: the least recently seen goes first beyond it.
+    public static let capacity = 1_000
+
+    private var records: [String: Record] = [:]
+
+    /// An empty book.
+    public init() {}
+
+    /// A trusted verdict for `host` under list `generation`: `pin` matched (nil when no pin
+    /// carried it: a host let through unpinned); the leaf certificate's own expiry is
+    /// `leafNotAfter`.
+    public mutating func trusted(host: String, pin: PinMatch?, leafNotAfter: Date?, generation: UInt64, at now: Date) {
+        records[host] = Record(generation: generation, at: now, pin: pin, leafNotAfter: leafNotAfter)
+        trim()
+    }
+
+    /// A refusal of `host` for `reason`; only refusals about its pins change its health.
+    public mutating func refused(host: String, reason: DecisionReason, generation: UInt64, at now: Date) {
+        guard reason == .pinMismatch || reason == .empty else { return }
+        var record = records[host] ?? Record(generation: generation, at: now)
+        record.generation = generation
+        record.at = now
+        record.refusal = reason
+        records[host] = record
+        trim()
+    }
+
+    private mutating func trim() {
+        guard records.count > Self.capacity, let oldest = records.min(by: { $0.value.at < $1.value.at })?.key else { return }
+        records[oldest] = nil
+    }
+
+    /// Each host's health under `list` (in force since `generation`) at `now`: every host
+    /// seen, and every exactly named pinned host not seen since the list came in force.
+    public func health(list: PinList?, generation: UInt64, now: Date,
+                       warningDays: Int = defaultWarningDays) -> [HostHealth] {
+        let window = TimeInterval(warningDays) * 86_400
+        let stamp = ISO8601DateFormatter()
+        var result: [HostHealth] = []
+        for (host, record) in records {
+            let pinExpires = record.pin.flatMap { pin in list?.entries.first { $0.statisticsKey == pin.statisticsKey }?.expires }
+            var health = HostHealth(host: host, state: .ok, why: "its leaf matches a pin", lastPin: record.pin?.description,
+                                    pinExpires: pinExpires, lastVerdict: record.at)
+            if let refusal = record.refusal {
+                health.state = .refusing
+                health.why = refusal == .empty
+                    ? "refused: no unexpired pin for it in the list"
+                    : "refused: what it presents matches none of its pins"
+            } else if let expiry = Self.nearestExpiry(record, pinExpires: pinExpires, list: list),
+                      expiry.date.timeIntervalSince(now) < window {
+                health.state = .expiring
+                health.why = "\(expiry.what) expires at \(stamp.string(from: expiry.date)), within \(warningDays) days"
+            } else if let pin = record.pin, pin.position > 0, Self.hasLeafPins(host, list: list, now: now) {
+                health.state = .backupOnly
+                health.why = "trusted only by the depth-\(pin.position) pin: its leaf no longer matches its leaf pins; the rotation has started (pingate list propose --next)"
+            } else if record.pin == nil {
+                health.why = "let through unpinned by the list's rules"
+            }
+            result.append(health)
+        }
+        // Pinned names nobody reached since this list came in force.
+        let seenNow = Set(records.filter { $0.value.generation == generation }.keys)
+        for name in Set(list?.entries.filter { $0.isUnexpired(at: now) && !$0.name.contains("*") }.map(\.name) ?? [])
+        where !seenNow.contains(name) {
+            if let index = result.firstIndex(where: { $0.host == name }) {
+                // Seen under an earlier list only: what it was then says little now.
+                result[index].state = .unseen
+                result[index].why = "not reached since the list in force came in (last seen under an earlier one)"
+            } else {
+                result.append(HostHealth(host: name, state: .unseen, why: "pinned, and not reached since the list came in force"))
+            }
+        }
+        return result.sorted { $0.host < $1.host }
+    }
+
+    /// The expiry closest ahead that the host's last trusted verdict depends on.
+    private static func nearestExpiry(_ record: Record, pinExpires: Date?, list: PinList?) -> (what: String, date: Date)? {
+        var candidates: [(String, Date)] = []
+        if let expires = pinExpires { candidates.append(("the pin that carries it", expires)) }
+        if let expires = list?.metadata.expiresAt { candidates.append(("the list", expires)) }
+        if let pin = record.pin, pin.position == 0, pin.kind == .certificate, let notAfter = record.leafNotAfter {
+            candidates.append(("its leaf certificate (pinned by its hash)", notAfter))
+        }
+        return candidates.min { $0.1 < $1.1 }
+    }
+
+    /// Whether `host` has an unexpired pin on its leaf (depth 0).
+    private static func hasLeafPins(_ host: String, list: PinList?, now: Date) -> Bool {
+        list?.unexpiredEntries(for: host, at: now).contains { $0.depth.isLeaf } ?? false
+    }
+}
+
+/// `PinHealthBook` shared by the event loops that record verdicts and the admin endpoint
+/// that reads it.
+public final class PinHealthMonitor: Sendable {
+    private let book = Mutex(PinHealthBook())
+
+    /// An empty monitor.
+    public init() {}
+
+    /// See `PinHealthBook.trusted`.
+    public func trusted(host: String, pin: PinMatch?, leafNotAfter: Date?, generation: UInt64, at now: Date) {
+        book.withLock { $0.trusted(host: host, pin: pin, leafNotAfter: leafNotAfter, generation: generation, at: now) }
+    }
+
+    /// See `PinHealthBook.refused`.
+    public func refused(host: String, reason: DecisionReason, generation: UInt64, at now: Date) {
+        book.withLock { $0.refused(host: host, reason: reason, generation: generation, at: now) }
+    }
+
+    /// See `PinHealthBook.health`.
+    public func health(list: PinList?, generation: UInt64, now: Date,
+                       warningDays: Int = PinHealthBook.defaultWarningDays) -> [PinHealthBook.HostHealth] {
+        book.withLock { $0.health(list: list, generation: generation, now: now, warningDays: warningDays) }
+    }
+}

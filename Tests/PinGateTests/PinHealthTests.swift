@@ -1,0 +1,91 @@
+import Foundation
+import PinList
+import Testing
+@testable import PinGate
+
+/// `PinHealthBook` without a gate: verdicts in, each host's state out (issue 34).
+@Suite("Pin health per host")
+struct PinHealthTests {
+    static let now = Date(timeIntervalSince1970: 1_800_000_000)
+    static let day: TimeInterval = 86_400
+
+    /// `api.pingate.test` pinned by its leaf (far expiry unless given) with its issuer as the
+    /// depth-1 backup; `spare.pingate.test` pinned only at depth 1.
+    static func list(leafExpires: TimeInterval = 200 * day, listExpires: Date? = nil) -> PinList {
+        PinList(source: "test", entries: [
+            PinEntry(name: "api.pingate.test", fingerprint: "leaf", expires: now + leafExpires),
+            PinEntry(name: "api.pingate.test", fingerprint: "issuer", expires: now + 200 * day, depth: .position(1)),
+            PinEntry(name: "spare.pingate.test", fingerprint: "issuer", expires: now + 200 * day, depth: .position(1)),
+        ], metadata: .init(format: .pingateV2, sequence: 1, expiresAt: listExpires))
+    }
+
+    static func match(_ list: PinList, _ host: String, _ fingerprint: String, position: Int) throws -> PinMatch {
+        PinMatch(pin: try #require(list.entries.first { $0.name == host && $0.fingerprint == fingerprint }), position: position)
+    }
+
+    static func state(_ book: PinHealthBook, _ list: PinList, _ host: String, generation: UInt64 = 1) -> PinHealthBook.HostHealth? {
+        book.health(list: list, generation: generation, now: now).first { $0.host == host }
+    }
+
+    @Test("trusted by its leaf pin: ok; by the depth-1 backup while it has a leaf pin: backup-only; a host pinned only at depth 1 is ok there")
+    func backupOnly() throws {
+        let list = Self.list()
+        var book = PinHealthBook()
+        book.trusted(host: "api.pingate.test", pin: try Self.match(list, "api.pingate.test", "leaf", position: 0),
+                     leafNotAfter: Self.now + 90 * Self.day, generation: 1, at: Self.now)
+        #expect(Self.state(book, list, "api.pingate.test")?.state == .ok)
+        book.trusted(host: "api.pingate.test", pin: try Self.match(list, "api.pingate.test", "issuer", position: 1),
+                     leafNotAfter: Self.now + 90 * Self.day, generation: 1, at: Self.now)
+        let rotated = try #require(Self.state(book, list, "api.pingate.test"))
+        #expect(rotated.state == .backupOnly)
+        #expect(rotated.why.contains("depth-1"), "\(rotated.why)")
+        book.trusted(host: "spare.pingate.test", pin: try Self.match(list, "spare.pingate.test", "issuer", position: 1),
+                     leafNotAfter: nil, generation: 1, at: Self.now)
+        #expect(Self.state(book, list, "spare.pingate.test")?.state == .ok)
+    }
+
+    @Test("expiring: the pin that carries the verdict, the list, or the pinned leaf certificate itself within the warning window; further out is ok")
+    func expiring() throws {
+        for (list, leafNotAfter, expected, what) in [
+            (Self.list(leafExpires: 10 * Self.day), Self.now + 90 * Self.day, PinHealthBook.State.expiring, "the pin that carries it"),
+            (Self.list(listExpires: Self.now + 5 * Self.day), Self.now + 90 * Self.day, .expiring, "the list"),
+            (Self.list(), Self.now + 20 * Self.day, .expiring, "its leaf certificate"),
+            (Self.list(leafExpires: 40 * Self.day), Self.now + 40 * Self.day, .ok, ""),
+        ] {
+            var book = PinHealthBook()
+            book.trusted(host: "api.pingate.test", pin: try Self.match(list, "api.pingate.test", "leaf", position: 0),
+                         leafNotAfter: leafNotAfter, generation: 1, at: Self.now)
+            let health = try #require(Self.state(book, list, "api.pingate.test"))
+            #expect(health.state == expected, "\(health)")
+            if !what.isEmpty { #expect(health.why.contains(what), "\(health.why)") }
+        }
+    }
+
+    @Test("refusing after a pin-mismatch or an empty refusal, until a trusted verdict; other refusals (the upstream unreachable) say nothing of the pins")
+    func refusing() throws {
+        let list = Self.list()
+        var book = PinHealthBook()
+        book.refused(host: "api.pingate.test", reason: .upstreamUnreachable, generation: 1, at: Self.now)
+        #expect(Self.state(book, list, "api.pingate.test")?.state == .unseen)
+        book.refused(host: "api.pingate.test", reason: .pinMismatch, generation: 1, at: Self.now)
+        #expect(Self.state(book, list, "api.pingate.test")?.state == .refusing)
+        book.trusted(host: "api.pingate.test", pin: try Self.match(list, "api.pingate.test", "leaf", position: 0),
+                     leafNotAfter: Self.now + 90 * Self.day, generation: 1, at: Self.now)
+        #expect(Self.state(book, list, "api.pingate.test")?.state == .ok)
+        book.refused(host: "other.pingate.test", reason: .empty, generation: 1, at: Self.now)
+        #expect(Self.state(book, list, "other.pingate.test")?.state == .refusing)
+    }
+
+    @Test("unseen: every pinned name no client reached since the list came in force, including one seen only under an earlier list")
+    func unseen() throws {
+        let list = Self.list()
+        var book = PinHealthBook()
+        #expect(book.health(list: list, generation: 1, now: Self.now).map(\.host) == ["api.pingate.test", "spare.pingate.test"])
+        #expect(book.health(list: list, generation: 1, now: Self.now).allSatisfy { $0.state == .unseen })
+        book.trusted(host: "api.pingate.test", pin: try Self.match(list, "api.pingate.test", "leaf", position: 0),
+                     leafNotAfter: Self.now + 90 * Self.day, generation: 1, at: Self.now)
+        #expect(Self.state(book, list, "api.pingate.test")?.state == .ok)
+        // A new list (generation 2): seen before it only.
+        #expect(Self.state(book, list, "api.pingate.test", generation: 2)?.state == .unseen)
+    }
+}
