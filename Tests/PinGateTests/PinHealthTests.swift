@@ -76,6 +76,24 @@ struct PinHealthTests {
         #expect(Self.state(book, list, "other.pingate.test")?.state == .refusing)
     }
 
+    @Test("a log line when a host's state changes: not for a first ok, at once for a first state worth a warning, not again while it stays, and a change back at most once per interval")
+    func announcements() throws {
+        let list = Self.list()
+        var book = PinHealthBook()
+        let leaf = try Self.match(list, "api.pingate.test", "leaf", position: 0)
+        let issuer = try Self.match(list, "api.pingate.test", "issuer", position: 1)
+        book.trusted(host: "api.pingate.test", pin: leaf, leafNotAfter: nil, generation: 1, at: Self.now)
+        #expect(book.announcement(for: "api.pingate.test", list: list, now: Self.now) == nil)
+        book.trusted(host: "api.pingate.test", pin: issuer, leafNotAfter: nil, generation: 1, at: Self.now)
+        #expect(book.announcement(for: "api.pingate.test", list: list, now: Self.now)?.state == .backupOnly)
+        #expect(book.announcement(for: "api.pingate.test", list: list, now: Self.now + 1) == nil)
+        book.trusted(host: "api.pingate.test", pin: leaf, leafNotAfter: nil, generation: 1, at: Self.now + 2)
+        #expect(book.announcement(for: "api.pingate.test", list: list, now: Self.now + 2) == nil, "within the interval")
+        let later = Self.now + PinHealthBook.announcementInterval + 1
+        #expect(book.announcement(for: "api.pingate.test", list: list, now: later)?.state == .ok)
+        #expect(book.announcement(for: "nobody.pingate.test", list: list, now: later) == nil)
+    }
+
     @Test("unseen: every pinned name no client reached since the list came in force, including one seen only under an earlier list")
     func unseen() throws {
         let list = Self.list()

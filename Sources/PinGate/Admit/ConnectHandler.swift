@@ -316,6 +316,19 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         .init(valid: upstream.peer.chainAndHostnameValid, reason: upstream.peer.verifyReason, verifiedChain: upstream.verifiedChain)
     }
 
+    /// A log line when `host`'s pin health changed (rate-limited per host by the book): a
+    /// warning for every state but `ok`, which is said at `info` when a host gets back to it.
+    private func announcePinHealth(of host: String) {
+        guard let health = environment.statistics.pinHealth.announcement(for: host, list: environment.store.list,
+                                                                          now: environment.now()) else { return }
+        let metadata: Logger.Metadata = ["host": "\(host)", "state": "\(health.state.rawValue)", "why": "\(health.why)"]
+        if health.state == .ok {
+            environment.logger.info("pin health: ok again", metadata: metadata)
+        } else {
+            environment.logger.warning("pin health: \(health.state.rawValue)", metadata: metadata)
+        }
+    }
+
     // MARK: refusal
 
     private func refuse(_ refusal: Refusal, request: ConnectRequest?, upstream: UpstreamConnection?, context: ChannelHandlerContext) {
@@ -324,6 +337,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         if let request {
             environment.statistics.pinHealth.refused(host: request.host, reason: refusal.reason,
                                                      generation: environment.store.generation, at: environment.now())
+            announcePinHealth(of: request.host)
         }
         let pinVerdict: Verdict? = if case .verdict(let verdict) = refusal { verdict } else { nil }
         logDecision(verdict: "refused", reason: refusal.reason, observed: refusal.observedFingerprint, pinVerdict: pinVerdict,
@@ -414,6 +428,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         statistics.recordDecision(DecisionReason(verdict), pin: verdict.matchedPin)
         statistics.pinHealth.trusted(host: request.host, pin: verdict.matchedPin, leafNotAfter: upstream.peer.chain.first?.notAfter,
                                      generation: environment.store.generation, at: environment.now())
+        announcePinHealth(of: request.host)
         // Learn mode writes down what every admitted host presented: the chain OpenSSL
         // validated (a pins-only host's unvalidated chain has no positions to pin).
         environment.observations?.record(host: request.host, port: request.port, chain: upstream.peer.verifiedChain,

@@ -63,6 +63,8 @@ public struct PinHealthBook: Sendable {
     public static let capacity = 1_000
 
     private var records: [String: Record] = [:]
+    /// The state last announced per host (`announcement`), and when.
+    private var announced: [String: (state: State, at: Date)] = [:]
 
     /// An empty book.
     public init() {}
@@ -95,29 +97,8 @@ public struct PinHealthBook: Sendable {
     /// seen, and every exactly named pinned host not seen since the list came in force.
     public func health(list: PinList?, generation: UInt64, now: Date,
                        warningDays: Int = defaultWarningDays) -> [HostHealth] {
-        let window = TimeInterval(warningDays) * 86_400
-        let stamp = ISO8601DateFormatter()
-        var result: [HostHealth] = []
-        for (host, record) in records {
-            let pinExpires = record.pin.flatMap { pin in list?.entries.first { $0.statisticsKey == pin.statisticsKey }?.expires }
-            var health = HostHealth(host: host, state: .ok, why: "its leaf matches a pin", lastPin: record.pin?.description,
-                                    pinExpires: pinExpires, lastVerdict: record.at)
-            if let refusal = record.refusal {
-                health.state = .refusing
-                health.why = refusal == .empty
-                    ? "refused: no unexpired pin for it in the list"
-                    : "refused: what it presents matches none of its pins"
-            } else if let expiry = Self.nearestExpiry(record, pinExpires: pinExpires, list: list),
-                      expiry.date.timeIntervalSince(now) < window {
-                health.state = .expiring
-                health.why = "\(expiry.what) expires at \(stamp.string(from: expiry.date)), within \(warningDays) days"
-            } else if let pin = record.pin, pin.position > 0, Self.hasLeafPins(host, list: list, now: now) {
-                health.state = .backupOnly
-                health.why = "trusted only by the depth-\(pin.position) pin: its leaf no longer matches its leaf pins; the rotation has started (pingate list propose --next)"
-            } else if record.pin == nil {
-                health.why = "let through unpinned by the list's rules"
-            }
-            result.append(health)
+        var result = records.map { host, record in
+            Self.judge(host, record, list: list, now: now, warningDays: warningDays)
         }
         // Pinned names nobody reached since this list came in force.
         let seenNow = Set(records.filter { $0.value.generation == generation }.keys)
@@ -132,6 +113,51 @@ public struct PinHealthBook: Sendable {
             }
         }
         return result.sorted { $0.host < $1.host }
+    }
+
+    /// `host`'s health from its `record` alone (not `unseen`: that needs the generation).
+    private static func judge(_ host: String, _ record: Record, list: PinList?, now: Date, warningDays: Int) -> HostHealth {
+        let pinExpires = record.pin.flatMap { pin in list?.entries.first { $0.statisticsKey == pin.statisticsKey }?.expires }
+        var health = HostHealth(host: host, state: .ok, why: "its leaf matches a pin", lastPin: record.pin?.description,
+                                pinExpires: pinExpires, lastVerdict: record.at)
+        if let refusal = record.refusal {
+            health.state = .refusing
+            health.why = refusal == .empty
+                ? "refused: no unexpired pin for it in the list"
+                : "refused: what it presents matches none of its pins"
+        } else if let expiry = nearestExpiry(record, pinExpires: pinExpires, list: list),
+                  expiry.date.timeIntervalSince(now) < TimeInterval(warningDays) * 86_400 {
+            health.state = .expiring
+            health.why = "\(expiry.what) expires at \(ISO8601DateFormatter().string(from: expiry.date)), within \(warningDays) days"
+        } else if let pin = record.pin, pin.position > 0, hasLeafPins(host, list: list, now: now) {
+            health.state = .backupOnly
+            health.why = "trusted only by the depth-\(pin.position) pin: its leaf no longer matches its leaf pins; the rotation has started, and the next list should pin the new leaf"
+        } else if record.pin == nil {
+            health.why = "let through unpinned by the list's rules"
+        }
+        return health
+    }
+
+    /// The shortest time between two log lines about one host's state.
+    public static let announcementInterval: TimeInterval = 600
+
+    /// `host`'s health when it has changed since it was last announced and is worth a log
+    /// line now: a first state other than `ok`, or any change, at most once per
+    /// `announcementInterval` per host (a host flapping between two states is said once in
+    /// a while, not on every CONNECT). Nil otherwise.
+    public mutating func announcement(for host: String, list: PinList?, now: Date,
+                                      warningDays: Int = defaultWarningDays) -> HostHealth? {
+        guard let record = records[host] else { return nil }
+        let health = Self.judge(host, record, list: list, now: now, warningDays: warningDays)
+        let last = announced[host]
+        if let last, last.state == health.state { return nil }
+        if last == nil && health.state == .ok { return nil }
+        if let last, now.timeIntervalSince(last.at) < Self.announcementInterval { return nil }
+        announced[host] = (health.state, now)
+        if announced.count > Self.capacity, let oldest = announced.min(by: { $0.value.at < $1.value.at })?.key {
+            announced[oldest] = nil
+        }
+        return health
     }
 
     /// The expiry closest ahead that the host's last trusted verdict depends on.
@@ -167,6 +193,11 @@ public final class PinHealthMonitor: Sendable {
     /// See `PinHealthBook.refused`.
     public func refused(host: String, reason: DecisionReason, generation: UInt64, at now: Date) {
         book.withLock { $0.refused(host: host, reason: reason, generation: generation, at: now) }
+    }
+
+    /// See `PinHealthBook.announcement`.
+    public func announcement(for host: String, list: PinList?, now: Date) -> PinHealthBook.HostHealth? {
+        book.withLock { $0.announcement(for: host, list: list, now: now) }
     }
 
     /// See `PinHealthBook.health`.
