@@ -206,8 +206,19 @@ public enum HarnessRunner {
         var environment = ProcessInfo.processInfo.environment
         let proxy = "http://127.0.0.1:\(proxyPort)"
         for name in ["HTTPS_PROXY", "https_proxy"] { environment[name] = proxy }
-        for name in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "CURL_CA_BUNDLE"] { environment[name] = caPath }
+        for name in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"] {
+            environment[name] = caPath
+        }
         for name in ["NO_PROXY", "no_proxy"] { environment.removeValue(forKey: name) }
+        // What `pingate env` gives a shell, Node's preload included: Node before 24 reads no
+        // proxy variable, so without it a Node app's legs would go around the gates.
+        environment["NODE_USE_ENV_PROXY"] = "1"
+        let preload = ((caPath as NSString).deletingLastPathComponent as NSString).appendingPathComponent("node-proxy.cjs")
+        // NODE_OPTIONS is split on spaces: a path with one could not be given there.
+        if !preload.contains(" "), (try? NodeProxyPreload.source.write(toFile: preload, atomically: true, encoding: .utf8)) != nil {
+            let existing = environment["NODE_OPTIONS"].map { " " + $0 } ?? ""
+            environment["NODE_OPTIONS"] = "--require \(preload)" + existing
+        }
         environment["PINGATE_TARGET"] = configuration.target.absoluteString
         process.environment = environment
         let output = Pipe()

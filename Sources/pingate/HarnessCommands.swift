@@ -86,7 +86,9 @@ struct HarnessCommand: AsyncParsableCommand {
         control: client → attacker → origin, with the client trusting the attacker CA, must be intercepted (proving the attack is real).
 
         With --app, your command runs once per leg with HTTPS_PROXY, https_proxy, SSL_CERT_FILE, \
-        REQUESTS_CA_BUNDLE, NODE_EXTRA_CA_CERTS, CURL_CA_BUNDLE and PINGATE_TARGET set; it must exit 0 \
+        REQUESTS_CA_BUNDLE, NODE_EXTRA_CA_CERTS, CURL_CA_BUNDLE, GIT_SSL_CAINFO and PINGATE_TARGET set, \
+        and NODE_OPTIONS loading the same Node preload as pingate env (Node before 24 reads no proxy \
+        variable; its https module goes through the leg's proxy with it, fetch does not); it must exit 0 \
         in the gate and control legs and non-zero in the attack leg. Exit code 0 only if every leg did.
         """)
 

@@ -80,9 +80,12 @@ struct HarnessTests {
         }
     }
 
-    @Test("all legs pass with curl as the app, and with a Python requests script; the attacker reads nothing in the attack leg", arguments: [
+    @Test("all legs pass with curl as the app, with a Python requests script, and with a Node https script; the attacker reads nothing in the attack leg", arguments: [
         "curl -sS --fail --max-time 20 -d 'password=hunter2' \"$PINGATE_TARGET\"",
         "python3 -c 'import os, requests; r = requests.post(os.environ[\"PINGATE_TARGET\"], data={\"password\": \"hunter2\"}, timeout=20); r.raise_for_status()'",
+        // Node's https module: through the gates only by the preload the harness gives it, as
+        // `pingate env` gives a shell (Node before 24 reads no proxy variable).
+        "node -e 'const r = require(\"https\").request(process.env.PINGATE_TARGET, { method: \"POST\", headers: { \"content-type\": \"application/x-www-form-urlencoded\" } }, (res) => { res.resume(); res.on(\"end\", () => process.exit(res.statusCode === 200 ? 0 : 1)); }); r.on(\"error\", (error) => { console.error(error.message); process.exit(1); }); r.end(\"password=hunter2\");'",
     ])
     func appLegs(app: String) async throws {
         // The python3 the peers use (scripts/bootstrap's virtual environment when it made
