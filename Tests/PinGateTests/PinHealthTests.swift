@@ -74,6 +74,11 @@ struct PinHealthTests {
         #expect(Self.state(book, list, "api.pingate.test")?.state == .ok)
         book.refused(host: "other.pingate.test", reason: .empty, generation: 1, at: Self.now)
         #expect(Self.state(book, list, "other.pingate.test")?.state == .refusing)
+        // Let through under report-only pins that do not match: enforced, it would be refused.
+        book.refused(host: "api.pingate.test", reason: .reportOnlyViolation, generation: 1, at: Self.now)
+        let violated = try #require(Self.state(book, list, "api.pingate.test"))
+        #expect(violated.state == .refusing)
+        #expect(violated.why.contains("report-only"), "\(violated.why)")
     }
 
     @Test("a log line when a host's state changes: not for a first ok, at once for a first state worth a warning, not again while it stays, and a change back at most once per interval")

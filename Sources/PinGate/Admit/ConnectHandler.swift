@@ -426,8 +426,13 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
             ])
         }
         statistics.recordDecision(DecisionReason(verdict), pin: verdict.matchedPin)
-        statistics.pinHealth.trusted(host: request.host, pin: verdict.matchedPin, leafNotAfter: upstream.peer.chain.first?.notAfter,
-                                     generation: environment.store.generation, at: environment.now())
+        if case .reportOnlyViolation = verdict {
+            statistics.pinHealth.refused(host: request.host, reason: .reportOnlyViolation,
+                                         generation: environment.store.generation, at: environment.now())
+        } else {
+            statistics.pinHealth.trusted(host: request.host, pin: verdict.matchedPin, leafNotAfter: upstream.peer.chain.first?.notAfter,
+                                         generation: environment.store.generation, at: environment.now())
+        }
         announcePinHealth(of: request.host)
         // Learn mode writes down what every admitted host presented: the chain OpenSSL
         // validated (a pins-only host's unvalidated chain has no positions to pin).

@@ -11,7 +11,8 @@ import Synchronization
 /// Sans-IO: the gate feeds it verdicts; `health(list:…)` judges them against the list in
 /// force. The states, worst first:
 /// - `refusing`: the host's last verdict was a refusal for its pins (`pin-mismatch`) or
-///   for having none (`empty`);
+///   for having none (`empty`), or it was let through only because its pins are
+///   report-only (`report-only-violation`): enforced, it would be refused;
 /// - `expiring`: the pin that carried the last verdict, or the list itself, expires within
 ///   the warning window, or (for a pin on the leaf certificate's hash) that certificate
 ///   does: its renewal changes the hash, where an SPKI pin survives a renewal that keeps
@@ -77,9 +78,10 @@ public struct PinHealthBook: Sendable {
         trim()
     }
 
-    /// A refusal of `host` for `reason`; only refusals about its pins change its health.
+    /// A refusal of `host` for `reason`, or a report-only violation let through; only
+    /// verdicts about its pins change its health.
     public mutating func refused(host: String, reason: DecisionReason, generation: UInt64, at now: Date) {
-        guard reason == .pinMismatch || reason == .empty else { return }
+        guard reason == .pinMismatch || reason == .empty || reason == .reportOnlyViolation else { return }
         var record = records[host] ?? Record(generation: generation, at: now)
         record.generation = generation
         record.at = now
@@ -122,9 +124,11 @@ public struct PinHealthBook: Sendable {
                                 pinExpires: pinExpires, lastVerdict: record.at)
         if let refusal = record.refusal {
             health.state = .refusing
-            health.why = refusal == .empty
-                ? "refused: no unexpired pin for it in the list"
-                : "refused: what it presents matches none of its pins"
+            switch refusal {
+            case .empty: health.why = "refused: no unexpired pin for it in the list"
+            case .reportOnlyViolation: health.why = "let through only because its pins are report-only: what it presents matches none of them"
+            default: health.why = "refused: what it presents matches none of its pins"
+            }
         } else if let expiry = nearestExpiry(record, pinExpires: pinExpires, list: list),
                   expiry.date.timeIntervalSince(now) < TimeInterval(warningDays) * 86_400 {
             health.state = .expiring
