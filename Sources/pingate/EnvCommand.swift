@@ -84,6 +84,14 @@ struct EnvCommand: ParsableCommand {
             // Still usable for the gate's own traffic; say why other hosts will fail.
             FileHandle.standardError.write(Data("pingate env: no system CA bundle found; \(bundlePath) holds only the gate's CA\n".utf8))
         }
+        if let version = Self.nodeVersion(), let major = Int(version.dropFirst().prefix { $0 != "." }), major < 24 {
+            // The preload covers the https module only: a Node app that uses fetch() goes around
+            // the gate, silently (issue 33: Node 20's fetch tried DNS directly).
+            FileHandle.standardError.write(Data(("pingate env: Node \(version) is on PATH: its https module goes through the gate "
+                + "with the preload NODE_OPTIONS loads, but its fetch() ignores HTTPS_PROXY before Node 24 and goes direct, "
+                + "around the gate; use the https module (or a client built on it), or Node 24 or later, which reads the proxy "
+                + "variables for fetch too with NODE_USE_ENV_PROXY=1 (set here)\n").utf8))
+        }
 
         // An app reaches a gate listening on every address through loopback.
         let proxyHost = switch host {
@@ -94,6 +102,33 @@ struct EnvCommand: ParsableCommand {
         let environment = ShellEnvironment(
             proxyHost: proxyHost, proxyPort: port, bundle: bundlePath, nodePreload: preloadPath, caCertificate: caPath)
         print(environment.render(for: shell), terminator: "")
+    }
+}
+
+extension EnvCommand {
+    /// `node --version` (e.g. `v20.20.2`) of the `node` on PATH, or nil when there is none or
+    /// it does not answer within 5 s.
+    static func nodeVersion() -> String? {
+        let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"
+        guard let node = path.split(separator: ":").map({ ($0 as NSString).appendingPathComponent("node") })
+            .first(where: { FileManager.default.isExecutableFile(atPath: $0) }) else { return nil }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: node)
+        process.arguments = ["--version"]
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = FileHandle.nullDevice
+        process.standardInput = FileHandle.nullDevice
+        do { try process.run() } catch { return nil }
+        let deadline = Date().addingTimeInterval(5)
+        while process.isRunning && Date() < deadline { usleep(10_000) }
+        if process.isRunning {
+            process.terminate()
+            return nil
+        }
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        return text.hasPrefix("v") ? text : nil
     }
 }
 

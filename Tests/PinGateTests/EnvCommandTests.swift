@@ -94,6 +94,11 @@ struct EnvCommandTests {
         let ca = try String(contentsOfFile: "\(state)/ca.pem", encoding: .utf8)
         #expect(bundle.hasSuffix(ca))
         #expect(bundle.components(separatedBy: "BEGIN CERTIFICATE").count > 10, "the system roots are in the bundle")
+        // Node before 24 on PATH: a warning that its fetch() goes around the gate.
+        let nodeVersion = try await TestProcess.run("node", ["--version"]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        let nodeMajor = Int(nodeVersion.dropFirst().prefix { $0 != "." }) ?? 0
+        #expect(sh.stderr.contains("Node \(nodeVersion) is on PATH") == (nodeMajor < 24), "\(nodeVersion): \(sh.stderr)")
+        #expect(sh.stderr.contains("fetch() ignores HTTPS_PROXY") == (nodeMajor < 24), "\(sh.stderr)")
 
         let twice = try await TestProcess.run("sh", ["-c", "unset NODE_OPTIONS; export NODE_OPTIONS=--no-warnings; eval \"$(\(pingate) env --state-dir \(state))\"; eval \"$(\(pingate) env --state-dir \(state))\"; printf %s \"$NODE_OPTIONS\""])
         #expect(twice.stdout == "--require \"\(state)/node-proxy.cjs\" --no-warnings", "\(twice.stdout)")
