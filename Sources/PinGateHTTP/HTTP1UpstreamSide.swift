@@ -198,7 +198,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         if mayStartNow {
             activate(id)
             for part in parts { write(part, id: id) }
-            if !endStream {
+            if !endStream, router?.clientHasRequestWindows == true {
                 // Heard a turn later, once the router has paired the id this returns.
                 context?.eventLoop.assumeIsolated().execute { [weak self] in self?.router?.requestOnWire(id) }
             }

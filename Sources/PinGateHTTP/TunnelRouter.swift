@@ -500,6 +500,11 @@ package final class TunnelRouter {
         run(state.requestBodyQueued(UpstreamExchangeID(upstreamID), bytes: bytes))
     }
 
+    /// Whether the client's requests have windows an upstream side may open
+    /// (`requestOnWire`): an HTTP/2 client's streams. An HTTP/1.1 client has none, and the
+    /// side spares itself the report.
+    var clientHasRequestWindows: Bool { state.clientUsesStreamIDs }
+
     /// Exchange `upstreamID`'s request, its body still coming, is the one its connection
     /// sends now: the client's stream may have its full window.
     func requestOnWire(_ upstreamID: Int) {

@@ -119,7 +119,12 @@ public struct PinHealthBook: Sendable {
 
     /// `host`'s health from its `record` alone (not `unseen`: that needs the generation).
     private static func judge(_ host: String, _ record: Record, list: PinList?, now: Date, warningDays: Int) -> HostHealth {
-        let pinExpires = record.pin.flatMap { pin in list?.entries.first { $0.statisticsKey == pin.statisticsKey }?.expires }
+        // The host's own pins only (a dictionary lookup, and the wildcards): this runs for
+        // every CONNECT (`announcement`), and a list may hold thousands of entries.
+        let pins = list?.unexpiredEntries(for: host, at: now) ?? []
+        let pinExpires = record.pin.flatMap { pin in
+            pins.first { $0.fingerprint == pin.fingerprint && $0.kind == pin.kind && $0.depth == pin.depth && $0.name == pin.host }?.expires
+        }
         var health = HostHealth(host: host, state: .ok, why: "its leaf matches a pin", lastPin: record.pin?.description,
                                 pinExpires: pinExpires, lastVerdict: record.at)
         if let refusal = record.refusal {
@@ -132,8 +137,8 @@ public struct PinHealthBook: Sendable {
         } else if let expiry = nearestExpiry(record, pinExpires: pinExpires, list: list),
                   expiry.date.timeIntervalSince(now) < TimeInterval(warningDays) * 86_400 {
             health.state = .expiring
-            health.why = "\(expiry.what) expires at \(ISO8601DateFormatter().string(from: expiry.date)), within \(warningDays) days"
-        } else if let pin = record.pin, pin.position > 0, hasLeafPins(host, list: list, now: now) {
+            health.why = "\(expiry.what) expires at \(expiry.date.formatted(.iso8601)), within \(warningDays) days"
+        } else if let pin = record.pin, pin.position > 0, pins.contains(where: { $0.depth.isLeaf }) {
             health.state = .backupOnly
             health.why = "trusted only by the depth-\(pin.position) pin: its leaf no longer matches its leaf pins; the rotation has started, and the next list should pin the new leaf"
         } else if record.pin == nil {
@@ -175,10 +180,6 @@ public struct PinHealthBook: Sendable {
         return candidates.min { $0.1 < $1.1 }
     }
 
-    /// Whether `host` has an unexpired pin on its leaf (depth 0).
-    private static func hasLeafPins(_ host: String, list: PinList?, now: Date) -> Bool {
-        list?.unexpiredEntries(for: host, at: now).contains { $0.depth.isLeaf } ?? false
-    }
 }
 
 /// `PinHealthBook` shared by the event loops that record verdicts and the admin endpoint
