@@ -44,7 +44,7 @@ public struct HostAuthority: Sendable, Equatable {
     }
 
     /// Letters, digits, `-` and `_`, in dot-separated labels of 1–63 characters, 253 in all;
-    /// no label starts or ends with `-`. One pass over the bytes, with no allocation: it
+    /// no label starts or ends with `-`, and the last label is not a number. One pass over the bytes, with no allocation: it
     /// runs for every CONNECT and every request authority a tunnel has not seen before.
     public static func isValidHostName(_ name: String) -> Bool {
         let dot = UInt8(ascii: "."), hyphen = UInt8(ascii: "-")
@@ -64,7 +64,22 @@ public struct HostAuthority: Sendable, Equatable {
             }
             previous = byte
         }
-        return labelLength > 0 && previous != hyphen
+        guard labelLength > 0, previous != hyphen else { return false }
+        return !lastLabelIsNumber(name.utf8.suffix(labelLength))
+    }
+
+    /// True when the last label reads as a number: all digits, or `0x` and hex digits.
+    /// The C resolver (`inet_aton`, behind `getaddrinfo`) takes such a name as an IPv4
+    /// address in its own shorthand (`1.2.3` is 1.2.0.3, `0x7f.1` is 127.0.0.1,
+    /// `1.2.3.4.` is 1.2.3.4), so the gate would look it up as a name and dial an address.
+    /// No top-level domain is numeric (RFC 3696 §2), and WHATWG's URL parser treats such
+    /// hosts as IPv4 too, so they are refused here rather than given a meaning.
+    private static func lastLabelIsNumber(_ label: Substring.UTF8View) -> Bool {
+        func isDigit(_ byte: UInt8) -> Bool { byte >= 0x30 && byte <= 0x39 }
+        func isHexDigit(_ byte: UInt8) -> Bool { isDigit(byte) || (byte >= 0x61 && byte <= 0x66) }
+        if label.allSatisfy(isDigit) { return true }
+        guard label.count >= 2, label.first == UInt8(ascii: "0"), label.dropFirst().first == UInt8(ascii: "x") else { return false }
+        return label.dropFirst(2).allSatisfy(isHexDigit)
     }
 
     /// Why a text is not an authority.

@@ -8,7 +8,12 @@ struct HostAuthorityTests {
     /// The rule as written before the one-pass version: labels split on dots, each checked.
     static func reference(_ name: String) -> Bool {
         guard !name.isEmpty, name.utf8.count <= 253 else { return false }
-        return name.split(separator: ".", omittingEmptySubsequences: false).allSatisfy { label in
+        let labels = name.split(separator: ".", omittingEmptySubsequences: false)
+        if let last = labels.last, last.allSatisfy(\.isNumber)
+            || (last.hasPrefix("0x") && last.dropFirst(2).allSatisfy(\.isHexDigit) && last.lowercased() == last) {
+            return false
+        }
+        return labels.allSatisfy { label in
             !label.isEmpty && label.utf8.count <= 63 && !label.hasPrefix("-") && !label.hasSuffix("-")
                 && label.utf8.allSatisfy { byte in
                     (byte >= 0x61 && byte <= 0x7A) || (byte >= 0x30 && byte <= 0x39) || byte == 0x2D || byte == 0x5F
@@ -32,12 +37,32 @@ struct HostAuthorityTests {
 
     @Test("examples: names that pass and names that do not, with the reason each fails")
     func examples() {
-        for good in ["a", "example.com", "a-b.c_d.example", "xn--bcher-kva.example", String(repeating: "a", count: 63) + ".com", "1.2.3"] {
+        for good in ["a", "example.com", "a-b.c_d.example", "xn--bcher-kva.example", String(repeating: "a", count: 63) + ".com",
+                     "1.2.3a", "0xg", "x0", "1-2", "0x7f.com"] {
             #expect(HostAuthority.isValidHostName(good), "\(good)")
         }
         for bad in ["", ".", "a.", ".a", "a..b", "-a.com", "a-.com", "a.-b", "a.b-", "A.com", "a b", "é.com",
-                    String(repeating: "a", count: 64) + ".com", Array(repeating: "abcdefghi", count: 26).joined(separator: ".")] {
+                    String(repeating: "a", count: 64) + ".com",
+                    // A numeric last label is an IPv4 address to the C resolver.
+                    "1.2.3", "1.2.3.4", "0x7f.1", "example.0x7f", "0x", "a.123",
+                    Array(repeating: "abcdefghi", count: 26).joined(separator: ".")] {
             #expect(!HostAuthority.isValidHostName(bad), "\(bad)")
+        }
+    }
+
+    @Test("CONNECT targets: a numeric last label or a non-ASCII letter that folds to ASCII is refused, never parsed as a different host; IP literals stay IP literals")
+    func authorities() {
+        for bad in ["1.2.3.4.:443", "1.0.0.1.:8443", "127.1:443", "0x7f000001:443", "0177.0.0.1:443",
+                    "\u{212A}:443", "example.\u{212A}:443", "exa\u{0130}mple.com:443"] {
+            guard case .failure = HostAuthority.parse(Substring(bad)) else {
+                Issue.record("\(bad.debugDescription) parsed as \(HostAuthority.parse(Substring(bad)))")
+                continue
+            }
+        }
+        let cases: [(String, String, Bool)] = [("1.2.3.4:443", "1.2.3.4", true), ("[::FFFF:1.2.3.4]:443", "::ffff:1.2.3.4", true),
+                                               ("API.Example.COM.:443", "api.example.com", false), ("a1.2x:443", "a1.2x", false)]
+        for (text, host, isIP) in cases {
+            #expect(HostAuthority.parse(Substring(text)) == .success(HostAuthority(host: host, port: 443, isIPLiteral: isIP)), "\(text)")
         }
     }
 }
