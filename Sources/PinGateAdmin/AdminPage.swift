@@ -59,6 +59,23 @@ enum AdminPage {
         }
         html += """
         </table>
+        <h2>Pin health</h2>
+        <p>From the gate's own verdicts: which hosts pass only on a backup pin, whose pins expire within \(status.pinWarningDays) days, which are refused for their pins, and which no client reached since the list came in force.</p>
+        <table id="pin-health"><tr><th>host</th><th>state</th><th>why</th><th>last pin</th><th>pin expires</th><th>last verdict</th></tr>
+
+        """
+        let order = PinHealthBook.State.worstFirst
+        for host in status.pinHealth.sorted(by: { (order.firstIndex(of: $0.state) ?? 0, $0.host) < (order.firstIndex(of: $1.state) ?? 0, $1.host) }) {
+            let rowClass = switch host.state {
+            case .refusing: "expired"
+            case .expiring, .backupOnly: "soon"
+            case .ok, .unseen: ""
+            }
+            html += "<tr class=\"\(rowClass)\"><td>\(escape(host.host))</td><td><code>\(host.state.rawValue)</code></td><td>\(escape(host.why))</td>"
+            html += "<td><code>\(escape(host.lastPin ?? "-"))</code></td><td>\(host.pinExpires.map(iso) ?? "-")</td><td>\(host.lastVerdict.map(iso) ?? "-")</td></tr>\n"
+        }
+        html += """
+        </table>
         <h2>Recent refusals</h2>
         <table id="refusals"><tr><th>time</th><th>client</th><th>target</th><th>reason</th><th>observed</th><th>expected</th></tr>
 

@@ -34,6 +34,8 @@ public struct AdminSnapshot: Sendable, Codable {
         /// Each host's pin health under the list in force (`PinHealthBook`): every host
         /// seen, and every pinned name not reached since the list came in force.
         public var pinHealth: [PinHealthBook.HostHealth] = []
+        /// How many days before an expiry a host turns `expiring` (`pin-warning-days`).
+        public var pinWarningDays: Int = PinHealthBook.defaultWarningDays
     }
 
     /// Learn mode: one host:port and the chains it presented.
@@ -266,7 +268,8 @@ public struct AdminSnapshot: Sendable, Codable {
             },
             learnUnrecordedTunnels: gate.observations?.unrecorded,
             learnWriteFailures: gate.observations?.writeFailures,
-            pinHealth: gate.statistics.pinHealth.health(list: list, generation: gate.store.generation, now: now))
+            pinHealth: gate.statistics.pinHealth.health(list: list, generation: gate.store.generation, now: now),
+            pinWarningDays: gate.statistics.pinHealth.warningDays)
         var reason: String?
         // Learn mode admits on validated chains with or without a list: ready unless draining.
         if !usable && !gate.configuration.learning {

@@ -1,6 +1,7 @@
 import Foundation
 import NIOCore
 import NIOHTTP1
+import NIOPosix
 import PinGateTLS
 
 /// One HTTP response.
@@ -172,5 +173,50 @@ private final class ResponseCollector: ChannelInboundHandler {
     func channelInactive(context: ChannelHandlerContext) {
         finish(.failure(HTTPSClientError.incomplete("the server closed the connection before the response was complete")))
         context.fireChannelInactive()
+    }
+}
+
+/// One-shot plain-HTTP GETs, for the gate's own admin endpoint (`pingate list health`
+/// reads `/status` from it): no TLS, so for loopback and trusted networks only; the answer
+/// is bounded in size and time like `HTTPSClient`'s, and parsed by NIOHTTP1.
+public enum PlainHTTPClient {
+    /// GETs `path` from `host:port` with `headers`; fails with an `HTTPSClientError`
+    /// (`.connection` wraps nothing here: a refused connection is `.incomplete` with the
+    /// system's reason).
+    /// - Parameters:
+    ///   - timeout: how long the whole request may take, connecting included.
+    ///   - maximumBodyBytes: the largest body accepted.
+    public static func get(host: String, port: Int, path: String, headers: [(String, String)] = [],
+                           timeout: TimeAmount, maximumBodyBytes: Int, on eventLoop: EventLoop) -> EventLoopFuture<HTTPSResponse> {
+        let responsePromise = eventLoop.makePromise(of: HTTPSResponse.self)
+        let deadline = eventLoop.scheduleTask(in: timeout) { responsePromise.fail(HTTPSClientError.timedOut) }
+        responsePromise.futureResult.whenComplete { _ in deadline.cancel() }
+        ClientBootstrap(group: eventLoop)
+            .connectTimeout(timeout)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandlers([
+                        HTTPRequestEncoder(), ByteToMessageHandler(HTTPResponseDecoder(leftOverBytesStrategy: .dropBytes)),
+                        ResponseCollector(promise: responsePromise, maximumBodyBytes: maximumBodyBytes),
+                    ])
+                }
+            }
+            .connect(host: host, port: port)
+            .whenComplete { result in
+                switch result {
+                case .failure(let error):
+                    responsePromise.fail(HTTPSClientError.incomplete("cannot connect to \(Authority(host: host, port: port)): \(error)"))
+                case .success(let channel):
+                    responsePromise.futureResult.whenComplete { _ in channel.close(promise: nil) }
+                    var head = HTTPRequestHead(version: .http1_1, method: .GET, uri: path)
+                    head.headers.add(name: "Host", value: Authority(host: host, port: port).description)
+                    head.headers.add(name: "User-Agent", value: "pingate")
+                    head.headers.add(name: "Connection", value: "close")
+                    for (name, value) in headers { head.headers.add(name: name, value: value) }
+                    channel.write(HTTPClientRequestPart.head(head), promise: nil)
+                    channel.writeAndFlush(HTTPClientRequestPart.end(nil), promise: nil)
+                }
+            }
+        return responsePromise.futureResult
     }
 }

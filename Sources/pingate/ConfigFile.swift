@@ -42,6 +42,7 @@ import PinGateNIO
 /// idle-timeout-seconds: 300
 /// client-handshake-timeout-seconds: 10
 /// drain-timeout-seconds: 30     # on SIGTERM/SIGINT: how long open tunnels may finish
+/// pin-warning-days: 30           # a host's pin health turns `expiring` this many days before its pin, the list or a hash-pinned leaf expires
 /// upstream-pool: true            # reuse verified upstream connections across tunnels
 /// upstream-pool-idle-timeout-seconds: 30
 /// upstream-pool-max-per-host: 16
@@ -105,6 +106,7 @@ struct ConfigFile: Decodable {
     var idleTimeoutSeconds: Int?
     var clientHandshakeTimeoutSeconds: Int?
     var drainTimeoutSeconds: Int?
+    var pinWarningDays: Int?
     var upstreamPool: Bool?
     var upstreamPoolIdleTimeoutSeconds: Int?
     var upstreamPoolMaxPerHost: Int?
@@ -134,6 +136,7 @@ struct ConfigFile: Decodable {
         case idleTimeoutSeconds = "idle-timeout-seconds"
         case clientHandshakeTimeoutSeconds = "client-handshake-timeout-seconds"
         case drainTimeoutSeconds = "drain-timeout-seconds"
+        case pinWarningDays = "pin-warning-days"
         case upstreamPool = "upstream-pool"
         case upstreamPoolIdleTimeoutSeconds = "upstream-pool-idle-timeout-seconds"
         case upstreamPoolMaxPerHost = "upstream-pool-max-per-host"
@@ -157,8 +160,10 @@ struct ConfigFile: Decodable {
         var file: ConfigFile
         do {
             file = try YAMLDecoder().decode(ConfigFile.self, from: text)
+        } catch let error as DecodingError {
+            throw ConfigurationError("config file \(path), \(ConfigKeys.describe(error, in: text))")
         } catch {
-            throw ConfigurationError("config file \(path) is not valid: \(error)")
+            throw ConfigurationError("config file \(path) is not valid YAML: \(error)")
         }
         // A key the gate does not know is a typo or a key of another version, and either way
         // the gate would run without what it says (`pin:` for `pins:` refuses every CONNECT).
@@ -290,6 +295,75 @@ enum ConfigKeys {
             }
         }
         return unknown
+    }
+
+    /// A decoding failure as a person fixes it: the line, the key's path (`pins.keys`), what
+    /// the key takes and what the file has there, e.g. `line 12: idle-timeout-seconds takes
+    /// a whole number, not "5m"`. (Yams reports the coding path and Swift's type names only.)
+    static func describe(_ error: DecodingError, in text: String) -> String {
+        let context: DecodingError.Context
+        var expected: String?
+        switch error {
+        case .typeMismatch(let type, let errorContext):
+            context = errorContext
+            expected = expectation(for: type)
+        case .valueNotFound(let type, let errorContext):
+            context = errorContext
+            expected = expectation(for: type)
+        case .keyNotFound(_, let errorContext), .dataCorrupted(let errorContext):
+            context = errorContext
+        @unknown default:
+            return "not valid: \(error)"
+        }
+        let keyPath = context.codingPath.map { $0.intValue.map { "[\($0)]" } ?? $0.stringValue }
+        let name = keyPath.reduce("") { path, part in part.hasPrefix("[") || path.isEmpty ? path + part : path + "." + part }
+        let node = try? node(at: context.codingPath, in: text)
+        let place = node?.mark.map { "line \($0.line): " } ?? ""
+        let found = node.map(Self.shortText) ?? "nothing"
+        guard let expected, !name.isEmpty else {
+            return "\(place)\(name.isEmpty ? "the file" : name) is not valid: \(context.debugDescription)"
+        }
+        var message = "\(place)\(name) takes \(expected), not \(found)"
+        if name == "pins", node?.scalar != nil {
+            message += "; the list goes under it: `pins:` then, indented, `source: \(found.trimmingCharacters(in: CharacterSet(charactersIn: "\"")))` and `keys: [...]`"
+        }
+        return message + "."
+    }
+
+    /// What a key of `type` takes, in words.
+    private static func expectation(for type: Any.Type) -> String {
+        switch type {
+        case is Int.Type, is Int?.Type: "a whole number"
+        case is Bool.Type, is Bool?.Type: "true or false"
+        case is String.Type, is String?.Type: "a text"
+        // Yams names the YAML shape it needed when the value has another shape.
+        case is Node.Sequence.Type, is [String].Type, is [String]?.Type: "a list ([a, b], or one `- item` per line)"
+        case is Node.Scalar.Type: "a single value"
+        default: "a section of keys (`key: value` lines indented under it)"
+        }
+    }
+
+    /// The YAML node at `path` in `text`, for its line and its text.
+    private static func node(at path: [any CodingKey], in text: String) throws -> Yams.Node? {
+        var current = try Yams.compose(yaml: text)
+        for key in path {
+            if let index = key.intValue, let sequence = current?.sequence {
+                current = index < sequence.count ? sequence[index] : nil
+            } else {
+                current = current?.mapping?[key.stringValue]
+            }
+        }
+        return current
+    }
+
+    /// A node as it reads in the file: a scalar quoted, a list or section by its shape.
+    private static func shortText(_ node: Yams.Node) -> String {
+        switch node {
+        case .scalar(let scalar): "\"\(scalar.string)\""
+        case .sequence: "a list"
+        case .mapping: "a section"
+        case .alias: "an alias"
+        }
     }
 
     /// The known key nearest to `name` by edit distance, when it is within a third of the

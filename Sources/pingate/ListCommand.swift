@@ -10,8 +10,8 @@ import PinGateNIO
 struct ListCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "list",
-        abstract: "Verify, lint or show signed fingerprint lists, forget the persisted one, or propose one from what learn mode saw.",
-        subcommands: [Verify.self, Show.self, Lint.self, Forget.self, Propose.self, Diff.self]
+        abstract: "Verify, lint or show signed fingerprint lists, forget the persisted one, propose one from what learn mode saw, or show the running gate's pin health.",
+        subcommands: [Verify.self, Show.self, Lint.self, Forget.self, Propose.self, Diff.self, Health.self]
     )
 
     /// `pingate list verify FILE --key KEY`.

@@ -113,6 +113,9 @@ struct RunCommand: AsyncParsableCommand {
     @Option(name: .long, help: "On SIGTERM/SIGINT, how long open tunnels may take to finish before they are closed (default 30).")
     var drainTimeout: Int?
 
+    @Option(name: .long, help: "How many days before an expiry a host's pin health turns expiring: the pin that carries its verdicts, the list, or a leaf certificate pinned by its hash (default 30). /status, /metrics and a warning in the log say so.")
+    var pinWarningDays: Int?
+
     @Flag(name: .long, inversion: .prefixedNo, help: ArgumentHelp(
         "Keep verified upstream connections after their tunnel ends and admit later CONNECTs to the same host on them, without an upstream handshake (default: on).",
         discussion: "A pooled connection's verdict is its own handshake's verified chain, decided again under the list in force; a list update closes the pooled connections it no longer trusts. Connections that carried NTLM or Negotiate authentication, that switched protocols, or whose server asked for a client certificate are never pooled, nor are opaque hosts' tunnels. --no-upstream-pool opens and verifies a connection per tunnel."))
@@ -308,6 +311,10 @@ struct RunCommand: AsyncParsableCommand {
         if let drain = drainTimeout ?? file?.drainTimeoutSeconds {
             guard drain >= 0 else { throw ConfigurationError("the drain timeout must be 0 or more seconds, got \(drain)") }
             configuration.drainTimeout = .seconds(Int64(drain))
+        }
+        if let days = pinWarningDays ?? file?.pinWarningDays {
+            guard (0...3650).contains(days) else { throw ConfigurationError("pin-warning-days must be 0 to 3650 days, got \(days)") }
+            configuration.pinWarningDays = days
         }
         configuration.upstreamPoolEnabled = upstreamPool ?? file?.upstreamPool ?? true
         if let seconds = upstreamPoolIdleTimeout ?? file?.upstreamPoolIdleTimeoutSeconds {

@@ -76,9 +76,11 @@ public enum TestProcess {
     /// in the project root.
     public static var virtualEnvironmentBin: String {
         if let venv = ProcessInfo.processInfo.environment["PINGATE_VENV"], !venv.isEmpty { return venv + "/bin" }
-        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-        return root.appendingPathComponent(".venv/bin").path
+        return repositoryRoot.appendingPathComponent(".venv/bin").path
     }
+
+    /// The project's root folder (for files the tests check, such as `packaging/`).
+    public static let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
 
     /// The `pingate` executable built next to this test bundle.
     public static var pingateExecutable: String {

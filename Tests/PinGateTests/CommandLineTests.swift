@@ -296,6 +296,29 @@ struct CommandLineTests {
                                                   "--state-dir", directory.file("example-state")]) { gate in gate.port }
         #expect(started > 0)
     }
+
+    @Test("a config value of the wrong type stops start-up with its line, its key path, what the key takes and what the file has (no Swift type names, no coding paths); pins given as a file name says how to write it; pin-warning-days out of range names the key")
+    func configValueErrors() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let cases: [(yaml: String, expected: String)] = [
+            ("listen: 127.0.0.1:0\nidle-timeout-seconds: 5m\n", "line 2: idle-timeout-seconds takes a whole number, not \"5m\"."),
+            ("listen: 127.0.0.1:0\npins: pins.json\n",
+             "line 2: pins takes a section of keys (`key: value` lines indented under it), not \"pins.json\"; the list goes under it: `pins:` then, indented, `source: pins.json` and `keys: [...]`."),
+            ("pins:\n  source: p.json\n  keys:\n    - a.pem\n    - [b.pem]\n", "line 5: pins.keys[1] takes a single value, not a list."),
+            ("upstream-pool: maybe\n", "line 1: upstream-pool takes true or false, not \"maybe\"."),
+            ("admin:\n  allowed-hosts: example.test\n", "line 2: admin.allowed-hosts takes a list ([a, b], or one `- item` per line), not \"example.test\"."),
+            ("pin-warning-days: -1\n", "pin-warning-days must be 0 to 3650 days, got -1"),
+        ]
+        for (index, (yaml, expected)) in cases.enumerated() {
+            let path = try directory.write("config-\(index).yml", yaml)
+            let run = try await TestProcess.run(Self.pingate, ["run", "--config", path, "--state-dir", directory.file("state-\(index)")])
+            #expect(run.status != 0)
+            #expect(run.stderr.contains(expected), "\(yaml): \(run.stderr)")
+            #expect(!run.stderr.contains("Swift.") && !run.stderr.contains("CodingKeys") && !run.stderr.contains("DecodingError"), "\(run.stderr)")
+            #expect(!FileManager.default.fileExists(atPath: directory.file("state-\(index)")), "the gate went on after the error")
+        }
+    }
 }
 
 /// `pingate run` as a child process; its port is read from its start-up log line.

@@ -150,6 +150,18 @@ struct DepthPinTests {
                 #expect(metrics.contains("pingate_pin_health{host=\"\(Self.host)\",state=\"ok\"} 0"), "\(metrics)")
                 #expect(metrics.contains("pingate_pin_expiry_timestamp_seconds{host=\"\(Self.host)\",pin=\"depth-1 spki \(chains.intermediate.certificate.spkiSHA256)\"} \(expires)"),
                         "\(metrics)")
+                // The packaged alerting rules ask for these very series (promtool tests the
+                // rules themselves on synthetic ones, in scripts/check-package): every metric
+                // they name is exported, every state they name is one, and the backup-only
+                // alert's selector matches this host's series at 1.
+                let rules = try String(contentsOf: TestProcess.repositoryRoot.appendingPathComponent("packaging/pingate-rules.yml"), encoding: .utf8)
+                let metricNames = Set(rules.matches(of: /pingate_[a-z_]+/).map { String($0.output) })
+                #expect(metricNames == ["pingate_pin_health", "pingate_pin_expiry_timestamp_seconds"], "\(metricNames)")
+                for name in metricNames { #expect(metrics.contains("\n\(name){"), "\(name) is not exported") }
+                let states = rules.matches(of: /state="([^"]+)"/).map { String($0.output.1) }
+                #expect(Set(states) == ["backup-only", "expiring", "refusing"], "\(states)")
+                for state in states { #expect(PinHealthBook.State(rawValue: state) != nil, "\(state)") }
+                #expect(rules.contains("expr: pingate_pin_health{state=\"backup-only\"} == 1"))
             }
         }
     }

@@ -61,21 +61,41 @@ struct PinHealthTests {
         }
     }
 
-    @Test("refusing after a pin-mismatch or an empty refusal, until a trusted verdict; other refusals (the upstream unreachable) say nothing of the pins")
+    @Test("pin-warning-days sets the window: a pin 10 days from expiry is expiring at 30 and 11 days, ok at 10, 5 and 0; the log line and /status agree", arguments: [(30, true), (11, true), (10, false), (5, false), (0, false)])
+    func warningDays(days: Int, expiring: Bool) throws {
+        let list = Self.list(leafExpires: 10 * Self.day)
+        let monitor = PinHealthMonitor(warningDays: days)
+        monitor.trusted(host: "api.pingate.test", pin: try Self.match(list, "api.pingate.test", "leaf", position: 0),
+                        leafNotAfter: Self.now + 90 * Self.day, generation: 1, at: Self.now)
+        let health = try #require(monitor.health(list: list, generation: 1, now: Self.now).first { $0.host == "api.pingate.test" })
+        #expect(health.state == (expiring ? .expiring : .ok), "\(health)")
+        if expiring { #expect(health.why.contains("within \(days) days"), "\(health.why)") }
+        #expect(monitor.announcement(for: "api.pingate.test", list: list, now: Self.now)?.state == (expiring ? .expiring : nil))
+    }
+
+    @Test("refusing after a pin-mismatch, or an empty refusal of a host the list names, until a trusted verdict; an empty refusal of a host never pinned, and other refusals (the upstream unreachable), say nothing of the pins")
     func refusing() throws {
         let list = Self.list()
         var book = PinHealthBook()
-        book.refused(host: "api.pingate.test", reason: .upstreamUnreachable, generation: 1, at: Self.now)
+        book.refused(host: "api.pingate.test", reason: .upstreamUnreachable, list: list, generation: 1, at: Self.now)
         #expect(Self.state(book, list, "api.pingate.test")?.state == .unseen)
-        book.refused(host: "api.pingate.test", reason: .pinMismatch, generation: 1, at: Self.now)
+        book.refused(host: "api.pingate.test", reason: .pinMismatch, list: list, generation: 1, at: Self.now)
         #expect(Self.state(book, list, "api.pingate.test")?.state == .refusing)
         book.trusted(host: "api.pingate.test", pin: try Self.match(list, "api.pingate.test", "leaf", position: 0),
                      leafNotAfter: Self.now + 90 * Self.day, generation: 1, at: Self.now)
         #expect(Self.state(book, list, "api.pingate.test")?.state == .ok)
-        book.refused(host: "other.pingate.test", reason: .empty, generation: 1, at: Self.now)
-        #expect(Self.state(book, list, "other.pingate.test")?.state == .refusing)
+        // `empty` for a host the list names, whose pins have all expired: refusing. For a
+        // host it never named (anything an app tries): nothing, it is no pinned host.
+        let expired = PinList(source: "test", entries: list.entries + [
+            PinEntry(name: "gone.pingate.test", fingerprint: "old", expires: Self.now - Self.day),
+        ], metadata: list.metadata)
+        book.refused(host: "gone.pingate.test", reason: .empty, list: expired, generation: 1, at: Self.now)
+        #expect(Self.state(book, expired, "gone.pingate.test")?.state == .refusing)
+        book.refused(host: "telemetry.elsewhere.test", reason: .empty, list: expired, generation: 1, at: Self.now)
+        #expect(Self.state(book, expired, "telemetry.elsewhere.test") == nil)
+        #expect(book.announcement(for: "telemetry.elsewhere.test", list: expired, now: Self.now) == nil)
         // Let through under report-only pins that do not match: enforced, it would be refused.
-        book.refused(host: "api.pingate.test", reason: .reportOnlyViolation, generation: 1, at: Self.now)
+        book.refused(host: "api.pingate.test", reason: .reportOnlyViolation, list: list, generation: 1, at: Self.now)
         let violated = try #require(Self.state(book, list, "api.pingate.test"))
         #expect(violated.state == .refusing)
         #expect(violated.why.contains("report-only"), "\(violated.why)")

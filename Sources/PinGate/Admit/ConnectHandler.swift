@@ -335,7 +335,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         cancelTimers()
         environment.statistics.recordDecision(refusal.reason)
         if let request {
-            environment.statistics.pinHealth.refused(host: request.host, reason: refusal.reason,
+            environment.statistics.pinHealth.refused(host: request.host, reason: refusal.reason, list: environment.store.list,
                                                      generation: environment.store.generation, at: environment.now())
             announcePinHealth(of: request.host)
         }
@@ -427,7 +427,7 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         }
         statistics.recordDecision(DecisionReason(verdict), pin: verdict.matchedPin)
         if case .reportOnlyViolation = verdict {
-            statistics.pinHealth.refused(host: request.host, reason: .reportOnlyViolation,
+            statistics.pinHealth.refused(host: request.host, reason: .reportOnlyViolation, list: environment.store.list,
                                          generation: environment.store.generation, at: environment.now())
         } else {
             statistics.pinHealth.trusted(host: request.host, pin: verdict.matchedPin, leafNotAfter: upstream.peer.chain.first?.notAfter,

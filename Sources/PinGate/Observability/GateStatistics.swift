@@ -81,11 +81,15 @@ public final class GateStatistics: Sendable {
     /// The same events, exported through swift-metrics.
     public let metrics: GateMetrics
     /// Each host's pin health, from the verdicts (issue 34).
-    public let pinHealth = PinHealthMonitor()
+    public let pinHealth: PinHealthMonitor
 
     /// Creates zeroed counters, mirrored into `metrics`.
-    public init(metrics: GateMetrics = .discarding) {
+    /// - Parameters:
+    ///   - metrics: where the counters are mirrored.
+    ///   - pinWarningDays: how close an expiry makes a host's pin health `expiring`.
+    public init(metrics: GateMetrics = .discarding, pinWarningDays: Int = PinHealthBook.defaultWarningDays) {
         self.metrics = metrics
+        self.pinHealth = PinHealthMonitor(warningDays: pinWarningDays)
     }
 
     /// A copy of every counter now.

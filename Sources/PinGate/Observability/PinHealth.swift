@@ -30,6 +30,9 @@ public struct PinHealthBook: Sendable {
         case expiring
         case unseen
         case refusing
+
+        /// The states from the one that needs attention most to `ok`.
+        public static let worstFirst: [State] = [.refusing, .expiring, .backupOnly, .unseen, .ok]
     }
 
     /// One host's health, with why.
@@ -78,10 +81,16 @@ public struct PinHealthBook: Sendable {
         trim()
     }
 
-    /// A refusal of `host` for `reason`, or a report-only violation let through; only
-    /// verdicts about its pins change its health.
-    public mutating func refused(host: String, reason: DecisionReason, generation: UInt64, at now: Date) {
-        guard reason == .pinMismatch || reason == .empty || reason == .reportOnlyViolation else { return }
+    /// A refusal of `host` for `reason` under `list`, or a report-only violation let
+    /// through; only verdicts about its pins change its health. An `empty` refusal counts
+    /// only for a host the list names (its pins all expired, say): every host an app tries
+    /// that was never pinned is refused `empty` too, and is no pinned host's health.
+    public mutating func refused(host: String, reason: DecisionReason, list: PinList?, generation: UInt64, at now: Date) {
+        switch reason {
+        case .pinMismatch, .reportOnlyViolation: break
+        case .empty where list?.names(host) == true: break
+        default: return
+        }
         var record = records[host] ?? Record(generation: generation, at: now)
         record.generation = generation
         record.at = now
@@ -186,9 +195,13 @@ public struct PinHealthBook: Sendable {
 /// that reads it.
 public final class PinHealthMonitor: Sendable {
     private let book = Mutex(PinHealthBook())
+    /// The days before an expiry that make a host `expiring` (`pin-warning-days`).
+    public let warningDays: Int
 
-    /// An empty monitor.
-    public init() {}
+    /// An empty monitor warning `warningDays` ahead of an expiry.
+    public init(warningDays: Int = PinHealthBook.defaultWarningDays) {
+        self.warningDays = warningDays
+    }
 
     /// See `PinHealthBook.trusted`.
     public func trusted(host: String, pin: PinMatch?, leafNotAfter: Date?, generation: UInt64, at now: Date) {
@@ -196,18 +209,17 @@ public final class PinHealthMonitor: Sendable {
     }
 
     /// See `PinHealthBook.refused`.
-    public func refused(host: String, reason: DecisionReason, generation: UInt64, at now: Date) {
-        book.withLock { $0.refused(host: host, reason: reason, generation: generation, at: now) }
+    public func refused(host: String, reason: DecisionReason, list: PinList?, generation: UInt64, at now: Date) {
+        book.withLock { $0.refused(host: host, reason: reason, list: list, generation: generation, at: now) }
     }
 
     /// See `PinHealthBook.announcement`.
     public func announcement(for host: String, list: PinList?, now: Date) -> PinHealthBook.HostHealth? {
-        book.withLock { $0.announcement(for: host, list: list, now: now) }
+        book.withLock { $0.announcement(for: host, list: list, now: now, warningDays: warningDays) }
     }
 
     /// See `PinHealthBook.health`.
-    public func health(list: PinList?, generation: UInt64, now: Date,
-                       warningDays: Int = PinHealthBook.defaultWarningDays) -> [PinHealthBook.HostHealth] {
+    public func health(list: PinList?, generation: UInt64, now: Date) -> [PinHealthBook.HostHealth] {
         book.withLock { $0.health(list: list, generation: generation, now: now, warningDays: warningDays) }
     }
 }

@@ -86,6 +86,9 @@ public struct GateConfiguration: Sendable {
     /// first tunnel's client handshake with the gate, short enough that a dial that hangs
     /// (a black-holed origin) delays the others by no more than this.
     public var upstreamDialShareWait: TimeAmount = .milliseconds(250)
+    /// How many days before a pin, the list, or a hash-pinned leaf certificate expires its
+    /// host's pin health turns `expiring` (`pin-warning-days`; see `PinHealthBook`).
+    public var pinWarningDays: Int = PinHealthBook.defaultWarningDays
     /// The event-loop thread count (default: one per CPU the process may use, its affinity
     /// mask and cgroup considered; see `UsableProcessors`).
     public var eventLoopThreads: Int = UsableProcessors.count

@@ -127,7 +127,7 @@ public final class PinGateServer: Service, Sendable {
         // Opened before the event loops exist: a log file that cannot be opened stops
         // start-up with nothing to undo.
         let requestLog = try RequestLog(destination: configuration.requestLog, includeQuery: configuration.requestLogIncludesQuery)
-        let statistics = GateStatistics(metrics: metrics)
+        let statistics = GateStatistics(metrics: metrics, pinWarningDays: configuration.pinWarningDays)
         let refusals = RefusalLog(capacity: refusalLogCapacity)
         let minter = try LeafMinter(ca: ca)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: max(1, configuration.eventLoopThreads))
