@@ -256,7 +256,7 @@ public struct AdminSnapshot: Sendable, Codable {
                 heapTrims: stats.heapTrims, heapTrimReleasedBytes: stats.heapTrimReleasedBytes),
             upstreamPool: gate.upstreamPool,
             mode: gate.configuration.learning ? learningMode : "enforcing",
-            learned: gate.observations.map { recorder in
+            learned: gate.observations.flatMap { recorder in !gate.configuration.learning ? nil :
                 recorder.book.hosts.compactMap { host -> LearnedHost? in
                     guard let latest = host.latest, let leaf = latest.chain.first else { return nil }
                     let issuer = latest.chain.count > 1 ? latest.chain[1] : nil
@@ -266,8 +266,8 @@ public struct AdminSnapshot: Sendable, Codable {
                                        issuerSPKI: issuer?.spki, alpn: latest.alpn, leaves: host.chains.count)
                 }
             },
-            learnUnrecordedTunnels: gate.observations?.unrecorded,
-            learnWriteFailures: gate.observations?.writeFailures,
+            learnUnrecordedTunnels: gate.configuration.learning ? gate.observations?.unrecorded : nil,
+            learnWriteFailures: gate.configuration.learning ? gate.observations?.writeFailures : nil,
             pinHealth: gate.statistics.pinHealth.health(list: list, generation: gate.store.generation, now: now),
             pinWarningDays: gate.statistics.pinHealth.warningDays)
         var reason: String?

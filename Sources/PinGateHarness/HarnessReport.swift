@@ -1,4 +1,5 @@
 import Foundation
+import PinGate
 
 /// One leg of the harness and how it went.
 public struct LegResult: Sendable, Codable, Equatable {
@@ -30,9 +31,25 @@ public struct HarnessReport: Sendable, Codable, Equatable {
     public var pins: [String]
     /// The legs, in order.
     public var legs: [LegResult]
+    /// The target host's pin health after the gate leg (`ok`, `backup-only`, `expiring`, …).
+    public var pinHealth: PinHealthBook.HostHealth?
+    /// The pin health states that fail the run (`--fail-on`).
+    public var failOn: [String] = []
 
-    /// True only when every leg behaved as expected.
-    public var passed: Bool { !legs.isEmpty && legs.allSatisfy(\.passed) }
+    /// A report of `legs`.
+    public init(target: String, pins: [String], legs: [LegResult], pinHealth: PinHealthBook.HostHealth? = nil, failOn: [String] = []) {
+        self.target = target
+        self.pins = pins
+        self.legs = legs
+        self.pinHealth = pinHealth
+        self.failOn = failOn
+    }
+
+    /// True when the host's pin health is in a state `failOn` names.
+    public var pinHealthFails: Bool { pinHealth.map { failOn.contains($0.state.rawValue) } ?? false }
+
+    /// True only when every leg behaved as expected and the pin health is not one that fails.
+    public var passed: Bool { !legs.isEmpty && legs.allSatisfy(\.passed) && !pinHealthFails }
 
     /// A table for people.
     public func table() -> String {
@@ -44,9 +61,15 @@ public struct HarnessReport: Sendable, Codable, Equatable {
             let expectation = leg.expectation.padding(toLength: 52, withPad: " ", startingAt: 0)
             lines.append("\(name) \(result) \(expectation) \(leg.detail)")
         }
+        if let health = pinHealth {
+            lines.append("")
+            lines.append("pin health: \(health.state.rawValue): \(health.why)" + (health.lastPin.map { "; pin \($0)" } ?? ""))
+        }
         lines.append("")
         lines.append(passed
             ? "PASS: traffic through the gate works, and an interceptor in the path is refused."
+            : pinHealthFails && legs.allSatisfy(\.passed)
+            ? "FAIL: the legs passed, but the host's pin health is \(pinHealth?.state.rawValue ?? "?"), which --fail-on \(failOn.joined(separator: ",")) fails."
             : "FAIL: at least one leg did not behave as expected (see above).")
         return lines.joined(separator: "\n") + "\n"
     }
@@ -63,11 +86,31 @@ public struct HarnessReport: Sendable, Codable, Equatable {
 
     /// JUnit XML: one test case per leg; a failed leg carries the refusal and fingerprints.
     public func junit() -> String {
-        let failures = legs.filter { !$0.passed }.count
+        // The pin health is a test case of its own when --fail-on asks for it.
+        let healthCase = !failOn.isEmpty && pinHealth != nil
+        let tests = legs.count + (healthCase ? 1 : 0)
+        let failures = legs.filter { !$0.passed }.count + (pinHealthFails ? 1 : 0)
         let seconds = Double(legs.map(\.durationMilliseconds).reduce(0, +)) / 1000
         var xml = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-        xml += "<testsuites name=\"pingate harness\" tests=\"\(legs.count)\" failures=\"\(failures)\" errors=\"0\" time=\"\(seconds)\">\n"
-        xml += "  <testsuite name=\"\(escape(target))\" tests=\"\(legs.count)\" failures=\"\(failures)\" errors=\"0\" skipped=\"0\" time=\"\(seconds)\">\n"
+        xml += "<testsuites name=\"pingate harness\" tests=\"\(tests)\" failures=\"\(failures)\" errors=\"0\" time=\"\(seconds)\">\n"
+        xml += "  <testsuite name=\"\(escape(target))\" tests=\"\(tests)\" failures=\"\(failures)\" errors=\"0\" skipped=\"0\" time=\"\(seconds)\">\n"
+        if let health = pinHealth {
+            xml += "    <properties>\n"
+            var properties = [("pin_health", health.state.rawValue), ("pin_health_why", health.why)]
+            if let pin = health.lastPin { properties.append(("pin_health_last_pin", pin)) }
+            if let expires = health.pinExpires { properties.append(("pin_health_pin_expires", expires.formatted(.iso8601))) }
+            for (name, value) in properties { xml += "      <property name=\"\(name)\" value=\"\(escape(value))\"/>\n" }
+            xml += "    </properties>\n"
+        }
+        if healthCase, let health = pinHealth {
+            xml += "    <testcase classname=\"pingate.harness\" name=\"pin-health: not \(escape(failOn.joined(separator: ", ")))\" time=\"0\">\n"
+            if pinHealthFails {
+                xml += "      <failure message=\"pin health \(health.state.rawValue)\" type=\"PinHealth\">\(escape(health.why))</failure>\n"
+            } else {
+                xml += "      <system-out>pin health \(health.state.rawValue): \(escape(health.why))</system-out>\n"
+            }
+            xml += "    </testcase>\n"
+        }
         for leg in legs {
             xml += "    <testcase classname=\"pingate.harness\" name=\"\(escape(leg.name)): \(escape(leg.expectation))\" time=\"\(Double(leg.durationMilliseconds) / 1000)\">\n"
             if !leg.passed {

@@ -26,6 +26,9 @@ public struct HarnessConfiguration: Sendable {
     public var attackerStateDirectory: String?
     /// How long one leg may take.
     public var timeout: TimeInterval = 60
+    /// Pin health states of the target's host that fail the run although every leg passed
+    /// (`--fail-on backup-only,expiring`): a pipeline catches a rotation before it is an outage.
+    public var failOn: Set<PinHealthBook.State> = []
 
     /// Creates a configuration.
     public init(target: URL, list: PinList) {
@@ -87,10 +90,15 @@ public enum HarnessRunner {
         legs.append(await attackLeg(configuration, gate: attackedGate, attacker: attacker, interceptions: interceptions, caPath: gateCAPath))
         legs.append(await controlLeg(configuration, attacker: attacker, interceptions: interceptions, caPath: attackerCAPath))
 
+        // What the gate leg's verdict says of the host's pins (issue 34).
+        let health = gate.statistics.pinHealth.health(list: gate.store.list, generation: gate.store.generation, now: Date())
+            .first { $0.host == host }
+
         try? await attackedGate.shutdown()
         try? await attacker.shutdown()
         try? await gate.shutdown()
-        return HarnessReport(target: configuration.target.absoluteString, pins: pins, legs: legs)
+        return HarnessReport(target: configuration.target.absoluteString, pins: pins, legs: legs, pinHealth: health,
+                             failOn: configuration.failOn.map(\.rawValue).sorted())
     }
 
     // MARK: legs

@@ -25,6 +25,19 @@ public struct ListDraft: Codable, Sendable, Equatable {
     public var comment: String
     /// The pins, by host then position.
     public var pins: [Pin]
+    /// The sequence the signed list should carry (`list propose --next`: the list in
+    /// force's, plus one); `sign --draft` uses it unless `--sequence` is given.
+    public var sequence: Int64?
+    /// What changed against the list in force, each with why (`list propose --next`).
+    public var changes: [String]?
+
+    /// A draft of `pins`.
+    public init(comment: String, pins: [Pin], sequence: Int64? = nil, changes: [String]? = nil) {
+        self.comment = comment
+        self.pins = pins
+        self.sequence = sequence
+        self.changes = changes
+    }
 
     /// The draft as JSON: sorted keys, readable.
     public func encoded() throws -> Data {

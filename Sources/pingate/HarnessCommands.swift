@@ -90,6 +90,11 @@ struct HarnessCommand: AsyncParsableCommand {
         and NODE_OPTIONS loading the same Node preload as pingate env (Node before 24 reads no proxy \
         variable; its https module goes through the leg's proxy with it, fetch does not); it must exit 0 \
         in the gate and control legs and non-zero in the attack leg. Exit code 0 only if every leg did.
+
+        The report gives the target host's pin health after the gate leg (ok, backup-only, expiring; see \
+        pingate list health), and the JUnit report has it as properties. --fail-on backup-only,expiring \
+        fails the run on those states although every leg passed, so a pipeline catches a rotation or an \
+        expiry before it refuses traffic.
         """)
 
     @Option(name: .long, help: "https://host[:port]/path")
@@ -116,8 +121,15 @@ struct HarnessCommand: AsyncParsableCommand {
     @Option(name: .long, help: "Write a JUnit XML report here.")
     var junit: String?
 
+    @Option(name: .long, help: "Comma-separated pin health states of the target's host that fail the run although every leg passed: backup-only, expiring, unseen, refusing.")
+    var failOn: String?
+
     @Flag(name: .long, help: "Print the report as JSON instead of a table.")
     var json = false
+
+    func validate() throws {
+        _ = try PinHealthStates.parse(failOn)
+    }
 
     func run() async throws {
         HarnessCommand.bootstrapQuietLogging()
@@ -130,6 +142,7 @@ struct HarnessCommand: AsyncParsableCommand {
         configuration.upstreamTrust = upstreamCa.isEmpty ? .system : .pemFiles(upstreamCa.map { PathText.resolve($0) })
         configuration.pinsOnly = Set(pinsOnly)
         configuration.app = app
+        configuration.failOn = try PinHealthStates.parse(failOn)
         let report = try await HarnessRunner.run(configuration, logger: Logger(label: "pingate-harness"))
         try Self.emit(report, json: json, junit: junit)
         if !report.passed { throw ExitCode(1) }

@@ -156,7 +156,24 @@ extension ListCommand {
             Every choice is explained in the pin's why field; hosts left out, and why, go to stderr. \
             Review the draft, then sign it: pingate sign --draft FILE --key signer.key --format v2 \
             --sequence N.
+
+            With --next, the list that follows the one in force (--list FILE, or the list persisted in \
+            the state directory; verified with --key), from what the enforcing gate observed: pins \
+            that still match what their hosts present are kept, expired pins and pins that matched \
+            only chains their hosts no longer present are dropped, the key of the leaf a host now \
+            presents is added where only a backup pin carried it (pin health's backup-only), and \
+            every host keeps a backup. The draft lists each change with why, and carries the next \
+            sequence, which sign --draft uses.
             """)
+
+        @Flag(name: .long, help: "Propose the list that follows the one in force, from it and what the enforcing gate observed (see the discussion).")
+        var next = false
+
+        @Option(name: .long, help: "With --next: the list in force, a signed list file (default: the list persisted in the state directory).")
+        var list: String?
+
+        @Option(name: .long, help: "With --next: a public key that may have signed the list in force (PEM or base64 X9.63). Repeatable.")
+        var key: [String] = []
 
         @Option(name: .long, help: "The state directory the learning gate used (default $XDG_STATE_HOME/pingate, or ~/.local/state/pingate).")
         var stateDir: String?
@@ -167,15 +184,17 @@ extension ListCommand {
         @Option(name: .long, parsing: .upToNextOption, help: "Only hosts matching these globs (e.g. '*.example.com').")
         var hosts: [String] = []
 
-        @Option(name: .long, help: "v2 (key pins at any depth) or wultra-static (leaf certificates only).")
-        var format = "v2"
+        @Option(name: .long, help: "v2 (key pins at any depth) or wultra-static (leaf certificates only); default v2, or with --next the format of the list in force.")
+        var format: String?
 
         @Flag(name: .long, help: "Group hosts under one parent domain that share an issuer key into one *. pattern.")
         var group = false
 
         func validate() throws {
+            if !next && (list != nil || !key.isEmpty) { throw ValidationError("--list and --key are for --next") }
+            if next && key.isEmpty { throw ValidationError("--next needs --key, the public key that signed the list in force") }
             guard depth == 0 || depth == 1 else { throw ValidationError("--depth is 0 or 1, not \(depth)") }
-            guard ListProposal.Format(rawValue: format) != nil else { throw ValidationError("--format is v2 or wultra-static, not \(format)") }
+            if let format, ListProposal.Format(rawValue: format) == nil { throw ValidationError("--format is v2 or wultra-static, not \(format)") }
         }
 
         func run() throws {
@@ -190,15 +209,56 @@ extension ListCommand {
             } catch {
                 throw ConfigurationError("\(path) is not an observations file: \(error)")
             }
+            if next {
+                try proposeNext(book: book, observationsPath: path, state: state)
+                return
+            }
             var options = ListProposal.Options()
             options.depth = depth
             options.hosts = hosts
-            options.format = ListProposal.Format(rawValue: format) ?? .v2
+            options.format = format.flatMap(ListProposal.Format.init(rawValue:)) ?? .v2
             options.group = group
             let (draft, notes) = ListProposal.propose(book, options: options, source: path)
             for note in notes { FileHandle.standardError.write(Data("list propose: \(note)\n".utf8)) }
             guard !draft.pins.isEmpty else {
                 throw ConfigurationError("no host to propose from \(path)\(hosts.isEmpty ? "" : " matching \(hosts.joined(separator: " "))")")
+            }
+            print(String(decoding: try draft.encoded(), as: UTF8.self))
+        }
+
+        /// `--next`: the list in force, verified, and the observations → the next draft.
+        private func proposeNext(book: ObservationBook, observationsPath: String, state: String) throws {
+            let keys = try Verify.keys(key)
+            let inForce: PinList
+            let source: String
+            if let list {
+                source = PathText.resolve(list)
+                do {
+                    inForce = try SignedListDocument.read(file: source).verify(keys: keys)
+                } catch {
+                    throw ConfigurationError("--list \(source) does not verify: \(error)")
+                }
+            } else {
+                let persistence = PinListPersistence(stateDirectory: state)
+                source = persistence.path
+                let loaded: (SignedListDocument, PinList)?
+                do {
+                    loaded = try persistence.load(keys: keys)
+                } catch {
+                    throw ConfigurationError("the persisted list \(persistence.path) does not verify: \(error)")
+                }
+                guard let (_, persisted) = loaded else {
+                    throw ConfigurationError("no list persisted in \(state) (a gate given a local --pins file does not persist it): give the list in force with --list FILE")
+                }
+                inForce = persisted
+            }
+            var options = NextListProposal.Options()
+            options.format = format.flatMap(ListProposal.Format.init(rawValue:))
+            let (draft, notes) = NextListProposal.propose(list: inForce, book: book, options: options, source: observationsPath)
+            for note in notes { FileHandle.standardError.write(Data("list propose --next: \(note)\n".utf8)) }
+            for change in draft.changes ?? [] { FileHandle.standardError.write(Data("list propose --next: \(change)\n".utf8)) }
+            guard !draft.pins.isEmpty else {
+                throw ConfigurationError("the next list would have no pins: none of \(source)'s pins is still good and nothing observed replaces them")
             }
             print(String(decoding: try draft.encoded(), as: UTF8.self))
         }

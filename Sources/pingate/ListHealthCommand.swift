@@ -28,20 +28,8 @@ extension ListCommand {
         var timeout: Int = 10
 
         func validate() throws {
-            _ = try failingStates()
+            _ = try PinHealthStates.parse(failOn)
             guard timeout > 0 else { throw ValidationError("--timeout must be at least 1 second") }
-        }
-
-        /// The states `--fail-on` names, each checked.
-        func failingStates() throws -> Set<PinHealthBook.State> {
-            guard let failOn else { return [] }
-            return Set(try failOn.split(separator: ",").map { name in
-                let trimmed = name.trimmingCharacters(in: .whitespaces)
-                guard let state = PinHealthBook.State(rawValue: trimmed) else {
-                    throw ValidationError("--fail-on: unknown state \"\(trimmed)\"; the states are \(PinHealthBook.State.allCases.map(\.rawValue).joined(separator: ", "))")
-                }
-                return state
-            })
         }
 
         /// Where to ask: the flag, the config file's admin listen address, or the default.
@@ -58,7 +46,7 @@ extension ListCommand {
         }
 
         func run() throws {
-            let failing = try failingStates()
+            let failing = try PinHealthStates.parse(failOn)
             let (host, port) = try adminAddress()
             let status = try Self.fetchStatus(host: host, port: port, timeout: timeout)
             if json {
@@ -129,8 +117,23 @@ extension ListCommand {
                 return count == 0 ? nil : "\(count) \(state.rawValue)"
             }
             text += "\(hosts.count) host\(hosts.count == 1 ? "" : "s"): \(counts.joined(separator: ", "))"
-                + (warningDays.map { " (expiring: within \($0) days)" } ?? "") + "\n"
+                + (warningDays.map { " (pin-warning-days: \($0))" } ?? "") + "\n"
             return text
         }
+    }
+}
+
+/// `--fail-on` values (`list health`, `harness`): comma-separated pin health states.
+enum PinHealthStates {
+    /// The states `text` names, each checked; none for nil.
+    static func parse(_ text: String?) throws -> Set<PinHealthBook.State> {
+        guard let text else { return [] }
+        return Set(try text.split(separator: ",").map { name in
+            let trimmed = name.trimmingCharacters(in: .whitespaces)
+            guard let state = PinHealthBook.State(rawValue: trimmed) else {
+                throw ValidationError("--fail-on: unknown state \"\(trimmed)\"; the states are \(PinHealthBook.State.allCases.map(\.rawValue).joined(separator: ", "))")
+            }
+            return state
+        })
     }
 }

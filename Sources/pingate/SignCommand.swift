@@ -50,7 +50,7 @@ struct SignCommand: AsyncParsableCommand {
     @Option(name: .long, help: "static (Wultra) or v2 (pingate signed list).")
     var format: String = "static"
 
-    @Option(name: .long, help: "v2: the list's sequence number.")
+    @Option(name: .long, help: "v2: the list's sequence number (must grow with every list; a draft from list propose --next carries the next one, used when this is not given).")
     var sequence: Int64?
 
     @Option(name: .long, help: "v2: Unix time the list itself stops being fresh (default: 30 days from now).")
@@ -83,7 +83,8 @@ struct SignCommand: AsyncParsableCommand {
             throw ValidationError("more --name or --expires values than pins")
         }
         guard format == "static" || format == "v2" else { throw ValidationError("--format is static or v2") }
-        if format == "v2" { guard sequence != nil else { throw ValidationError("--format v2 needs --sequence") } }
+        // A draft from `list propose --next` carries its sequence; any other needs one.
+        if format == "v2" && draft == nil { guard sequence != nil else { throw ValidationError("--format v2 needs --sequence") } }
         if format == "static" && (spki || reportOnly || !revoke.isEmpty || sequence != nil || !depth.isEmpty) {
             throw ValidationError("--spki, --report-only, --revoke, --sequence and --depth need --format v2")
         }
@@ -172,9 +173,12 @@ struct SignCommand: AsyncParsableCommand {
             print(try WultraStaticList.encode(entries), terminator: "")
             return
         }
+        guard let listSequence = sequence ?? draft.sequence else {
+            throw ConfigurationError("--format v2 needs --sequence: the draft \(resolved) does not carry one (only list propose --next's drafts do)")
+        }
         let now = Int64(Date().timeIntervalSince1970)
         try printSigned(PinGateSignedList.Payload(
-            sequence: sequence ?? 0, issuedAt: now, expiresAt: listExpires ?? now + 30 * 86400,
+            sequence: listSequence, issuedAt: now, expiresAt: listExpires ?? now + 30 * 86400,
             pins: draft.pins.map {
                 PinGateSignedList.Pin(host: $0.host, sha256: $0.sha256, spki: $0.spki, expires: $0.expires,
                                       mode: reportOnly ? "report-only" : "enforce", depth: ($0.depth?.isLeaf ?? true) ? nil : $0.depth)

@@ -3,6 +3,7 @@ import PinGateTestSupport
 import Testing
 import PinGateTLS
 import PinList
+import PinListService
 @testable import PinGate
 @testable import PinGateAdmin
 import PinGateHarness
@@ -104,7 +105,7 @@ struct DepthPinTests {
         }
     }
 
-    @Test("the rotation drill (issue 34): a host pinned by its leaf key with its issuer as the depth-1 backup re-keys its leaf under the same issuer; traffic still passes, on the backup, and /status and /metrics say backup-only after one request; no request is refused")
+    @Test("the rotation drill (issue 34): a host pinned by its leaf key with its issuer as the depth-1 backup re-keys its leaf under the same issuer; traffic still passes, on the backup, and /status and /metrics say backup-only after one request; the observations say which pin carried each leaf; the next list proposed from them, signed and put in force, makes the host ok again; no request is refused")
     func rotationShowsBackupOnly() async throws {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
@@ -162,6 +163,35 @@ struct DepthPinTests {
                 #expect(Set(states) == ["backup-only", "expiring", "refusing"], "\(states)")
                 for state in states { #expect(PinHealthBook.State(rawValue: state) != nil, "\(state)") }
                 #expect(rules.contains("expr: pingate_pin_health{state=\"backup-only\"} == 1"))
+
+                // What the enforcing gate observed: each leaf, and the pin that carried it.
+                let observed = try #require(gate.server.observations?.book)
+                let chainsSeen = try #require(observed.hosts.first { $0.host == Self.host }?.chains)
+                #expect(chainsSeen.count == 2)
+                let latest = try #require(chainsSeen.first { $0.chain.first?.sha256 == rekeyed.certificate.sha256Fingerprint })
+                #expect(latest.matched?.position == 1 && latest.matched?.backup == true, "\(String(describing: latest.matched))")
+                #expect(chainsSeen.first { $0 != latest }?.matched?.position == 0)
+
+                // The next list, from the list in force and those observations: the new leaf's
+                // key added, signed with the sequence the draft carries, put in force as a
+                // reload would; the host is ok again on its next request, and nothing was refused.
+                let (draft, _) = NextListProposal.propose(list: try #require(gate.server.store.list), book: observed,
+                                                          options: NextListProposal.Options(), source: "observations.json")
+                #expect(draft.pins.contains { $0.spki == rekeyed.certificate.spkiSHA256 && $0.depth == nil }, "\(draft)")
+                #expect(draft.sequence == 2)
+                let issued = Int64(Date().timeIntervalSince1970)
+                let next = try chains.pki.directory.write("next.json", String(decoding: try PinGateSignedList.sign(.init(
+                    sequence: try #require(draft.sequence), issuedAt: issued - 60, expiresAt: issued + 200 * 86_400,
+                    pins: draft.pins.map { PinGateSignedList.Pin(host: $0.host, spki: $0.spki, expires: $0.expires, depth: $0.depth) }),
+                    key: chains.pki.signer), as: UTF8.self))
+                let installed = gate.server.store.install(try SignedListDocument.read(file: next), keys: [try chains.pki.signer.publicKey()],
+                                                          persistence: nil, now: Date(), provenance: .init(.pinsFile, "the next list (test)"))
+                #expect((try? installed.get()) != nil, "\(installed)")
+                let third = try await curlThroughGate(gate, target)
+                #expect(third.httpCode == "200", "\(third.stderr)")
+                let healed = try health()
+                #expect(healed["state"] as? String == "ok", "\(healed)")
+                #expect(gate.statistics.count(.pinMismatch) == 0 && gate.statistics.count(.empty) == 0)
             }
         }
     }

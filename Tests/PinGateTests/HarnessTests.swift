@@ -121,6 +121,18 @@ struct HarnessTests {
         #expect(["pin-mismatch", "chain-invalid"].contains(reason), "\(attack.detail)")
         if shape == .proposed { #expect(reason == "chain-invalid", "\(attack.detail)") }
         #expect(attack.detail.contains("refused: \(reason)") || attack.detail.contains(reason), "\(attack.detail)")
+        // The gate leg's verdict, as pin health: the pins expire in a day.
+        #expect(report.pinHealth?.state == .expiring, "\(String(describing: report.pinHealth))")
+        #expect(report.junit().contains("<property name=\"pin_health\" value=\"expiring\"/>"), "\(report.junit())")
+        #expect(report.table().contains("pin health: expiring: the pin that carries it expires at"), "\(report.table())")
+        // --fail-on: a state it names fails the run, with the legs passing; another does not.
+        var strict = report
+        strict.failOn = ["backup-only", "expiring"]
+        #expect(!strict.passed && strict.pinHealthFails)
+        #expect(strict.table().contains("FAIL: the legs passed, but the host's pin health is expiring"), "\(strict.table())")
+        #expect(strict.junit().contains("tests=\"4\" failures=\"1\""), "\(strict.junit())")
+        strict.failOn = ["backup-only"]
+        #expect(strict.passed)
     }
 
     @Test("a gate that does not gate (a report-only, pins-only host) is caught: the attack leg fails and the run fails; JUnit says why")
@@ -171,7 +183,26 @@ struct HarnessTests {
             #expect(run.status == 0, "\(run.stdout)\(run.stderr)")
             let json = try #require(try JSONSerialization.jsonObject(with: Data(run.stdout.utf8)) as? [String: Any])
             #expect(json["passed"] as? Bool == true)
+            #expect((json["pin_health"] as? [String: Any])?["state"] as? String == "expiring", "\(json)")
             #expect(FileManager.default.fileExists(atPath: junitPath))
+
+            // The same run with --fail-on expiring: the legs pass, the run fails on the pin
+            // health (its leaf, pinned by its certificate hash, expires within 30 days), and
+            // JUnit says so in a fourth test case and the properties.
+            let failing = try await TestProcess.run(TestProcess.pingateExecutable, [
+                "harness", "--target", target.url.absoluteString, "--resolve", "\(target.host):\(target.origin.port):127.0.0.1",
+                "--pins", pinsPath, "--pins-key", target.pki.signerPublicKeyPath, "--upstream-ca", target.pki.originCA.certificatePath,
+                "--junit", junitPath, "--fail-on", "backup-only,expiring",
+            ], timeout: 90)
+            #expect(failing.status == 1, "\(failing.stdout)\(failing.stderr)")
+            #expect(failing.stdout.contains("pin health: expiring: its leaf certificate (pinned by its hash) expires at"), "\(failing.stdout)")
+            #expect(failing.stdout.contains("FAIL: the legs passed, but the host's pin health is expiring"), "\(failing.stdout)")
+            let xml = try String(contentsOfFile: junitPath, encoding: .utf8)
+            #expect(xml.contains("tests=\"4\" failures=\"1\"") && xml.contains("<property name=\"pin_health\" value=\"expiring\"/>")
+                    && xml.contains("type=\"PinHealth\""), "\(xml)")
+            let unknown = try await TestProcess.run(TestProcess.pingateExecutable, ["harness", "--target", "https://x.test/", "--pins", pinsPath,
+                                                                                    "--pins-key", target.pki.signerPublicKeyPath, "--fail-on", "soon"])
+            #expect(unknown.status == 64 && unknown.stderr.contains("unknown state \"soon\""), "\(unknown.stderr)")
         }
     }
 

@@ -62,7 +62,7 @@ struct ListHealthCommandTests {
                     #expect(fields.first.map(String.init) == host && fields.dropFirst().first.map(String.init) == state, "\(line)")
                     #expect(line.contains(why), "\(line)")
                 }
-                #expect(lines.last == "5 hosts: 1 refusing, 1 expiring, 1 backup-only, 1 unseen, 1 ok (expiring: within 30 days)", "\(table.stdout)")
+                #expect(lines.last == "5 hosts: 1 refusing, 1 expiring, 1 backup-only, 1 unseen, 1 ok (pin-warning-days: 30)", "\(table.stdout)")
 
                 let json = try await TestProcess.run(pingate, ["list", "health", "--admin", admin, "--json"])
                 let entries = try #require(try JSONSerialization.jsonObject(with: json.stdoutData) as? [[String: Any]], "\(json.stdout)")
@@ -103,5 +103,62 @@ struct ListHealthCommandTests {
         let off = try await TestProcess.run(pingate, ["list", "health", "--config", offConfig])
         #expect(off.status == 1)
         #expect(off.stderr.contains("the admin endpoint is off in \(offConfig)"), "\(off.stderr)")
+    }
+
+    @Test("the rotation drill through the commands: a host pinned by its leaf key with its issuer as backup re-keys its leaf; traffic passes on the backup and list health says backup-only; after the gate stops, list propose --next (from the observations it wrote) adds the new key, list diff shows it, sign --draft signs it with the next sequence without --sequence; the gate restarted on it says ok; nothing was refused")
+    func rotationDrillThroughTheCommands() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let host = "rotate.health.pingate.test"
+        let old = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "old", notAfter: Date().addingTimeInterval(90 * 86_400))
+        let new = try pki.leaf([.dns(host)], issuer: pki.originCA, file: "new", notAfter: Date().addingTimeInterval(90 * 86_400))
+        let far = Int64(Date().timeIntervalSince1970) + 200 * 86_400
+        let listPath = try directory.write("pins.json", String(decoding: try pki.signedV2(sequence: 4, pins: [
+            .init(host: host, spki: old.certificate.spkiSHA256, expires: far),
+            .init(host: host, spki: pki.originCA.certificate.spkiSHA256, expires: far, depth: .position(1)),
+        ], expiresAt: Date().addingTimeInterval(200 * 86_400)), as: UTF8.self))
+        let signerKey = try directory.write("signer.key", try pki.signer.pkcs8PEM())
+        let pingate = TestProcess.pingateExecutable
+        let state = directory.file("state")
+
+        try await NginxOrigin.with(certificatePath: new.certificatePath, keyPath: new.keyPath, files: ["index.txt": Data("rotated".utf8)]) { origin in
+            func gateArguments(_ list: String) -> [String] {
+                ["--listen", "127.0.0.1:0", "--state-dir", state, "--pins", list, "--pins-key", pki.signerPublicKeyPath,
+                 "--upstream-ca", pki.upstreamTrustPath, "--decision-log", "off", "--resolve", "\(host):\(origin.port):127.0.0.1"]
+            }
+            func request(_ gate: RunningGate) async throws -> String {
+                try await TestProcess.run("curl", ["-sS", "--max-time", "30", "--proxy", "http://127.0.0.1:\(gate.port)",
+                                                   "--cacert", "\(state)/ca.pem", "https://\(host):\(origin.port)/index.txt"]).stdout
+            }
+            func health(_ gate: RunningGate) async throws -> TestProcess.Result {
+                _ = await eventually(timeout: .seconds(10)) { gate.adminPort != nil }
+                return try await TestProcess.run(pingate, ["list", "health", "--admin", "127.0.0.1:\(try #require(gate.adminPort))", "--fail-on", "backup-only,refusing"])
+            }
+            try await RunningGate.with(gateArguments(listPath)) { gate in
+                #expect(try await request(gate) == "rotated")
+                let before = try await health(gate)
+                #expect(before.status == 3 && before.stdout.hasPrefix("\(host)  backup-only"), "\(before.stdout) \(before.stderr)")
+            }
+            // The stopped gate wrote what it observed; the next list comes from it.
+            let proposed = try await TestProcess.run(pingate, ["list", "propose", "--next", "--state-dir", state, "--list", listPath, "--key", pki.signerPublicKeyPath])
+            #expect(proposed.status == 0, "\(proposed.stderr)")
+            #expect(proposed.stderr.contains("list propose --next: added \(host) depth-0 spki \(new.certificate.spkiSHA256)"), "\(proposed.stderr)")
+            let draft = try directory.write("next.json", proposed.stdout)
+            let diff = try await TestProcess.run(pingate, ["list", "diff", listPath, draft, "--key", pki.signerPublicKeyPath])
+            #expect(diff.status == 1)
+            #expect(diff.stdout.contains(new.certificate.spkiSHA256), "\(diff.stdout)")
+            let signed = try await TestProcess.run(pingate, ["sign", "--draft", draft, "--key", signerKey, "--format", "v2"])
+            #expect(signed.status == 0, "\(signed.stderr)")
+            let nextList = try directory.write("pins-next.json", signed.stdout)
+            let verified = try await TestProcess.run(pingate, ["list", "verify", nextList, "--key", pki.signerPublicKeyPath])
+            #expect(verified.status == 0 && verified.stdout.contains("sequence:   5\n"), "\(verified.stdout) \(verified.stderr)")
+
+            try await RunningGate.with(gateArguments(nextList)) { gate in
+                #expect(try await request(gate) == "rotated")
+                let after = try await health(gate)
+                #expect(after.status == 0 && after.stdout.hasPrefix("\(host)  ok"), "\(after.stdout) \(after.stderr)")
+            }
+        }
     }
 }

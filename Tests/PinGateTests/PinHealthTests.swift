@@ -61,6 +61,28 @@ struct PinHealthTests {
         }
     }
 
+    @Test("the list's own expiry warns at most half its validity ahead: a 30-day list signed today is ok, one 5 days from its end (25 days old) is expiring, a year-long list warns 30 days ahead")
+    func listHalfLife() throws {
+        func listHealth(issuedDaysAgo: Double, expiresInDays: Double) throws -> PinHealthBook.HostHealth {
+            let base = Self.list()
+            let list = PinList(source: "test", entries: base.entries,
+                               metadata: .init(format: .pingateV2, sequence: 1, issuedAt: Self.now - issuedDaysAgo * Self.day,
+                                               expiresAt: Self.now + expiresInDays * Self.day))
+            var book = PinHealthBook()
+            book.trusted(host: "api.pingate.test", pin: try Self.match(list, "api.pingate.test", "leaf", position: 0),
+                         leafNotAfter: Self.now + 90 * Self.day, generation: 1, at: Self.now)
+            return try #require(Self.state(book, list, "api.pingate.test"))
+        }
+        #expect(try listHealth(issuedDaysAgo: 0, expiresInDays: 30).state == .ok)
+        #expect(try listHealth(issuedDaysAgo: 14, expiresInDays: 16).state == .ok)
+        let late = try listHealth(issuedDaysAgo: 25, expiresInDays: 5)
+        #expect(late.state == .expiring)
+        #expect(late.why.contains("the list expires at") && late.why.contains("within half the list's validity (15 days)"), "\(late.why)")
+        #expect(try listHealth(issuedDaysAgo: 300, expiresInDays: 35).state == .ok)
+        let yearLong = try listHealth(issuedDaysAgo: 340, expiresInDays: 25)
+        #expect(yearLong.state == .expiring && yearLong.why.contains("within 30 days"), "\(yearLong.why)")
+    }
+
     @Test("pin-warning-days sets the window: a pin 10 days from expiry is expiring at 30 and 11 days, ok at 10, 5 and 0; the log line and /status agree", arguments: [(30, true), (11, true), (10, false), (5, false), (0, false)])
     func warningDays(days: Int, expiring: Bool) throws {
         let list = Self.list(leafExpires: 10 * Self.day)

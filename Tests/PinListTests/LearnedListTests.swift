@@ -23,7 +23,13 @@ struct LearnedListTests {
             for code in codes {
                 let chain = code % 11 == 0 ? [] : [Self.certificate(leaves[code % 3]), Self.certificate("issuer")]
                 let time = Self.now.addingTimeInterval(Double(code % 97) * 60)
-                if book.record(host: hosts[(code / 3) % 3].uppercased(), port: 443 + (code / 9) % 2, chain: chain, alpn: "h2", at: time) {
+                let host = hosts[(code / 3) % 3].uppercased(), port = 443 + (code / 9) % 2
+                // The enforcing gate's fast path first, as it calls it: a known leaf is
+                // counted by its hash alone.
+                if code % 5 == 0, let leaf = chain.first,
+                   book.touch(host: host, port: port, leafSHA256: leaf.sha256, matched: nil, at: time) {
+                    recorded += 1
+                } else if book.record(host: host, port: port, chain: chain, alpn: "h2", at: time) {
                     recorded += 1
                 }
                 #expect(!chain.isEmpty || book.hosts.allSatisfy { $0.chains.allSatisfy { !$0.chain.isEmpty } })
@@ -40,6 +46,31 @@ struct LearnedListTests {
             let decoded = try? ObservationBook.decode(Data((try? book.encoded()) ?? []))
             #expect(decoded == book)
         }
+    }
+
+    @Test("the book is bounded: past its hosts the least recently seen host goes, past its leaves per host the least recently seen leaf; earliestNotAfter is the chain's earliest; a touch of an unknown leaf records nothing")
+    func bookBounds() {
+        var book = ObservationBook()
+        for index in 0..<(ObservationBook.maximumHosts + 3) {
+            book.record(host: "h\(index).example", port: 443, chain: [Self.certificate("leaf\(index)")], alpn: nil,
+                        at: Self.now.addingTimeInterval(Double(index)))
+        }
+        #expect(book.hosts.count == ObservationBook.maximumHosts)
+        #expect(!book.hosts.contains { ["h0.example", "h1.example", "h2.example"].contains($0.host) })
+        #expect(book.hosts.contains { $0.host == "h3.example" })
+        var one = ObservationBook()
+        for index in 0..<(ObservationBook.maximumChainsPerHost + 2) {
+            one.record(host: "api.example", port: 443, chain: [Self.certificate("leaf\(index)", daysLeft: 90), Self.certificate("ca", daysLeft: 30)],
+                       alpn: nil, at: Self.now.addingTimeInterval(Double(index)))
+        }
+        let chains = one.hosts.first?.chains ?? []
+        #expect(chains.count == ObservationBook.maximumChainsPerHost)
+        #expect(!chains.contains { $0.chain.first?.sha256 == "sha-leaf0" || $0.chain.first?.sha256 == "sha-leaf1" })
+        #expect(chains.allSatisfy { $0.earliestNotAfter == Self.now.addingTimeInterval(30 * 86400) })
+        let unknownLeaf = one.touch(host: "api.example", port: 443, leafSHA256: "sha-unknown", matched: nil, at: Self.now)
+        let unknownHost = one.touch(host: "other.example", port: 443, leafSHA256: "sha-leaf5", matched: nil, at: Self.now)
+        #expect(!unknownLeaf && !unknownHost)
+        #expect(one.hosts.first?.chains.reduce(0) { $0 + $1.count } == ObservationBook.maximumChainsPerHost)
     }
 
     /// A book with `host` seen on `chains` (each leaf first) once each.

@@ -5,6 +5,7 @@ import PinGateHTTP
 import PinGateNIO
 import PinGateTLS
 import PinList
+import PinListService
 import Synchronization
 
 /// Drives one client connection through `ConnectStateMachine`: it turns channel events,
@@ -434,10 +435,17 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                                          generation: environment.store.generation, at: environment.now())
         }
         announcePinHealth(of: request.host)
-        // Learn mode writes down what every admitted host presented: the chain OpenSSL
-        // validated (a pins-only host's unvalidated chain has no positions to pin).
-        environment.observations?.record(host: request.host, port: request.port, chain: upstream.peer.verifiedChain,
-                                         alpn: upstream.peer.alpn, at: environment.now())
+        // What every admitted host presented is written down, with the pin that carried it:
+        // the chain OpenSSL validated (a pins-only host's unvalidated chain has no positions
+        // to pin). A pin deeper than the leaf carrying a host that has leaf pins is a backup.
+        if let observations = environment.observations {
+            let matched = verdict.matchedPin.map { pin in
+                ObservedPinMatch(pin, backup: pin.position > 0
+                    && (environment.store.list?.unexpiredEntries(for: request.host, at: environment.now()).contains { $0.depth.isLeaf } ?? false))
+            }
+            observations.record(host: request.host, port: request.port, chain: upstream.peer.verifiedChain,
+                                leafSHA256: verdict.observedFingerprint, alpn: upstream.peer.alpn, matched: matched, at: environment.now())
+        }
         statistics.tunnelOpened()
         watchUntilJoined(upstream, context: context)
         // One decision line per CONNECT: for an admitted one, written when it ends, with

@@ -143,10 +143,9 @@ public struct PinHealthBook: Sendable {
             case .reportOnlyViolation: health.why = "let through only because its pins are report-only: what it presents matches none of them"
             default: health.why = "refused: what it presents matches none of its pins"
             }
-        } else if let expiry = nearestExpiry(record, pinExpires: pinExpires, list: list),
-                  expiry.date.timeIntervalSince(now) < TimeInterval(warningDays) * 86_400 {
+        } else if let expiry = nearestWarningExpiry(record, pinExpires: pinExpires, list: list, now: now, warningDays: warningDays) {
             health.state = .expiring
-            health.why = "\(expiry.what) expires at \(expiry.date.formatted(.iso8601)), within \(warningDays) days"
+            health.why = "\(expiry.what) expires at \(expiry.date.formatted(.iso8601)), within \(expiry.window)"
         } else if let pin = record.pin, pin.position > 0, pins.contains(where: { $0.depth.isLeaf }) {
             health.state = .backupOnly
             health.why = "trusted only by the depth-\(pin.position) pin: its leaf no longer matches its leaf pins; the rotation has started, and the next list should pin the new leaf"
@@ -178,15 +177,29 @@ public struct PinHealthBook: Sendable {
         return health
     }
 
-    /// The expiry closest ahead that the host's last trusted verdict depends on.
-    private static func nearestExpiry(_ record: Record, pinExpires: Date?, list: PinList?) -> (what: String, date: Date)? {
-        var candidates: [(String, Date)] = []
-        if let expires = pinExpires { candidates.append(("the pin that carries it", expires)) }
-        if let expires = list?.metadata.expiresAt { candidates.append(("the list", expires)) }
-        if let pin = record.pin, pin.position == 0, pin.kind == .certificate, let notAfter = record.leafNotAfter {
-            candidates.append(("its leaf certificate (pinned by its hash)", notAfter))
+    /// The nearest expiry the host's last trusted verdict depends on that is inside its
+    /// warning window, with the window in words; nil when none is.
+    ///
+    /// The pin and a hash-pinned leaf warn `warningDays` ahead. The list's own expiry warns
+    /// at most half its validity ahead: a list signed for 30 days and re-published on a
+    /// schedule (what `pingate sign` makes by default) would otherwise be `expiring` from
+    /// the moment it is signed; a list whose next copy is overdue past half its life is
+    /// worth the warning.
+    private static func nearestWarningExpiry(_ record: Record, pinExpires: Date?, list: PinList?, now: Date,
+                                             warningDays: Int) -> (what: String, date: Date, window: String)? {
+        let days = TimeInterval(warningDays) * 86_400
+        var candidates: [(what: String, date: Date, window: TimeInterval)] = []
+        if let expires = pinExpires { candidates.append(("the pin that carries it", expires, days)) }
+        if let expires = list?.metadata.expiresAt {
+            let validity = list?.metadata.issuedAt.map { expires.timeIntervalSince($0) } ?? .infinity
+            candidates.append(("the list", expires, min(days, validity / 2)))
         }
-        return candidates.min { $0.1 < $1.1 }
+        if let pin = record.pin, pin.position == 0, pin.kind == .certificate, let notAfter = record.leafNotAfter {
+            candidates.append(("its leaf certificate (pinned by its hash)", notAfter, days))
+        }
+        guard let nearest = candidates.filter({ $0.date.timeIntervalSince(now) < $0.window }).min(by: { $0.date < $1.date }) else { return nil }
+        let window = nearest.window == days ? "\(warningDays) days" : "half the list's validity (\(Int(nearest.window / 86_400)) days)"
+        return (nearest.what, nearest.date, window)
     }
 
 }

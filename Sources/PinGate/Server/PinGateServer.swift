@@ -113,13 +113,15 @@ public final class PinGateServer: Service, Sendable {
     ) async throws -> PinGateServer {
         // A write to a peer that has gone away must be an error, not the end of the process.
         signal(SIGPIPE, SIG_IGN)
-        // Learn mode's record is read (or refused) before anything that would need undoing.
+        // What admitted hosts present is recorded in every mode (learn mode proposes a
+        // first list from it, an enforcing gate the next one: `list propose --next`). The
+        // record is read (or refused) before anything that would need undoing.
         var observations: ObservationRecorder?
-        if configuration.learning {
-            guard let stateDirectory else {
-                throw ConfigurationError("learn mode needs a state directory to record what it sees in")
-            }
-            observations = try ObservationRecorder(stateDirectory: stateDirectory, logger: logger)
+        if let stateDirectory {
+            observations = try ObservationRecorder(stateDirectory: stateDirectory, logger: logger,
+                                                   writeDelay: configuration.learning ? .milliseconds(500) : .seconds(10))
+        } else if configuration.learning {
+            throw ConfigurationError("learn mode needs a state directory to record what it sees in")
         }
         let upstreamContext = try TLSContext.client(trustRoots: configuration.upstreamTrust,
                                                     collectsSessions: configuration.upstreamSessionResumption)

@@ -44,7 +44,7 @@ struct GateFixture {
             let list = try listPath.map { try SignedListDocument.read(file: $0).verify(keys: [pki.signer.publicKey()]) }
             let server = try await PinGateServer.start(
                 configuration: configuration, store: PinListStore(list), ca: ca, logger: quietLogger,
-                listSource: listSource, stateDirectory: listSource == nil ? nil : state, now: now)
+                listSource: listSource, stateDirectory: state, now: now)
             let schedule = server.updater.map { updater in Task { _ = try? await updater.run() } }
             return GateFixture(server: server, caPath: LocalCA.Paths(stateDirectory: state).certificate, directory: directory,
                                schedule: schedule)

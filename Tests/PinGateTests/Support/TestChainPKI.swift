@@ -43,7 +43,7 @@ struct TestChainPKI {
         _ = try directory.write("\(name).ext", extensions + "\n")
         try await Self.run("""
         openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$1.key" -out "$1.csr" -subj "$2"
-        openssl x509 -req -in "$1.csr" -CA "$3" -CAkey "$4" -set_serial "0x$(openssl rand -hex 8)" -days 30 -sha256 \
+        openssl x509 -req -in "$1.csr" -CA "$3" -CAkey "$4" -set_serial "0x$(openssl rand -hex 8)" -days 90 -sha256 \
           -extfile "$1.ext" -out "$1.pem"
         """, in: directory, name, subject, issuer.certificatePath, issuer.keyPath)
         return try Self.load(name, in: directory)
