@@ -28,11 +28,21 @@ public enum StateFiles {
             guard isDirectory.boolValue else { throw WriteError(path: path, detail: "exists and is not a directory") }
             return
         }
+        // The nearest part of the path that exists must be a directory we may write in:
+        // said plainly, where Foundation would say `NSCocoaErrorDomain error 512`.
+        var existing = (path as NSString).deletingLastPathComponent
+        while !existing.isEmpty, existing != "/", !FileManager.default.fileExists(atPath: existing) {
+            existing = (existing as NSString).deletingLastPathComponent
+        }
+        if !existing.isEmpty, FileManager.default.fileExists(atPath: existing, isDirectory: &isDirectory), !isDirectory.boolValue {
+            throw WriteError(path: path, detail: "\(existing) is a file, not a directory; choose a directory path")
+        }
         do {
             try FileManager.default.createDirectory(
                 atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         } catch {
-            throw WriteError(path: path, detail: "\(error.localizedDescription)")
+            let denied = !existing.isEmpty && !FileManager.default.isWritableFile(atPath: existing)
+            throw WriteError(path: path, detail: denied ? "\(existing) is not writable by this user" : "\(error.localizedDescription)")
         }
     }
 

@@ -110,6 +110,11 @@ struct RunCommand: AsyncParsableCommand {
     @Option(name: .long, help: "Log level: trace, debug, info, notice, warning, error.")
     var logLevel: String?
 
+    @Flag(name: .long, help: ArgumentHelp(
+        "Check the configuration and exit, as nginx -t does: every key and flag, the list file against its keys, the trust anchors, the local CA and its permissions, the admin token and the log destinations; nothing is written, no port is bound. Exit 0 when it would start.",
+        discussion: "The packaged service runs it before it starts and before a reload (ExecStartPre, ExecReload), so a broken edit to /etc/pingate stops there with a message, and a running gate keeps its last good list."))
+    var check = false
+
     @Option(name: .long, help: "On SIGTERM/SIGINT, how long open tunnels may take to finish before they are closed (default 30).")
     var drainTimeout: Int?
 
@@ -144,6 +149,13 @@ struct RunCommand: AsyncParsableCommand {
         guard let level = Logger.Level(rawValue: levelText) else {
             throw ConfigurationError("unknown log level \(levelText)")
         }
+        if check {
+            print(try checkOnly(file: file, configuration: configuration), terminator: "")
+            return
+        }
+        // The trust anchors before anything is created: a wrong path stops here, naming the
+        // key, not after the CA was made.
+        try Self.checkTrust(configuration)
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)
             handler.logLevel = level
@@ -193,20 +205,7 @@ struct RunCommand: AsyncParsableCommand {
             "subject": "\(ca.certificate.subjectDescription)",
         ])
 
-        var admin: AdminConfiguration?
-        let adminText = adminListen ?? file?.admin?.listen ?? "127.0.0.1:9090"
-        if adminText != "off" {
-            var adminConfiguration = AdminConfiguration()
-            (adminConfiguration.host, adminConfiguration.port) = try Self.parseHostPort(adminText)
-            if let tokenFile = adminTokenFile.map({ PathText.resolve($0) }) ?? file?.admin?.tokenFile {
-                adminConfiguration.token = try AdminConfiguration.readToken(file: tokenFile)
-            } else if let token = file?.admin?.token, !token.isEmpty {
-                adminConfiguration.token = token
-            }
-            adminConfiguration.allowedHosts = adminAllowedHosts.isEmpty ? (file?.admin?.allowedHosts ?? []) : adminAllowedHosts
-            try adminConfiguration.validate()
-            admin = adminConfiguration
-        }
+        let admin = try adminConfiguration(file: file)
         let (decisionLogger, decisionLogHandler) = try Self.makeDecisionLogger(decisionLog ?? file?.decisionLog ?? "stderr")
         // Decision lines are written by a background thread: whatever it still holds is
         // written before the process exits, however `run` ends. Bounded, so a stderr
@@ -278,13 +277,107 @@ struct RunCommand: AsyncParsableCommand {
         try await group.run()
     }
 
+    /// The admin endpoint's settings (nil when `off`), its token read and the whole checked.
+    func adminConfiguration(file: ConfigFile?) throws -> AdminConfiguration? {
+        let adminText = adminListen ?? file?.admin?.listen ?? "127.0.0.1:9090"
+        guard adminText != "off" else { return nil }
+        var adminConfiguration = AdminConfiguration()
+        (adminConfiguration.host, adminConfiguration.port) = try Self.parseHostPort(adminText, key: "--admin-listen (config: admin.listen)")
+        if let tokenFile = adminTokenFile.map({ PathText.resolve($0) }) ?? file?.admin?.tokenFile {
+            adminConfiguration.token = try AdminConfiguration.readToken(file: tokenFile)
+        } else if let token = file?.admin?.token, !token.isEmpty {
+            adminConfiguration.token = token
+        }
+        adminConfiguration.allowedHosts = adminAllowedHosts.isEmpty ? (file?.admin?.allowedHosts ?? []) : adminAllowedHosts
+        try adminConfiguration.validate()
+        return adminConfiguration
+    }
+
+    /// Loads the upstream and report trust anchors as the gate will, so a wrong file is
+    /// named with the key that gave it.
+    static func checkTrust(_ configuration: GateConfiguration) throws {
+        for (trust, key) in [(configuration.upstreamTrust, "--upstream-ca (config: upstream-ca)"), (configuration.reportTrust, "report-ca")] {
+            guard case .pemFiles(let files) = trust else { continue }
+            for path in files where !FileManager.default.isReadableFile(atPath: path) {
+                throw ConfigurationError("\(key): cannot read \(path): \(FileManager.default.fileExists(atPath: path) ? "permission denied" : "no such file"); give a readable PEM file of trust anchors")
+            }
+            do {
+                _ = try TLSContext.client(trustRoots: trust, collectsSessions: false)
+            } catch {
+                throw ConfigurationError("\(key): \(files.joined(separator: ", ")) is not usable as trust anchors: \(error); give PEM certificates")
+            }
+        }
+    }
+
+    /// `--check`: everything `run` would refuse to start on, without writing a file or
+    /// binding a port; returns the summary to print, or throws what is wrong.
+    func checkOnly(file: ConfigFile?, configuration: GateConfiguration) throws -> String {
+        var lines: [String] = []
+        let checked = config.map { "config \($0)" } ?? "flags"
+        lines.append("listen:       \(Authority(host: configuration.listenHost, port: configuration.listenPort))")
+        try Self.checkTrust(configuration)
+        lines.append("upstream-ca:  " + { if case .pemFiles(let files) = configuration.upstreamTrust { files.joined(separator: ", ") } else { "the system trust store" } }())
+
+        let stateDirectory = PathText.stateDirectory(flag: stateDir, file: file)
+        if FileManager.default.fileExists(atPath: LocalCA.Paths(stateDirectory: stateDirectory).certificate) {
+            let ca = try LocalCA.load(stateDirectory: stateDirectory)
+            let exposed = LocalCA.permissionProblems(stateDirectory: stateDirectory)
+            if !exposed.isEmpty && (strictPermissions ?? file?.strictPermissions ?? true) {
+                throw ConfigurationError("it would refuse to start: \(LocalCA.CAError.insecurePermissions(exposed)) (or run with --no-strict-permissions)")
+            }
+            lines.append("state-dir:    \(stateDirectory) (local CA \(ca.certificate.subjectDescription)\(exposed.isEmpty ? "" : "; exposed, allowed by --no-strict-permissions"))")
+        } else {
+            var parent = stateDirectory
+            while !FileManager.default.fileExists(atPath: parent) && parent != "/" { parent = (parent as NSString).deletingLastPathComponent }
+            var isDirectory: ObjCBool = false
+            guard FileManager.default.fileExists(atPath: parent, isDirectory: &isDirectory), isDirectory.boolValue else {
+                throw ConfigurationError("state-dir \(stateDirectory): \(parent) is a file, not a directory; choose a directory path")
+            }
+            guard FileManager.default.isWritableFile(atPath: parent) else {
+                throw ConfigurationError("state-dir \(stateDirectory): no local CA there yet, and \(parent) is not writable to create it")
+            }
+            lines.append("state-dir:    \(stateDirectory) (the local CA will be created at start)")
+        }
+
+        let quiet = Logger(label: "pingate-check") { _ in SwiftLogNoOpLogHandler() }
+        let store = PinListStore(nil)
+        let source = try makeListSource(file: file, store: store, stateDirectory: stateDirectory, logger: quiet, persisting: false)
+        switch source?.location {
+        case .file(let path)?:
+            let list = store.list
+            let now = Date()
+            lines.append("pins:         \(path): \(list.map { "\($0.metadata.format.rawValue), \($0.entries.count) pin\($0.entries.count == 1 ? "" : "s") (\($0.entries.filter { $0.isUnexpired(at: now) }.count) unexpired)" + ($0.metadata.sequence.map { ", sequence \($0)" } ?? "") + ($0.metadata.expiresAt.map { ", expires \(ListPrinter.iso($0))" } ?? "") } ?? "-"), verified with \(source?.keys.count ?? 0) key\(source?.keys.count == 1 ? "" : "s")")
+            if let reason = list?.expiryReason(at: now) { lines.append("              warning: \(reason): every CONNECT would be refused until a newer list is in force") }
+        case .url(let url)?:
+            lines.append("pins:         \(url) (fetched at start; keys loaded: \(source?.keys.count ?? 0))")
+        case nil:
+            lines.append(configuration.learning ? "pins:         none (learn mode)" : "pins:         none: every CONNECT would be refused")
+        }
+
+        if let admin = try adminConfiguration(file: file) {
+            lines.append("admin:        \(Authority(host: admin.host, port: admin.port))\(admin.token == nil ? "" : " (token set)")")
+        } else {
+            lines.append("admin:        off")
+        }
+        for (name, destination) in [("decision-log", decisionLog ?? file?.decisionLog ?? "stderr"), ("request-log", requestLog ?? file?.requestLog ?? "off")]
+        where destination != "stderr" && destination != "off" {
+            let path = PathText.resolve(destination)
+            let writable = FileManager.default.fileExists(atPath: path)
+                ? FileManager.default.isWritableFile(atPath: path)
+                : FileManager.default.isWritableFile(atPath: (path as NSString).deletingLastPathComponent)
+            guard writable else { throw ConfigurationError("\(name) \(path) cannot be written (its directory must exist and be writable)") }
+            lines.append("\(name):\(String(repeating: " ", count: max(1, 14 - name.count - 1)))\(path)")
+        }
+        return "pingate: \(checked) is valid; the gate would start with:\n" + lines.map { "  " + $0 }.joined(separator: "\n") + "\n"
+    }
+
     /// The gate's settings from the flags and the config file: a flag given overrides
     /// the file's key.
     func gateConfiguration(file: ConfigFile?) throws -> GateConfiguration {
         var configuration = GateConfiguration()
 
         let listenText = listen ?? file?.listen ?? PathText.defaultListen
-        (configuration.listenHost, configuration.listenPort) = try Self.parseHostPort(listenText)
+        (configuration.listenHost, configuration.listenPort) = try Self.parseHostPort(listenText, key: "--listen (config: listen)")
 
         let roots = upstreamCa.isEmpty ? (file?.upstreamCA ?? []) : upstreamCa.map { PathText.resolve($0) }
         configuration.upstreamTrust = roots.isEmpty ? .system : .pemFiles(roots)
@@ -344,7 +437,8 @@ struct RunCommand: AsyncParsableCommand {
     /// The list source from flags and config. A local file is verified now, and start-up
     /// fails if it does not verify; a URL is fetched by the updater (direct mode), with
     /// the persisted copy in the state directory as the fallback when it cannot be.
-    private func makeListSource(file: ConfigFile?, store: PinListStore, stateDirectory: String, logger: Logger) throws -> PinListSource? {
+    private func makeListSource(file: ConfigFile?, store: PinListStore, stateDirectory: String, logger: Logger,
+                                persisting: Bool = true) throws -> PinListSource? {
         let section = file?.pins
         guard let sourceText = pins.map({ $0.lowercased().hasPrefix("https://") ? $0 : PathText.resolve($0) }) ?? section?.source else {
             return nil
@@ -369,7 +463,8 @@ struct RunCommand: AsyncParsableCommand {
         source.fallbackFile = section?.fallback
 
         if case .file(let path) = source.location {
-            try putPinsFileInForce(path: path, format: format, keys: keys, store: store, stateDirectory: stateDirectory, logger: logger)
+            try putPinsFileInForce(path: path, format: format, keys: keys, store: store, stateDirectory: stateDirectory, logger: logger,
+                                   persisting: persisting)
         }
         return source
     }
@@ -378,7 +473,7 @@ struct RunCommand: AsyncParsableCommand {
     /// the list an earlier run's reload persisted (`PinsFileStartup`): the log line says
     /// which list is in force and why.
     private func putPinsFileInForce(path: String, format: PinListFormat?, keys: [PublicKey], store: PinListStore,
-                                    stateDirectory: String, logger: Logger) throws {
+                                    stateDirectory: String, logger: Logger, persisting: Bool) throws {
         let now = Date()
         let document: SignedListDocument
         let list: PinList
@@ -390,6 +485,11 @@ struct RunCommand: AsyncParsableCommand {
         do {
             list = try document.verify(keys: keys)
         } catch {
+            // A draft from `list propose` is a list nobody signed yet: say so, not what a
+            // signed format it is not lacks.
+            if (try? ListDraft.decode(document.body)) != nil {
+                throw ConfigurationError("refusing to start: \(path) is an unsigned list draft (from pingate list propose); sign it first: pingate sign --draft \(path) --key signer.key --format v2 --sequence N > pins.json, and give that to --pins")
+            }
             throw ConfigurationError("refusing to start: the fingerprint list \(path) was rejected: \(error)")
         }
         let persistence = PinListPersistence(stateDirectory: stateDirectory)
@@ -404,7 +504,7 @@ struct RunCommand: AsyncParsableCommand {
         case .refuse(let message):
             throw ConfigurationError("refusing to start: \(message)")
         case .useFile(let provenance, let persist):
-            switch store.install(document, keys: keys, persistence: persist ? persistence : nil, now: now, provenance: provenance,
+            switch store.install(document, keys: keys, persistence: persist && persisting ? persistence : nil, now: now, provenance: provenance,
                                  allowingExpired: true) {
             case .success(let list):
                 if store.status.lastResult == "persist-failed" {
@@ -447,12 +547,16 @@ struct RunCommand: AsyncParsableCommand {
     }
 
     /// Parses `HOST:PORT` or `[IPv6]:PORT` for a listen address (port 0: any free port).
-    static func parseHostPort(_ text: String) throws -> (String, Int) {
+    /// - Parameters:
+    ///   - key: the flag and config key the text came from, named in the error.
+    static func parseHostPort(_ text: String, key: String? = nil) throws -> (String, Int) {
         do {
             let authority = try Authority(parsing: text, ports: 0...65535)
             return (authority.host, authority.port)
         } catch {
-            throw ConfigurationError(error.description)
+            guard let key else { throw ConfigurationError(error.description) }
+            let hint = text.allSatisfy(\.isNumber) ? "; a port alone is not enough: write 127.0.0.1:\(text)" : ""
+            throw ConfigurationError("\(key): \(error.description)\(hint)")
         }
     }
 }

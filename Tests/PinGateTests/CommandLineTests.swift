@@ -319,6 +319,45 @@ struct CommandLineTests {
             #expect(!FileManager.default.fileExists(atPath: directory.file("state-\(index)")), "the gate went on after the error")
         }
     }
+
+    @Test("run --check: the example config is valid and nothing is written; a missing or broken upstream-ca, an unsigned draft as --pins, a state dir under a file and a bare port as listen each fail with the key and the fix, before anything is created; run itself says the same")
+    func runCheck() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let root = TestProcess.repositoryRoot
+        let example = root.appendingPathComponent("pingate.example.yml").path
+        let state = directory.file("state")
+        let valid = try await TestProcess.run(Self.pingate, ["run", "--check", "--config", example, "--state-dir", state])
+        #expect(valid.status == 0, "\(valid.stderr)")
+        #expect(valid.stdout.hasPrefix("pingate: config \(example) is valid; the gate would start with:"), "\(valid.stdout)")
+        #expect(valid.stdout.contains("pins:         \(root.path)/certs/example/pins.json: wultra-static, 1 pin (1 unexpired), verified with 1 key"), "\(valid.stdout)")
+        #expect(valid.stdout.contains("(the local CA will be created at start)"))
+        #expect(!FileManager.default.fileExists(atPath: state), "--check wrote the state directory")
+
+        let garbage = try directory.write("garbage.pem", "not a certificate\n")
+        let file = try directory.write("a-file", "")
+        let draft = try directory.write("draft.json", #"{"comment":"x","pins":[{"host":"a.test","spki":"47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=","expires":1900000000,"why":"w"}]}"#)
+        let bareListen = try directory.write("bare.yml", "listen: 22180\n")
+        let cases: [([String], String)] = [
+            (["--config", example, "--upstream-ca", directory.file("nope.pem")],
+             "--upstream-ca (config: upstream-ca): cannot read \(directory.file("nope.pem")): no such file; give a readable PEM file of trust anchors"),
+            (["--config", example, "--upstream-ca", garbage], "--upstream-ca (config: upstream-ca): \(garbage) is not usable as trust anchors"),
+            (["--pins", draft, "--pins-key", root.appendingPathComponent("certs/example/list-signer.pub.pem").path],
+             "\(draft) is an unsigned list draft (from pingate list propose); sign it first: pingate sign --draft"),
+            (["--config", example, "--state-dir", "\(file)/state"], "\(file) is a file, not a directory; choose a directory path"),
+            (["--config", bareListen], "--listen (config: listen): expected HOST:PORT or [IPv6]:PORT, got \"22180\"; a port alone is not enough: write 127.0.0.1:22180"),
+        ]
+        for (index, (arguments, expected)) in cases.enumerated() {
+            let caseState = directory.file("state-\(index)")
+            let withState = arguments.contains("--state-dir") ? arguments : arguments + ["--state-dir", caseState]
+            for mode in [["run", "--check"], ["run", "--admin-listen", "off", "--listen", "127.0.0.1:0"]] where !(mode.count > 2 && arguments.first == "--config" && arguments.contains(bareListen)) {
+                let result = try await TestProcess.run(Self.pingate, mode + withState)
+                #expect(result.status == 1, "\(mode) \(arguments): \(result.stdout)")
+                #expect(result.stderr.contains(expected), "\(mode) \(arguments): \(result.stderr)")
+                #expect(!FileManager.default.fileExists(atPath: caseState), "\(mode) \(arguments) created the state directory")
+            }
+        }
+    }
 }
 
 /// `pingate run` as a child process; its port is read from its start-up log line.
