@@ -7,7 +7,7 @@ import Testing
 /// state as the command prints it, `--json`, `--fail-on` and the errors a user meets.
 @Suite("pingate list health")
 struct ListHealthCommandTests {
-    @Test("five pinned hosts, one per state (ok, expiring at 10 days with pin-warning-days 30, backup-only after a leaf the list no longer pins, refusing, unseen): the table says each with why and a count per state, worst first; --json matches /status; --fail-on exits 3 naming the states; --config finds the admin endpoint; errors name the fix")
+    @Test("six pinned hosts, one per state (ok, expiring at 10 days with pin-warning-days 30, backup-only after a leaf the list no longer pins, backup-only on the root after a leaf and its intermediate both rotated, refusing, unseen): the table says each with why and a count per state, worst first; /metrics and the status page say the same; --json matches /status; --fail-on exits 3 naming the states; --config finds the admin endpoint; errors name the fix")
     func statesThroughTheCommand() async throws {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
@@ -16,6 +16,15 @@ struct ListHealthCommandTests {
         let leaf = try pki.leaf(names.map { .dns($0) }, issuer: pki.originCA, file: "origin")
         // A key the origin no longer presents: the leaf before a rotation.
         let retired = try pki.leaf([.dns(names[2])], issuer: pki.originCA, file: "retired")
+        // A host whose leaf and intermediate both rotated under the same root, which its
+        // list pins at depth 2 (with the old leaf and old intermediate).
+        let both = "both.health.pingate.test"
+        let chainPKI = try await TestChainPKI.make(in: directory)
+        let oldIntermediate = try await chainPKI.intermediate("old-intermediate")
+        let newIntermediate = try await chainPKI.intermediate("new-intermediate")
+        let oldLeaf = try await chainPKI.leaf("both-old", host: both, issuer: oldIntermediate)
+        let newLeaf = try await chainPKI.leaf("both-new", host: both, issuer: newIntermediate)
+        let fullChain = try directory.write("both-fullchain.pem", try newLeaf.certificate.pemString() + newIntermediate.certificate.pemString())
         let now = Int64(Date().timeIntervalSince1970)
         let far = now + 200 * 86_400
         let listPath = try directory.write("pins.json", String(decoding: try pki.signedV2(sequence: 1, pins: [
@@ -25,15 +34,25 @@ struct ListHealthCommandTests {
             .init(host: names[2], spki: pki.originCA.certificate.spkiSHA256, expires: far, depth: .position(1)),
             .init(host: names[3], spki: retired.certificate.spkiSHA256, expires: far),
             .init(host: names[4], spki: leaf.certificate.spkiSHA256, expires: far),
+            .init(host: both, spki: oldLeaf.certificate.spkiSHA256, expires: far),
+            .init(host: both, spki: oldIntermediate.certificate.spkiSHA256, expires: far, depth: .position(1)),
+            .init(host: both, spki: chainPKI.root.certificate.spkiSHA256, expires: far, depth: .position(2)),
         ], expiresAt: Date().addingTimeInterval(200 * 86_400)), as: UTF8.self))
         let pingate = TestProcess.pingateExecutable
 
         try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath,
                                    files: ["index.txt": Data("fine".utf8)]) { origin in
+          try await NginxOrigin.with(certificatePath: fullChain, keyPath: newLeaf.keyPath, files: ["index.txt": Data("fine".utf8)]) { rotated in
             try await RunningGate.with([
                 "--listen", "127.0.0.1:0", "--state-dir", directory.file("state"), "--pins", listPath, "--pins-key", pki.signerPublicKeyPath,
-                "--upstream-ca", pki.upstreamTrustPath, "--decision-log", "off", "--pin-warning-days", "30",
+                "--upstream-ca", pki.upstreamTrustPath, "--upstream-ca", chainPKI.root.certificatePath,
+                "--decision-log", "off", "--pin-warning-days", "30", "--resolve", "\(both):\(rotated.port):127.0.0.1",
             ] + names.flatMap { ["--resolve", "\($0):\(origin.port):127.0.0.1"] }) { gate in
+                let bothResult = try await TestProcess.run("curl", [
+                    "-sS", "-o", "/dev/null", "--max-time", "30", "--proxy", "http://127.0.0.1:\(gate.port)",
+                    "--cacert", directory.file("state/ca.pem"), "-w", "%{http_connect} %{http_code}", "https://\(both):\(rotated.port)/index.txt",
+                ])
+                #expect(bothResult.stdout == "200 200", "\(bothResult.stdout) \(bothResult.stderr)")
                 for name in names.prefix(4) {
                     // %{http_connect}: the gate's answer to CONNECT; %{http_code}: the origin's.
                     let result = try await TestProcess.run("curl", [
@@ -53,6 +72,7 @@ struct ListHealthCommandTests {
                     (names[3], "refusing", "matches none of its pins"),
                     (names[1], "expiring", "the pin that carries it expires at"),
                     (names[2], "backup-only", "trusted only by the depth-1 pin"),
+                    (both, "backup-only", "trusted only by the depth-2 pin"),
                     (names[4], "unseen", "not reached since the list came in force"),
                     (names[0], "ok", "its leaf matches a pin"),
                 ]
@@ -62,7 +82,15 @@ struct ListHealthCommandTests {
                     #expect(fields.first.map(String.init) == host && fields.dropFirst().first.map(String.init) == state, "\(line)")
                     #expect(line.contains(why), "\(line)")
                 }
-                #expect(lines.last == "5 hosts: 1 refusing, 1 expiring, 1 backup-only, 1 unseen, 1 ok (pin-warning-days: 30)", "\(table.stdout)")
+                #expect(lines.last == "6 hosts: 1 refusing, 1 expiring, 2 backup-only, 1 unseen, 1 ok (pin-warning-days: 30)", "\(table.stdout)")
+
+                // /metrics and the status page say the same of each host.
+                let metrics = try await TestProcess.run("curl", ["-sS", "--max-time", "10", "http://\(admin)/metrics"]).stdout
+                let page = try await TestProcess.run("curl", ["-sS", "--max-time", "10", "http://\(admin)/"]).stdout
+                for (host, state, _) in expected {
+                    #expect(metrics.contains("pingate_pin_health{host=\"\(host)\",state=\"\(state)\"} 1"), "\(host) \(state): \(metrics)")
+                    #expect(page.contains("<td>\(host)</td><td><code>\(state)</code></td>"), "\(host) \(state) not on the page")
+                }
 
                 let json = try await TestProcess.run(pingate, ["list", "health", "--admin", admin, "--json"])
                 let entries = try #require(try JSONSerialization.jsonObject(with: json.stdoutData) as? [[String: Any]], "\(json.stdout)")
@@ -72,11 +100,11 @@ struct ListHealthCommandTests {
                 #expect(statusObject["pin_warning_days"] as? Int == 30)
                 #expect(Dictionary(uniqueKeysWithValues: entries.map { ($0["host"] as? String ?? "", $0["state"] as? String ?? "") })
                         == Dictionary(uniqueKeysWithValues: fromStatus.map { ($0["host"] as? String ?? "", $0["state"] as? String ?? "") }))
-                #expect(entries.count == 5)
+                #expect(entries.count == 6)
 
                 let failing = try await TestProcess.run(pingate, ["list", "health", "--admin", admin, "--fail-on", "backup-only,expiring"])
                 #expect(failing.status == 3)
-                #expect(failing.stderr.contains("2 hosts backup-only, expiring (--fail-on backup-only,expiring)"), "\(failing.stderr)")
+                #expect(failing.stderr.contains("3 hosts backup-only, expiring (--fail-on backup-only,expiring)"), "\(failing.stderr)")
                 let passing = try await TestProcess.run(pingate, ["list", "health", "--admin", admin, "--fail-on", "ok"])
                 #expect(passing.status == 3, "ok is a state too; one host is ok")
                 let none = try await TestProcess.run(pingate, ["list", "health", "--admin", admin, "--fail-on", "refusing"])
@@ -87,6 +115,7 @@ struct ListHealthCommandTests {
                 let viaConfig = try await TestProcess.run(pingate, ["list", "health", "--config", config])
                 #expect(viaConfig.status == 0 && viaConfig.stdout == table.stdout, "\(viaConfig.stderr)")
             }
+          }
         }
 
         // What a user gets wrong: a state that does not exist, a gate that is not there,
