@@ -29,6 +29,21 @@ struct RunCommand: AsyncParsableCommand {
         """
     )
 
+    @OptionGroup var options: GateOptions
+
+    func run() async throws {
+        try await options.runGate()
+    }
+
+    /// See `GateOptions.parseHostPort`.
+    static func parseHostPort(_ text: String, key: String? = nil) throws -> (String, Int) {
+        try GateOptions.parseHostPort(text, key: key)
+    }
+}
+
+/// The options `pingate run` and `pingate check-config` share, and what the gate does with
+/// them: one definition, so the check and the run read the same flags the same way.
+struct GateOptions: ParsableArguments {
     @Option(name: .long, help: "YAML config file (flags override it).")
     var config: String?
 
@@ -112,7 +127,7 @@ struct RunCommand: AsyncParsableCommand {
 
     @Flag(name: .long, help: ArgumentHelp(
         "Check the configuration and exit, as nginx -t does: every key and flag, the list file against its keys, the trust anchors, the local CA and its permissions, the admin token and the log destinations; nothing is written, no port is bound. Exit 0 when it would start.",
-        discussion: "The packaged service runs it before it starts and before a reload (ExecStartPre, ExecReload), so a broken edit to /etc/pingate stops there with a message, and a running gate keeps its last good list."))
+        discussion: "The same as pingate check-config, which the packaged service runs before it starts and before a reload (ExecStartPre, ExecReload), so a broken edit to /etc/pingate stops there with a message, and a running gate keeps its last good list."))
     var check = false
 
     @Option(name: .long, help: "On SIGTERM/SIGINT, how long open tunnels may take to finish before they are closed (default 30).")
@@ -140,7 +155,8 @@ struct RunCommand: AsyncParsableCommand {
     @Flag(name: .long, help: "With --learn, allow a listen address other than loopback (every client that reaches it gets through to any host with a valid chain). Config: learn-allow-remote: true.")
     var learnAllowRemote = false
 
-    func run() async throws {
+    /// `pingate run` (or, with `check`, `check-config`) with these options.
+    func runGate() async throws {
         HeapTuning.applyForRelaying()
         let file = try config.map(ConfigFile.load)
         let configuration = try gateConfiguration(file: file)
@@ -155,7 +171,7 @@ struct RunCommand: AsyncParsableCommand {
         }
         // The trust anchors before anything is created: a wrong path stops here, naming the
         // key, not after the CA was made.
-        try Self.checkTrust(configuration)
+        try GateOptions.checkTrust(configuration)
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)
             handler.logLevel = level
@@ -206,7 +222,7 @@ struct RunCommand: AsyncParsableCommand {
         ])
 
         let admin = try adminConfiguration(file: file)
-        let (decisionLogger, decisionLogHandler) = try Self.makeDecisionLogger(decisionLog ?? file?.decisionLog ?? "stderr")
+        let (decisionLogger, decisionLogHandler) = try GateOptions.makeDecisionLogger(decisionLog ?? file?.decisionLog ?? "stderr")
         // Decision lines are written by a background thread: whatever it still holds is
         // written before the process exits, however `run` ends. Bounded, so a stderr
         // that nobody reads any more cannot keep the process from exiting.
@@ -282,7 +298,7 @@ struct RunCommand: AsyncParsableCommand {
         let adminText = adminListen ?? file?.admin?.listen ?? "127.0.0.1:9090"
         guard adminText != "off" else { return nil }
         var adminConfiguration = AdminConfiguration()
-        (adminConfiguration.host, adminConfiguration.port) = try Self.parseHostPort(adminText, key: "--admin-listen (config: admin.listen)")
+        (adminConfiguration.host, adminConfiguration.port) = try GateOptions.parseHostPort(adminText, key: "--admin-listen (config: admin.listen)")
         if let tokenFile = adminTokenFile.map({ PathText.resolve($0) }) ?? file?.admin?.tokenFile {
             adminConfiguration.token = try AdminConfiguration.readToken(file: tokenFile)
         } else if let token = file?.admin?.token, !token.isEmpty {
@@ -315,7 +331,7 @@ struct RunCommand: AsyncParsableCommand {
         var lines: [String] = []
         let checked = config.map { "config \($0)" } ?? "flags"
         lines.append("listen:       \(Authority(host: configuration.listenHost, port: configuration.listenPort))")
-        try Self.checkTrust(configuration)
+        try GateOptions.checkTrust(configuration)
         lines.append("upstream-ca:  " + { if case .pemFiles(let files) = configuration.upstreamTrust { files.joined(separator: ", ") } else { "the system trust store" } }())
 
         let stateDirectory = PathText.stateDirectory(flag: stateDir, file: file)
@@ -377,7 +393,7 @@ struct RunCommand: AsyncParsableCommand {
         var configuration = GateConfiguration()
 
         let listenText = listen ?? file?.listen ?? PathText.defaultListen
-        (configuration.listenHost, configuration.listenPort) = try Self.parseHostPort(listenText, key: "--listen (config: listen)")
+        (configuration.listenHost, configuration.listenPort) = try GateOptions.parseHostPort(listenText, key: "--listen (config: listen)")
 
         let roots = upstreamCa.isEmpty ? (file?.upstreamCA ?? []) : upstreamCa.map { PathText.resolve($0) }
         configuration.upstreamTrust = roots.isEmpty ? .system : .pemFiles(roots)
@@ -418,7 +434,7 @@ struct RunCommand: AsyncParsableCommand {
             guard count > 0 else { throw ConfigurationError("the upstream pool's per-host cap must be at least 1, got \(count) (use --no-upstream-pool to turn pooling off)") }
             configuration.upstreamPoolMaximumIdlePerHost = count
         }
-        configuration.requestLog = Self.requestLogDestination(requestLog ?? file?.requestLog ?? "off")
+        configuration.requestLog = GateOptions.requestLogDestination(requestLog ?? file?.requestLog ?? "off")
         if learn ?? file?.learn ?? false {
             let host = configuration.listenHost
             guard DestinationAddress.isLoopbackListenHost(host) || (learnAllowRemote || file?.learnAllowRemote == true) else {

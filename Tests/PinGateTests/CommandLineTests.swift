@@ -320,14 +320,14 @@ struct CommandLineTests {
         }
     }
 
-    @Test("run --check: the example config is valid and nothing is written; a missing or broken upstream-ca, an unsigned draft as --pins, a state dir under a file and a bare port as listen each fail with the key and the fix, before anything is created; run itself says the same")
+    @Test("check-config (and run --check): the example config is valid and nothing is written; a missing or broken upstream-ca, an unsigned draft as --pins, a state dir under a file and a bare port as listen each fail with the key and the fix, before anything is created; run itself says the same")
     func runCheck() async throws {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
         let root = TestProcess.repositoryRoot
         let example = root.appendingPathComponent("pingate.example.yml").path
         let state = directory.file("state")
-        let valid = try await TestProcess.run(Self.pingate, ["run", "--check", "--config", example, "--state-dir", state])
+        let valid = try await TestProcess.run(Self.pingate, ["check-config", "--config", example, "--state-dir", state])
         #expect(valid.status == 0, "\(valid.stderr)")
         #expect(valid.stdout.hasPrefix("pingate: config \(example) is valid; the gate would start with:"), "\(valid.stdout)")
         #expect(valid.stdout.contains("pins:         \(root.path)/certs/example/pins.json: wultra-static, 1 pin (1 unexpired), verified with 1 key"), "\(valid.stdout)")
@@ -350,7 +350,7 @@ struct CommandLineTests {
         for (index, (arguments, expected)) in cases.enumerated() {
             let caseState = directory.file("state-\(index)")
             let withState = arguments.contains("--state-dir") ? arguments : arguments + ["--state-dir", caseState]
-            for mode in [["run", "--check"], ["run", "--admin-listen", "off", "--listen", "127.0.0.1:0"]] where !(mode.count > 2 && arguments.first == "--config" && arguments.contains(bareListen)) {
+            for mode in [["run", "--check"], ["check-config"], ["run", "--admin-listen", "off", "--listen", "127.0.0.1:0"]] where !(mode.count > 2 && arguments.first == "--config" && arguments.contains(bareListen)) {
                 let result = try await TestProcess.run(Self.pingate, mode + withState)
                 #expect(result.status == 1, "\(mode) \(arguments): \(result.stdout)")
                 #expect(result.stderr.contains(expected), "\(mode) \(arguments): \(result.stderr)")

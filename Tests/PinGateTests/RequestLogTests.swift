@@ -310,22 +310,22 @@ struct RequestLogConfigurationTests {
         #expect(file.requestLog == directory.file("logs/requests.jsonl"))
         #expect(file.requestLogQuery == true)
 
-        let fromFile = try RunCommand.parse(["--config", path]).gateConfiguration(file: file)
+        let fromFile = try RunCommand.parse(["--config", path]).options.gateConfiguration(file: file)
         #expect(fromFile.requestLog == .file(directory.file("logs/requests.jsonl")))
         #expect(fromFile.requestLogIncludesQuery)
 
-        let overridden = try RunCommand.parse(["--config", path, "--request-log", "stderr", "--no-request-log-query"]).gateConfiguration(file: file)
+        let overridden = try RunCommand.parse(["--config", path, "--request-log", "stderr", "--no-request-log-query"]).options.gateConfiguration(file: file)
         #expect(overridden.requestLog == .standardError)
         #expect(!overridden.requestLogIncludesQuery)
 
         let off = try directory.write("off.yml", "request-log: off\nrequest-log-query: false\n")
         let offFile = try ConfigFile.load(off)
-        #expect(try RunCommand.parse([]).gateConfiguration(file: offFile).requestLog == .off)
-        #expect(try RunCommand.parse(["--request-log", "requests.jsonl", "--request-log-query"]).gateConfiguration(file: offFile).requestLog
+        #expect(try RunCommand.parse([]).options.gateConfiguration(file: offFile).requestLog == .off)
+        #expect(try RunCommand.parse(["--request-log", "requests.jsonl", "--request-log-query"]).options.gateConfiguration(file: offFile).requestLog
                 == .file(FileManager.default.currentDirectoryPath + "/requests.jsonl"))
-        #expect(try RunCommand.parse(["--request-log-query"]).gateConfiguration(file: offFile).requestLogIncludesQuery)
+        #expect(try RunCommand.parse(["--request-log-query"]).options.gateConfiguration(file: offFile).requestLogIncludesQuery)
 
-        let defaults = try RunCommand.parse([]).gateConfiguration(file: nil)
+        let defaults = try RunCommand.parse([]).options.gateConfiguration(file: nil)
         #expect(defaults.requestLog == .off)
         #expect(!defaults.requestLogIncludesQuery)
     }

@@ -355,25 +355,25 @@ struct UpstreamPoolStateTests {
 
     @Test("the pool's flags and config keys: on by default (30 s, 16 per host), the file's keys read, flags override them, nonsense refused with the fix named")
     func configuration() throws {
-        let defaults = try RunCommand.parse([]).gateConfiguration(file: nil)
+        let defaults = try RunCommand.parse([]).options.gateConfiguration(file: nil)
         #expect(defaults.upstreamPoolEnabled)
         #expect(defaults.upstreamPoolIdleTimeout == .seconds(30) && defaults.upstreamPoolMaximumIdlePerHost == 16)
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
         let path = try directory.write("pingate.yml", "upstream-pool: false\nupstream-pool-idle-timeout-seconds: 5\nupstream-pool-max-per-host: 2\n")
         let file = try ConfigFile.load(path)
-        let fromFile = try RunCommand.parse(["--config", path]).gateConfiguration(file: file)
+        let fromFile = try RunCommand.parse(["--config", path]).options.gateConfiguration(file: file)
         #expect(!fromFile.upstreamPoolEnabled)
         #expect(fromFile.upstreamPoolIdleTimeout == .seconds(5) && fromFile.upstreamPoolMaximumIdlePerHost == 2)
         let flags = try RunCommand.parse(["--config", path, "--upstream-pool", "--upstream-pool-idle-timeout", "7",
-                                          "--upstream-pool-max-per-host", "3"]).gateConfiguration(file: file)
+                                          "--upstream-pool-max-per-host", "3"]).options.gateConfiguration(file: file)
         #expect(flags.upstreamPoolEnabled && flags.upstreamPoolIdleTimeout == .seconds(7) && flags.upstreamPoolMaximumIdlePerHost == 3)
-        #expect(try !RunCommand.parse(["--no-upstream-pool"]).gateConfiguration(file: nil).upstreamPoolEnabled)
+        #expect(try !RunCommand.parse(["--no-upstream-pool"]).options.gateConfiguration(file: nil).upstreamPoolEnabled)
         #expect {
-            try RunCommand.parse(["--upstream-pool-max-per-host", "0"]).gateConfiguration(file: nil)
+            try RunCommand.parse(["--upstream-pool-max-per-host", "0"]).options.gateConfiguration(file: nil)
         } throws: { "\($0)".contains("--no-upstream-pool") }
         #expect {
-            try RunCommand.parse(["--upstream-pool-idle-timeout", "0"]).gateConfiguration(file: nil)
+            try RunCommand.parse(["--upstream-pool-idle-timeout", "0"]).options.gateConfiguration(file: nil)
         } throws: { "\($0)".contains("at least 1 s") }
     }
 }
