@@ -193,7 +193,8 @@ public enum ListProposal {
         globs.isEmpty || globs.contains { fnmatch($0.lowercased(), host, 0) == 0 }
     }
 
-    private static func depthOrder(_ depth: PinEntry.Depth?) -> Int {
+    /// Orders a host's pins leaf first, then by position, `any` last.
+    static func depthOrder(_ depth: PinEntry.Depth?) -> Int {
         switch depth {
         case nil: return 0
         case .position(let position)?: return position

@@ -140,7 +140,7 @@ public enum NextListProposal {
             if kept.isEmpty {
                 notes.append("\(pattern): left out: none of its pins is still good, and nothing observed would replace them; it would be refused (empty) under the next list")
             }
-            pins += kept.sorted { depthOrder($0.depth) < depthOrder($1.depth) }
+            pins += kept.sorted { ListProposal.depthOrder($0.depth) < ListProposal.depthOrder($1.depth) }
         }
         for host in observed.all where !patterns.contains(where: { (try? HostPattern(parsing: $0))?.matches(host.name) == true }) {
             notes.append("\(host.name): observed, but no pin of the list covers it: not proposed here (pingate list propose, after learn mode, proposes new hosts)")
@@ -151,15 +151,6 @@ public enum NextListProposal {
             + ", from what the gate observed (\(source)), made \(iso(now)). \(changes.count) change\(changes.count == 1 ? "" : "s"). Review it (pingate list diff), then sign it: pingate sign --draft FILE --key signer.key --format "
             + (format == .v2 ? "v2" + (sequence.map { " (sequence \($0), from the draft)" } ?? " --sequence N") : "static")
         return (ListDraft(comment: comment, pins: pins, sequence: format == .v2 ? sequence : nil, changes: changes), notes)
-    }
-
-    /// Orders pins leaf first.
-    private static func depthOrder(_ depth: PinEntry.Depth?) -> Int {
-        switch depth {
-        case nil: return 0
-        case .position(let position)?: return position
-        case .any?: return Int.max
-        }
     }
 
     private static func iso(_ date: Date) -> String { InternetTime.text(date) }
