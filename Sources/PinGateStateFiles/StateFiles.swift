@@ -21,8 +21,9 @@ public enum StateFiles {
         public var description: String { "cannot write \(path): \(detail)" }
     }
 
-    /// Creates `path` (and parents) as a directory with mode 0700 if it does not exist.
-    public static func ensureDirectory(_ path: String) throws {
+    /// Creates `path` (and parents) as a directory with `mode` (0700 unless said) if it does
+    /// not exist; an existing directory is left as it is.
+    public static func ensureDirectory(_ path: String, mode: mode_t = 0o700) throws {
         var isDirectory: ObjCBool = false
         if FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) {
             guard isDirectory.boolValue else { throw WriteError(path: path, detail: "exists and is not a directory") }
@@ -39,7 +40,7 @@ public enum StateFiles {
         }
         do {
             try FileManager.default.createDirectory(
-                atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+                atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: Int(mode)])
         } catch {
             let denied = !existing.isEmpty && !FileManager.default.isWritableFile(atPath: existing)
             throw WriteError(path: path, detail: denied ? "\(existing) is not writable by this user" : "\(error.localizedDescription)")

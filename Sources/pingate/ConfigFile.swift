@@ -10,6 +10,7 @@ import PinGateNIO
 /// ```yaml
 /// listen: 127.0.0.1:8080
 /// state-dir: ./state
+/// public-dir: /run/pingate       # where the gate publishes ca.pem and ca-bundle.pem for apps of any user (pingate env)
 /// pins:
 ///   source: pins.json            # or https://lists.example.com/pins.json
 ///   keys: [signer.pub.pem]       # files, or Wultra's base64 X9.63 key inline (88 characters)
@@ -47,6 +48,7 @@ import PinGateNIO
 /// upstream-pool-idle-timeout-seconds: 30
 /// upstream-pool-max-per-host: 16
 /// log-level: info
+/// log-format: text               # or json: one JSON object per line on stderr
 /// strict-permissions: true       # refuse to start if ca.key or the state directory is open to others
 /// ```
 struct ConfigFile: Decodable {
@@ -95,6 +97,7 @@ struct ConfigFile: Decodable {
     var requestLogQuery: Bool?
     var refusalLogSize: Int?
     var stateDir: String?
+    var publicDir: String?
     var pins: Pins?
     var upstreamCA: [String]?
     var resolve: [String]?
@@ -112,6 +115,7 @@ struct ConfigFile: Decodable {
     var upstreamPoolMaxPerHost: Int?
     var upstreamTimeoutSeconds: Int?
     var logLevel: String?
+    var logFormat: String?
     var strictPermissions: Bool?
     var allowPrivateDestinations: Bool?
     var upstreamSessionResumption: Bool?
@@ -125,6 +129,7 @@ struct ConfigFile: Decodable {
         case requestLogQuery = "request-log-query"
         case refusalLogSize = "refusal-log-size"
         case stateDir = "state-dir"
+        case publicDir = "public-dir"
         case pins
         case upstreamCA = "upstream-ca"
         case resolve
@@ -142,6 +147,7 @@ struct ConfigFile: Decodable {
         case upstreamPoolMaxPerHost = "upstream-pool-max-per-host"
         case upstreamTimeoutSeconds = "upstream-timeout-seconds"
         case logLevel = "log-level"
+        case logFormat = "log-format"
         case strictPermissions = "strict-permissions"
         case allowPrivateDestinations = "allow-private-destinations"
         case upstreamSessionResumption = "upstream-session-resumption"
@@ -175,6 +181,7 @@ struct ConfigFile: Decodable {
         let base = (path as NSString).deletingLastPathComponent
         func resolve(_ relative: String) -> String { PathText.resolve(relative, against: base) }
         file.stateDir = file.stateDir.map(resolve)
+        file.publicDir = file.publicDir.map(resolve)
         if var pins = file.pins {
             pins.source = pins.source.map { $0.lowercased().hasPrefix("https://") ? $0 : resolve($0) }
             pins.keys = pins.keys?.map { PathText.resolveKey($0, against: base) }

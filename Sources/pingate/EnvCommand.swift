@@ -24,6 +24,10 @@ struct EnvCommand: ParsableCommand {
         through it only where Node supports NODE_USE_ENV_PROXY. Java reads none of these: the \
         last line says how to trust the CA and set the proxy for a JVM. The CA is created if the \
         gate has not run yet, exactly as run would create it.
+
+        With a public-dir (the config file's, or --public-dir), the files the gate published \
+        there are used instead, and the state directory is not touched: any user can point apps \
+        at a gate run by another (the packaged service publishes in /run/pingate).
         """)
 
     /// The shells `env` writes for.
@@ -39,6 +43,9 @@ struct EnvCommand: ParsableCommand {
 
     @Option(name: .long, help: "The gate's state directory (default $XDG_STATE_HOME/pingate, or ~/.local/state/pingate).")
     var stateDir: String?
+
+    @Option(name: .long, help: "Where the gate publishes its CA for apps (its public-dir): read from there, as any user may, instead of the state directory (default: the config file's public-dir).")
+    var publicDir: String?
 
     @Option(name: .long, help: "The syntax to print: sh (bash, zsh, dash), fish or powershell.")
     var shell: Shell = .sh
@@ -58,31 +65,23 @@ struct EnvCommand: ParsableCommand {
         if let bad = stateDirectory.unicodeScalars.first(where: { $0.value < 0x20 || $0.value == 0x7F || $0 == "\"" || $0 == "\\" }) {
             throw ConfigurationError("the state directory \(stateDirectory.debugDescription) holds \(bad.escaped(asASCII: true)), which pingate env cannot put into every shell and into NODE_OPTIONS safely; use a state directory without it (--state-dir)")
         }
-        let ca = try LocalCA.loadOrCreate(stateDirectory: stateDirectory).ca
-        let caPath = LocalCA.Paths(stateDirectory: stateDirectory).certificate
-
-        var bundle = ""
-        let systemBundle = TrustRoots.systemBundlePath
-        if let systemBundle {
-            do {
-                bundle = try String(contentsOfFile: systemBundle, encoding: .utf8)
-            } catch {
-                throw ConfigurationError("cannot read the system's CA bundle \(systemBundle): \(error.localizedDescription)")
+        let paths: AppTrustFiles.Paths
+        if let published = publicDir.map({ PathText.resolve($0) }) ?? file?.publicDir {
+            // A gate that publishes its CA (the packaged service): read what it wrote, as
+            // any user may, and leave its state directory alone.
+            paths = AppTrustFiles.paths(in: published)
+            for path in [paths.caCertificate, paths.bundle, paths.nodePreload] where !FileManager.default.isReadableFile(atPath: path) {
+                throw ConfigurationError("\(path) \(FileManager.default.fileExists(atPath: path) ? "cannot be read by this user" : "does not exist"): the gate writes it into its public-dir \(published) when it starts; start the gate (sudo systemctl start pingate), or leave public-dir out to use a state directory of your own")
             }
-            if !bundle.hasSuffix("\n") { bundle += "\n" }
-        }
-        bundle += "# pingate local CA (\(ca.certificate.subjectDescription))\n" + (try ca.certificate.pemString())
-        let bundlePath = (stateDirectory as NSString).appendingPathComponent("ca-bundle.pem")
-        let preloadPath = (stateDirectory as NSString).appendingPathComponent("node-proxy.cjs")
-        do {
-            try StateFiles.writeAtomically(Array(bundle.utf8), to: bundlePath, mode: 0o644)
-            try StateFiles.writeAtomically(Array(NodeProxyPreload.source.utf8), to: preloadPath, mode: 0o644)
-        } catch {
-            throw ConfigurationError("cannot write the CA bundle for apps: \(error)")
-        }
-        if systemBundle == nil {
-            // Still usable for the gate's own traffic; say why other hosts will fail.
-            FileHandle.standardError.write(Data("pingate env: no system CA bundle found; \(bundlePath) holds only the gate's CA\n".utf8))
+        } else {
+            let ca = try LocalCA.loadOrCreate(stateDirectory: stateDirectory).ca
+            let (written, systemBundleFound) = try AppTrustFiles.write(ca, to: stateDirectory, copyingCertificate: false)
+            paths = AppTrustFiles.Paths(caCertificate: LocalCA.Paths(stateDirectory: stateDirectory).certificate,
+                                        bundle: written.bundle, nodePreload: written.nodePreload)
+            if !systemBundleFound {
+                // Still usable for the gate's own traffic; say why other hosts will fail.
+                FileHandle.standardError.write(Data("pingate env: no system CA bundle found; \(paths.bundle) holds only the gate's CA\n".utf8))
+            }
         }
         if let version = Self.nodeVersion(), let major = Int(version.dropFirst().prefix { $0 != "." }), major < 24 {
             // The preload covers the https module only: a Node app that uses fetch() goes around
@@ -100,7 +99,7 @@ struct EnvCommand: ParsableCommand {
         default: host.contains(":") ? "[\(host)]" : host
         }
         let environment = ShellEnvironment(
-            proxyHost: proxyHost, proxyPort: port, bundle: bundlePath, nodePreload: preloadPath, caCertificate: caPath)
+            proxyHost: proxyHost, proxyPort: port, bundle: paths.bundle, nodePreload: paths.nodePreload, caCertificate: paths.caCertificate)
         print(environment.render(for: shell), terminator: "")
     }
 }

@@ -53,6 +53,9 @@ struct GateOptions: ParsableArguments {
     @Option(name: .long, help: "State directory holding ca.pem, ca.key and the persisted list (default $XDG_STATE_HOME/pingate, or ~/.local/state/pingate).")
     var stateDir: String?
 
+    @Option(name: .long, help: "A directory where the gate publishes, at start and world-readable, its CA certificate (ca.pem), a bundle of the system roots and it (ca-bundle.pem) and the Node preload, for apps of other users: pingate env --config reads them there (the packaged service: /run/pingate). The key never leaves the state directory.")
+    var publicDir: String?
+
     @Option(name: .long, help: "Signed fingerprint list: a file, or an https:// URL to fetch and refresh it from.")
     var pins: String?
 
@@ -125,6 +128,9 @@ struct GateOptions: ParsableArguments {
     @Option(name: .long, help: "Log level: trace, debug, info, notice, warning, error.")
     var logLevel: String?
 
+    @Option(name: .long, help: "The operational log's format on stderr: text (default; swift-log's lines) or json (one JSON object per line, with ts, level, message, logger and the metadata as fields, as the decision log writes them).")
+    var logFormat: String?
+
     @Flag(name: .long, help: ArgumentHelp(
         "Check the configuration and exit, as nginx -t does: every key and flag, the list file against its keys, the trust anchors, the local CA and its permissions, the admin token and the log destinations; nothing is written, no port is bound. Exit 0 when it would start.",
         discussion: "The same as pingate check-config, which the packaged service runs before it starts and before a reload (ExecStartPre, ExecReload), so a broken edit to /etc/pingate stops there with a message, and a running gate keeps its last good list."))
@@ -165,6 +171,10 @@ struct GateOptions: ParsableArguments {
         guard let level = Logger.Level(rawValue: levelText) else {
             throw ConfigurationError("unknown log level \(levelText)")
         }
+        let format = logFormat ?? file?.logFormat ?? "text"
+        guard format == "text" || format == "json" else {
+            throw ConfigurationError("--log-format (config: log-format): unknown format \"\(format)\"; give text or json")
+        }
         if check {
             print(try checkOnly(file: file, configuration: configuration), terminator: "")
             return
@@ -172,11 +182,10 @@ struct GateOptions: ParsableArguments {
         // The trust anchors before anything is created: a wrong path stops here, naming the
         // key, not after the CA was made.
         try GateOptions.checkTrust(configuration)
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = level
-            return handler
-        }
+        let operationalLog = try GateOptions.bootstrapLogging(format: format, level: level)
+        // Its lines are written by a background thread: whatever it holds is written
+        // before the process exits (bounded, as the decision log's).
+        defer { operationalLog?.flush(timeout: .seconds(5)) }
         let logger = Logger(label: "pingate")
 
         let stateDirectory = PathText.stateDirectory(flag: stateDir, file: file)
@@ -220,6 +229,11 @@ struct GateOptions: ParsableArguments {
             "certificate": "\(LocalCA.Paths(stateDirectory: stateDirectory).certificate)",
             "subject": "\(ca.certificate.subjectDescription)",
         ])
+        if let published = publicDir.map({ PathText.resolve($0) }) ?? file?.publicDir {
+            // For apps of other users (the packaged service's state directory is root's only).
+            let (paths, _) = try AppTrustFiles.write(ca, to: published, directoryMode: 0o755, copyingCertificate: true)
+            logger.info("published the CA for apps", metadata: ["directory": "\(published)", "bundle": "\(paths.bundle)"])
+        }
 
         let admin = try adminConfiguration(file: file)
         let (decisionLogger, decisionLogHandler) = try GateOptions.makeDecisionLogger(decisionLog ?? file?.decisionLog ?? "stderr")
@@ -291,6 +305,33 @@ struct GateOptions: ParsableArguments {
         // that ends with an error before the gate's own shutdown has run.
         defer { server.requestLog.flush(timeout: .seconds(5)) }
         try await group.run()
+    }
+
+    /// Sets up the operational log: swift-log's text lines on stderr, or (`json`) one JSON
+    /// object per line there, as the decision log writes them, for log collectors; the JSON
+    /// handler is returned, to flush at exit.
+    static func bootstrapLogging(format: String, level: Logger.Level) throws -> JSONLineLogHandler? {
+        switch format {
+        case "text":
+            LoggingSystem.bootstrap { label in
+                var handler = StreamLogHandler.standardError(label: label)
+                handler.logLevel = level
+                return handler
+            }
+            return nil
+        case "json":
+            var handler = try JSONLineLogHandler(destination: .standardError, purpose: "operational log")
+            handler.logLevel = level
+            let shared = handler
+            LoggingSystem.bootstrap { label in
+                var labelled = shared
+                labelled.metadata["logger"] = .string(label)
+                return labelled
+            }
+            return handler
+        default:
+            throw ConfigurationError("--log-format (config: log-format): unknown format \"\(format)\"; give text or json")
+        }
     }
 
     /// The admin endpoint's settings (nil when `off`), its token read and the whole checked.
@@ -370,6 +411,14 @@ struct GateOptions: ParsableArguments {
             lines.append(configuration.learning ? "pins:         none (learn mode)" : "pins:         none: every CONNECT would be refused")
         }
 
+        if let published = publicDir.map({ PathText.resolve($0) }) ?? file?.publicDir {
+            var parent = published
+            while !FileManager.default.fileExists(atPath: parent) && parent != "/" { parent = (parent as NSString).deletingLastPathComponent }
+            guard FileManager.default.isWritableFile(atPath: parent) else {
+                throw ConfigurationError("public-dir \(published): \(parent) is not writable, so the CA cannot be published for apps there")
+            }
+            lines.append("public-dir:   \(published) (ca.pem, ca-bundle.pem and node-proxy.cjs, world-readable, at start)")
+        }
         if let admin = try adminConfiguration(file: file) {
             lines.append("admin:        \(Authority(host: admin.host, port: admin.port))\(admin.token == nil ? "" : " (token set)")")
         } else {

@@ -320,6 +320,28 @@ struct CommandLineTests {
         }
     }
 
+    @Test("--log-format json: every line the gate writes on stderr is one JSON object with ts, level, message and logger, the metadata as fields; an unknown format is refused naming the key")
+    func jsonOperationalLog() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let text = try await RunningGate.with(["--listen", "127.0.0.1:0", "--state-dir", directory.file("state"), "--log-format", "json",
+                                               "--decision-log", "off"]) { gate in
+            _ = await eventually(timeout: .seconds(10)) { gate.adminPort != nil }
+            return gate.logText
+        }
+        let lines = text.split(whereSeparator: \.isNewline)
+        #expect(lines.count >= 3, "\(text)")
+        for line in lines {
+            let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]
+            #expect(object?["ts"] is String && object?["level"] is String && object?["message"] is String && object?["logger"] as? String == "pingate",
+                    "not a JSON log line: \(line)")
+        }
+        #expect(text.contains("\"message\":\"pingate listening\""), "\(text)")
+        #expect(text.contains("\"level\":\"warning\""), "the no-list warning: \(text)")
+        let unknown = try await TestProcess.run(Self.pingate, ["check-config", "--log-format", "yaml", "--state-dir", directory.file("s")])
+        #expect(unknown.status == 1 && unknown.stderr.contains("--log-format (config: log-format): unknown format \"yaml\"; give text or json"), "\(unknown.stderr)")
+    }
+
     @Test("check-config (and run --check): the example config is valid and nothing is written; a missing or broken upstream-ca, an unsigned draft as --pins, a state dir under a file and a bare port as listen each fail with the key and the fix, before anything is created; run itself says the same")
     func runCheck() async throws {
         let directory = try TemporaryDirectory()
@@ -470,8 +492,9 @@ final class RunningGate: Sendable {
     /// The port of the `address=` on the first line containing `marker`.
     static func port(in text: String, line marker: String) -> Int? {
         for line in text.split(whereSeparator: \.isNewline) where line.contains(marker) {
-            guard let range = line.range(of: "address=") else { continue }
-            let address = line[range.upperBound...].prefix { $0 != " " }
+            // swift-log's text lines (`address=HOST:PORT`), or --log-format json's ("address":"HOST:PORT").
+            guard let range = line.range(of: "address=") ?? line.range(of: "\"address\":\"") else { continue }
+            let address = line[range.upperBound...].prefix { $0 != " " && $0 != "\"" }
             return address.split(separator: ":").last.flatMap { Int($0) }
         }
         return nil

@@ -80,6 +80,58 @@ struct EnvCommandTests {
         }
     }
 
+    @Test("the packaged layout: a gate run by root with its state directory root's only and a public-dir; another user (nobody) gets the gate's environment from pingate env --config, reading only the published files, and its curl reaches the pinned origin through the gate; before the gate published them, env says to start it",
+          .enabled(if: getuid() == 0, "switching to another user needs root (CI runs as root)"))
+    func anotherUserOfThePackagedGate() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        // The other user must reach the config and the published files (not the state).
+        _ = chmod(directory.path, 0o755)
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
+        let listPath = try directory.write("pins.json", String(decoding: try pki.signedV2(sequence: 1, pins: [TestPKI.pin(Self.host, leaf)]), as: UTF8.self))
+        let state = directory.file("state"), published = directory.file("public")
+        let pingate = TestProcess.pingateExecutable
+        let asNobody = { (script: String) in
+            try await TestProcess.run("setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", "env", "-i", "PATH=/usr/bin:/bin",
+                                                  "HOME=/nonexistent", "sh", "-c", script], timeout: 60)
+        }
+        // Before any gate ran: nothing published, and env says what to do.
+        let early = try directory.write("early.yml", "listen: 127.0.0.1:9\nstate-dir: state\npublic-dir: public\n")
+        _ = chmod(early, 0o644)
+        let before = try await asNobody("\(pingate) env --config \(early)")
+        #expect(before.status == 1 && before.stderr.contains("\(published)/ca.pem does not exist: the gate writes it into its public-dir"), "\(before.stderr)")
+
+        try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: ["index.txt": Data("hello, other user".utf8)]) { origin in
+            try await RunningGate.with([
+                "--listen", "127.0.0.1:0", "--state-dir", state, "--public-dir", published, "--pins", listPath, "--pins-key", pki.signerPublicKeyPath,
+                "--upstream-ca", pki.upstreamTrustPath, "--resolve", "\(Self.host):\(origin.port):127.0.0.1", "--decision-log", "off",
+            ]) { gate in
+                let config = try directory.write("gate.yml", "listen: 127.0.0.1:\(gate.port)\nstate-dir: state\npublic-dir: public\n")
+                _ = chmod(config, 0o644)
+                var stateInfo = stat()
+                #expect(stat(state, &stateInfo) == 0 && stateInfo.st_mode & 0o777 == 0o700, "the state directory is the gate's own")
+                var publicInfo = stat()
+                #expect(stat(published, &publicInfo) == 0 && publicInfo.st_mode & 0o777 == 0o755)
+                for name in ["ca.pem", "ca-bundle.pem", "node-proxy.cjs"] {
+                    var info = stat()
+                    #expect(stat("\(published)/\(name)", &info) == 0 && info.st_mode & 0o777 == 0o644, "\(name)")
+                }
+                #expect(try String(contentsOfFile: "\(published)/ca.pem", encoding: .utf8) == String(contentsOfFile: "\(state)/ca.pem", encoding: .utf8))
+                #expect(!FileManager.default.fileExists(atPath: "\(published)/ca.key"))
+
+                let printed = try await asNobody("\(pingate) env --config \(config)")
+                #expect(printed.status == 0, "\(printed.stderr)")
+                #expect(printed.stdout.contains("export SSL_CERT_FILE='\(published)/ca-bundle.pem'"), "\(printed.stdout)")
+                #expect(printed.stdout.contains("export HTTPS_PROXY='http://127.0.0.1:\(gate.port)'"), "\(printed.stdout)")
+                let fetched = try await asNobody("eval \"$(\(pingate) env --config \(config))\" && curl -sS --max-time 20 https://\(Self.host):\(origin.port)/index.txt")
+                #expect(fetched.status == 0 && fetched.stdout == "hello, other user", "\(fetched.stdout) \(fetched.stderr)")
+                // env wrote nothing of its own into the gate's state directory.
+                #expect(!FileManager.default.fileExists(atPath: "\(state)/ca-bundle.pem"))
+            }
+        }
+    }
+
     @Test("the bundle holds the system roots and the gate's CA; the default state dir follows XDG_STATE_HOME, then HOME; fish and PowerShell get their own syntax; a re-eval adds the Node preload once; awkward paths are quoted or refused")
     func outputs() async throws {
         let directory = try TemporaryDirectory()

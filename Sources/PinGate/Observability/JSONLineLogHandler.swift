@@ -2,8 +2,8 @@ import Foundation
 import Logging
 
 /// A swift-log handler that writes each record as one JSON object per line: the
-/// decision log. Metadata values become JSON fields (numbers stay numbers), next to
-/// `ts`, `level` and `message`.
+/// decision log, and the operational log with `log-format: json`. Metadata values become
+/// JSON fields (numbers stay numbers), next to `ts`, `level` and `message`.
 ///
 /// A line is formatted on the logging thread and written by a background thread (see
 /// `BackgroundLineWriter`): call `flush()` before the process exits, or the last lines
@@ -24,10 +24,12 @@ public struct JSONLineLogHandler: LogHandler {
     public var logLevel: Logger.Level = .info
 
     /// A handler writing to `destination` (a file is opened for appending, created 0640).
-    public init(destination: Destination) throws {
+    /// - Parameters:
+    ///   - purpose: which log this is, for the error when its file cannot be opened.
+    public init(destination: Destination, purpose: String = "decision log") throws {
         switch destination {
-        case .standardError: writer = try BackgroundLineWriter(.standardError, purpose: "decision log")
-        case .file(let path): writer = try BackgroundLineWriter(.file(path), purpose: "decision log")
+        case .standardError: writer = try BackgroundLineWriter(.standardError, purpose: purpose)
+        case .file(let path): writer = try BackgroundLineWriter(.file(path), purpose: purpose)
         }
     }
 
