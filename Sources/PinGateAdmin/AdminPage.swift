@@ -11,6 +11,7 @@ enum AdminPage {
         <!doctype html>
         <html lang="en"><head><meta charset="utf-8"><title>pingate status</title>
         <meta name="viewport" content="width=device-width, initial-scale=1">
+        <meta http-equiv="refresh" content="10">
         <style>
         body{font:15px/1.45 system-ui,sans-serif;margin:2em;color:#1d2330;max-width:72em}
         h1{margin:0 0 .2em} h2{margin-top:1.6em;border-bottom:1px solid #ccd;padding-bottom:.2em}
@@ -40,6 +41,18 @@ enum AdminPage {
         for (reason, count) in counters.tunnelsByReason.sorted(by: { $0.key < $1.key }) {
             html += "<tr><td><code>\(escape(reason))</code></td><td>\(count)</td></tr>\n"
         }
+        html += """
+        </table>
+        <h2>Requests refused inside tunnels</h2>
+        <table id="request-refusals"><tr><th>reason</th><th>count</th></tr>
+
+        """
+        // Refusals of requests in admitted tunnels (another authority, an upgrade the
+        // upstream cannot carry, …): counted apart from CONNECT verdicts, listed below too.
+        for (reason, count) in counters.requestsRefusedByReason.sorted(by: { $0.key < $1.key }) {
+            html += "<tr><td><code>\(escape(reason))</code></td><td>\(count)</td></tr>\n"
+        }
+        if counters.requestsRefusedByReason.isEmpty { html += "<tr><td colspan=\"2\">none</td></tr>\n" }
         html += """
         </table>
         <h2>Fingerprint list</h2>
@@ -76,12 +89,23 @@ enum AdminPage {
         }
         html += """
         </table>
+        <h2>Refusals by host</h2>
+        <p>The last \(snapshot.refusals.count) refusals, per target: how many, for which reasons, the last when.</p>
+        <table id="refusals-by-host"><tr><th>target</th><th>refusals</th><th>reasons</th><th>last</th></tr>
+
+        """
+        for summary in RefusalSummary.byTarget(snapshot.refusals) {
+            html += "<tr><td>\(escape(summary.target))</td><td>\(summary.count)</td>"
+            html += "<td>\(summary.reasons.map { "<code>\(escape($0.reason))</code> \($0.count)" }.joined(separator: ", "))</td><td>\(iso(summary.last))</td></tr>\n"
+        }
+        html += """
+        </table>
         <h2>Recent refusals</h2>
         <table id="refusals"><tr><th>time</th><th>client</th><th>target</th><th>reason</th><th>observed</th><th>expected</th></tr>
 
         """
         for refusal in snapshot.refusals {
-            html += "<tr><td>\(iso(refusal.time))</td><td>\(escape(refusal.client))</td><td>\(escape(refusal.host)):\(refusal.port)</td>"
+            html += "<tr><td>\(iso(refusal.time))</td><td>\(escape(refusal.client))</td><td>\(escape(RefusalSummary.target(of: refusal)))</td>"
             html += "<td><code>\(escape(refusal.reason.rawValue))</code></td><td><code>\(escape(refusal.observedFingerprint ?? "-"))</code></td>"
             html += "<td><code>\(escape(refusal.expectedFingerprints.joined(separator: " ")))</code></td></tr>\n"
         }
@@ -140,5 +164,43 @@ enum AdminPage {
         if total < 120 { return "\(total) s" }
         if total < 7200 { return "\(total / 60) min" }
         return "\(total / 3600) h"
+    }
+}
+
+/// The refusals per target, for the status page: what a person scanning it wants first.
+enum RefusalSummary {
+    /// One target's refusals.
+    struct Target {
+        var target: String
+        var count: Int
+        /// Each reason with its count, most frequent first.
+        var reasons: [(reason: String, count: Int)]
+        var last: Date
+    }
+
+    /// What a refusal was for: `host:port`, the authority asked for inside a tunnel, or the
+    /// request line of a head that named no CONNECT target (`GET http://…`).
+    static func target(of refusal: RefusalLog.Entry) -> String {
+        if refusal.host == "-" { return refusal.requestLine ?? "(no target)" }
+        return refusal.authority.map { "\($0) (in a tunnel to \(refusal.host):\(refusal.port))" } ?? "\(refusal.host):\(refusal.port)"
+    }
+
+    /// The targets, most refusals first.
+    static func byTarget(_ refusals: [RefusalLog.Entry]) -> [Target] {
+        var byTarget: [String: Target] = [:]
+        var counts: [String: [String: Int]] = [:]
+        for refusal in refusals {
+            let key = target(of: refusal)
+            var entry = byTarget[key] ?? Target(target: key, count: 0, reasons: [], last: refusal.time)
+            entry.count += 1
+            entry.last = max(entry.last, refusal.time)
+            byTarget[key] = entry
+            counts[key, default: [:]][refusal.reason.rawValue, default: 0] += 1
+        }
+        return byTarget.values.map { entry in
+            var entry = entry
+            entry.reasons = (counts[entry.target] ?? [:]).map { ($0.key, $0.value) }.sorted { ($1.1, $0.0) < ($0.1, $1.0) }
+            return entry
+        }.sorted { ($1.count, $0.target) < ($0.count, $1.target) }
     }
 }

@@ -128,9 +128,23 @@ struct AdminEndpointTests {
                     #expect(forced.stdout.hasPrefix("HTTP/1.1 200"), "\(forced.stdout)")
                     #expect(gate.store.status.updatesByResult["unchanged"] == 1)
 
+                    // A plain-HTTP request through the proxy: refused 405, and the refusal says
+                    // what was asked, not a target of "-:0".
+                    let plain = try await curl(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--proxy", "http://127.0.0.1:\(gate.port)",
+                                                "http://plain.pingate.test/asked?x=1"])
+                    #expect(plain.stdout == "405", "\(plain.stdout) \(plain.stderr)")
+                    let afterPlain = try #require(try JSONSerialization.jsonObject(with: (try await curl(["\(base)/refusals"])).stdoutData) as? [[String: Any]])
+                    #expect(afterPlain.first?["request_line"] as? String == "GET http://plain.pingate.test/asked?x=1", "\(afterPlain)")
+
                     let page = try await curl(["\(base)/"])
                     #expect(page.stdout.contains("<td>\(host)</td>"))
                     #expect(page.stdout.contains("<td>nobody.pingate.test:443</td>"))
+                    #expect(page.stdout.contains("<td>GET http://plain.pingate.test/asked?x=1</td>"), "\(page.stdout)")
+                    #expect(!page.stdout.contains("<td>-:0</td>"))
+                    // Per target, in-tunnel refusals apart, and it refreshes itself.
+                    #expect(page.stdout.contains("<tr><td>nobody.pingate.test:443</td><td>1</td><td><code>empty</code> 1</td>"), "\(page.stdout)")
+                    #expect(page.stdout.contains("<table id=\"request-refusals\">") && page.stdout.contains("<td colspan=\"2\">none</td>"))
+                    #expect(page.stdout.contains("<meta http-equiv=\"refresh\" content=\"10\">"))
                     #expect(!page.stdout.contains("<script"))
                 }
             }

@@ -348,7 +348,8 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         environment.refusals.record(.init(
             time: environment.now(), client: connection.client, host: host, port: port, reason: refusal.reason,
             observedFingerprint: refusal.observedFingerprint, expectedFingerprints: expectedFingerprints(for: refusal, request: request),
-            observedChain: pinVerdict.map { RefusalLog.ChainPosition.positions($0.observedChain) } ?? []))
+            observedChain: pinVerdict.map { RefusalLog.ChainPosition.positions($0.observedChain) } ?? [],
+            requestLine: { if case .head(let rejection) = refusal { rejection.requestLine } else { nil } }()))
         var buffer = context.channel.allocator.buffer(capacity: 512)
         buffer.writeBytes(refusal.httpResponse(host: host, port: port))
         // A lingering close: the answer, then our FIN, then whatever the client still sends

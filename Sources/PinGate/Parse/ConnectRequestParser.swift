@@ -25,6 +25,25 @@ public struct HeadRejection: Error, Sendable, Equatable {
     public let reason: DecisionReason
     /// What went wrong, for the response body and the log.
     public let detail: String
+    /// The refused head's method and target, when it had a request line (`GET
+    /// http://example.com/`), printable ASCII and at most 160 characters: what was asked,
+    /// for the refusal log of a head that named no CONNECT target.
+    public var requestLine: String? = nil
+
+    /// A rejection answered with `status`; `requestLine` as the head had it, if any.
+    public init(status: Int, reason: DecisionReason, detail: String, requestLine: String? = nil) {
+        self.status = status
+        self.reason = reason
+        self.detail = detail
+        self.requestLine = requestLine
+    }
+
+    /// `method target` as the refusal log shows it: control and non-ASCII characters as
+    /// `?`, cut at 160 characters (a client controls it; an operator reads it).
+    static func shown(method: Substring, target: Substring) -> String {
+        let text = String((method + " " + target).unicodeScalars.prefix(160).map { $0.isASCII && $0.value >= 0x20 && $0.value < 0x7F ? Character($0) : "?" })
+        return method.count + 1 + target.count > 160 ? text + "…" : text
+    }
 }
 
 /// A sans-IO parser for the proxy's request head: feed it bytes as they arrive and it
@@ -103,12 +122,14 @@ public struct ConnectRequestParser: Sendable {
                   line[..<colon].allSatisfy(isTokenCharacter)
             else { return .failure(bad("malformed header line")) }
         }
+        let shownLine = HeadRejection.shown(method: parts[0], target: parts[1])
         guard parts[0] == "CONNECT" else {
             return .failure(HeadRejection(
                 status: 405, reason: .methodNotAllowed,
-                detail: "pingate forwards only HTTPS via CONNECT; plain HTTP (\(parts[0])) cannot be pinned, so it is refused"))
+                detail: "pingate forwards only HTTPS via CONNECT; plain HTTP (\(parts[0])) cannot be pinned, so it is refused",
+                requestLine: shownLine))
         }
-        return parseAuthority(parts[1])
+        return parseAuthority(parts[1]).mapError { HeadRejection(status: $0.status, reason: $0.reason, detail: $0.detail, requestLine: shownLine) }
     }
 
     /// Parses `host:port`, `[v6]:port`; validates names, IPv4 and IPv6 literals and the port

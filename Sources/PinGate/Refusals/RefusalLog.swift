@@ -45,12 +45,16 @@ public final class RefusalLog: Sendable {
         /// For a pin mismatch: both hashes at every position of the validated chain (just
         /// the leaf when validation failed), so a depth pin's failure shows each position.
         public var observedChain: [ChainPosition]
+        /// For a refused head that named no usable CONNECT target (a plain-HTTP `GET
+        /// http://…`, a malformed authority): its method and target, as sent.
+        public var requestLine: String?
 
         /// An entry; `authority` only for requests refused inside a tunnel.
         public init(time: Date, client: String, host: String, port: Int, reason: DecisionReason,
                     observedFingerprint: String?, expectedFingerprints: [String], authority: String? = nil,
-                    observedChain: [ChainPosition] = []) {
+                    observedChain: [ChainPosition] = [], requestLine: String? = nil) {
             self.observedChain = observedChain
+            self.requestLine = requestLine
             self.time = time
             self.client = client
             self.host = host

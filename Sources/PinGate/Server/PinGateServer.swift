@@ -225,13 +225,15 @@ public final class PinGateServer: Service, Sendable {
                     } catch {
                         return channel.eventLoop.makeFailedFuture(error)
                     }
-                    if connections.count >= DescriptorBudget.connectionCap() {
+                    switch connections.add(channel, cap: DescriptorBudget.connectionCap()) {
+                    case .added:
+                        break
+                    case .full:
                         environment.statistics.recordDecision(.overCapacity)
                         return channel.eventLoop.makeCompletedFuture {
                             try channel.pipeline.syncOperations.addHandler(OverCapacityHandler())
                         }
-                    }
-                    guard connections.add(channel) else {
+                    case .closing:
                         // Accepted while the listener was closing for a shutdown.
                         return channel.close()
                     }
