@@ -165,20 +165,12 @@ struct GateOptions: ParsableArguments {
     func runGate() async throws {
         HeapTuning.applyForRelaying()
         let file = try config.map(ConfigFile.load)
-        let configuration = try gateConfiguration(file: file)
-
-        let levelText = logLevel ?? file?.logLevel ?? "info"
-        guard let level = Logger.Level(rawValue: levelText) else {
-            throw ConfigurationError("unknown log level \(levelText)")
-        }
-        let format = logFormat ?? file?.logFormat ?? "text"
-        guard format == "text" || format == "json" else {
-            throw ConfigurationError("--log-format (config: log-format): unknown format \"\(format)\"; give text or json")
-        }
         if check {
-            print(try checkOnly(file: file, configuration: configuration), terminator: "")
+            print(try checkOnly(file: file), terminator: "")
             return
         }
+        let configuration = try gateConfiguration(file: file)
+        let (level, format) = try loggingSettings(file: file)
         // The trust anchors before anything is created: a wrong path stops here, naming the
         // key, not after the CA was made.
         try GateOptions.checkTrust(configuration)
@@ -368,72 +360,118 @@ struct GateOptions: ParsableArguments {
 
     /// `--check`: everything `run` would refuse to start on, without writing a file or
     /// binding a port; returns the summary to print, or throws what is wrong.
-    func checkOnly(file: ConfigFile?, configuration: GateConfiguration) throws -> String {
+    func checkOnly(file: ConfigFile?) throws -> String {
         var lines: [String] = []
+        var problems: [String] = []
+        // Each check on its own: a failure is one line, and the others still run, so one
+        // pass shows everything to fix.
+        func attempt(_ check: () throws -> Void) {
+            do { try check() } catch { problems.append("\(error)".replacingOccurrences(of: "\n", with: " ")) }
+        }
         let checked = config.map { "config \($0)" } ?? "flags"
-        lines.append("listen:       \(Authority(host: configuration.listenHost, port: configuration.listenPort))")
-        try GateOptions.checkTrust(configuration)
-        lines.append("upstream-ca:  " + { if case .pemFiles(let files) = configuration.upstreamTrust { files.joined(separator: ", ") } else { "the system trust store" } }())
-
-        let stateDirectory = PathText.stateDirectory(flag: stateDir, file: file)
-        if FileManager.default.fileExists(atPath: LocalCA.Paths(stateDirectory: stateDirectory).certificate) {
-            let ca = try LocalCA.load(stateDirectory: stateDirectory)
-            let exposed = LocalCA.permissionProblems(stateDirectory: stateDirectory)
-            if !exposed.isEmpty && (strictPermissions ?? file?.strictPermissions ?? true) {
-                throw ConfigurationError("it would refuse to start: \(LocalCA.CAError.insecurePermissions(exposed)) (or run with --no-strict-permissions)")
-            }
-            lines.append("state-dir:    \(stateDirectory) (local CA \(ca.certificate.subjectDescription)\(exposed.isEmpty ? "" : "; exposed, allowed by --no-strict-permissions"))")
-        } else {
-            var parent = stateDirectory
-            while !FileManager.default.fileExists(atPath: parent) && parent != "/" { parent = (parent as NSString).deletingLastPathComponent }
-            var isDirectory: ObjCBool = false
-            guard FileManager.default.fileExists(atPath: parent, isDirectory: &isDirectory), isDirectory.boolValue else {
-                throw ConfigurationError("state-dir \(stateDirectory): \(parent) is a file, not a directory; choose a directory path")
-            }
-            guard FileManager.default.isWritableFile(atPath: parent) else {
-                throw ConfigurationError("state-dir \(stateDirectory): no local CA there yet, and \(parent) is not writable to create it")
-            }
-            lines.append("state-dir:    \(stateDirectory) (the local CA will be created at start)")
+        var configuration: GateConfiguration?
+        attempt { configuration = try gateConfiguration(file: file) }
+        attempt { _ = try loggingSettings(file: file) }
+        if let configuration {
+            lines.append("listen:       \(Authority(host: configuration.listenHost, port: configuration.listenPort))")
+        }
+        // The trust anchors even when another setting failed: they are read on their own.
+        var trust = configuration ?? GateConfiguration()
+        if configuration == nil {
+            let roots = upstreamCa.isEmpty ? (file?.upstreamCA ?? []) : upstreamCa.map { PathText.resolve($0) }
+            trust.upstreamTrust = roots.isEmpty ? .system : .pemFiles(roots)
+            if let roots = file?.reportCA, !roots.isEmpty { trust.reportTrust = .pemFiles(roots) }
+        }
+        attempt {
+            try GateOptions.checkTrust(trust)
+            lines.append("upstream-ca:  " + { if case .pemFiles(let files) = trust.upstreamTrust { files.joined(separator: ", ") } else { "the system trust store" } }())
         }
 
-        let quiet = Logger(label: "pingate-check") { _ in SwiftLogNoOpLogHandler() }
-        let store = PinListStore(nil)
-        let source = try makeListSource(file: file, store: store, stateDirectory: stateDirectory, logger: quiet, persisting: false)
-        switch source?.location {
-        case .file(let path)?:
-            let list = store.list
-            let now = Date()
-            lines.append("pins:         \(path): \(list.map { "\($0.metadata.format.rawValue), \($0.entries.count) pin\($0.entries.count == 1 ? "" : "s") (\($0.entries.filter { $0.isUnexpired(at: now) }.count) unexpired)" + ($0.metadata.sequence.map { ", sequence \($0)" } ?? "") + ($0.metadata.expiresAt.map { ", expires \(ListPrinter.iso($0))" } ?? "") } ?? "-"), verified with \(source?.keys.count ?? 0) key\(source?.keys.count == 1 ? "" : "s")")
-            if let reason = list?.expiryReason(at: now) { lines.append("              warning: \(reason): every CONNECT would be refused until a newer list is in force") }
-        case .url(let url)?:
-            lines.append("pins:         \(url) (fetched at start; keys loaded: \(source?.keys.count ?? 0))")
-        case nil:
-            lines.append(configuration.learning ? "pins:         none (learn mode)" : "pins:         none: every CONNECT would be refused")
+        let stateDirectory = PathText.stateDirectory(flag: stateDir, file: file)
+        attempt {
+            if FileManager.default.fileExists(atPath: LocalCA.Paths(stateDirectory: stateDirectory).certificate) {
+                let ca = try LocalCA.load(stateDirectory: stateDirectory)
+                let exposed = LocalCA.permissionProblems(stateDirectory: stateDirectory)
+                if !exposed.isEmpty && (strictPermissions ?? file?.strictPermissions ?? true) {
+                    throw ConfigurationError("it would refuse to start: \(LocalCA.CAError.insecurePermissions(exposed)) (or run with --no-strict-permissions)")
+                }
+                lines.append("state-dir:    \(stateDirectory) (local CA \(ca.certificate.subjectDescription)\(exposed.isEmpty ? "" : "; exposed, allowed by --no-strict-permissions"))")
+            } else {
+                var parent = stateDirectory
+                while !FileManager.default.fileExists(atPath: parent) && parent != "/" { parent = (parent as NSString).deletingLastPathComponent }
+                var isDirectory: ObjCBool = false
+                guard FileManager.default.fileExists(atPath: parent, isDirectory: &isDirectory), isDirectory.boolValue else {
+                    throw ConfigurationError("state-dir \(stateDirectory): \(parent) is a file, not a directory; choose a directory path")
+                }
+                guard FileManager.default.isWritableFile(atPath: parent) else {
+                    throw ConfigurationError("state-dir \(stateDirectory): no local CA there yet, and \(parent) is not writable to create it")
+                }
+                lines.append("state-dir:    \(stateDirectory) (the local CA will be created at start)")
+            }
+        }
+
+        attempt {
+            let quiet = Logger(label: "pingate-check") { _ in SwiftLogNoOpLogHandler() }
+            let store = PinListStore(nil)
+            let source = try makeListSource(file: file, store: store, stateDirectory: stateDirectory, logger: quiet, persisting: false)
+            switch source?.location {
+            case .file(let path)?:
+                let list = store.list
+                let now = Date()
+                lines.append("pins:         \(path): \(list.map { "\($0.metadata.format.rawValue), \($0.entries.count) pin\($0.entries.count == 1 ? "" : "s") (\($0.entries.filter { $0.isUnexpired(at: now) }.count) unexpired)" + ($0.metadata.sequence.map { ", sequence \($0)" } ?? "") + ($0.metadata.expiresAt.map { ", expires \(ListPrinter.iso($0))" } ?? "") } ?? "-"), verified with \(source?.keys.count ?? 0) key\(source?.keys.count == 1 ? "" : "s")")
+                if let reason = list?.expiryReason(at: now) { lines.append("              warning: \(reason): every CONNECT would be refused until a newer list is in force") }
+            case .url(let url)?:
+                lines.append("pins:         \(url) (fetched at start; keys loaded: \(source?.keys.count ?? 0))")
+            case nil:
+                lines.append(configuration?.learning == true ? "pins:         none (learn mode)" : "pins:         none: every CONNECT would be refused")
+            }
         }
 
         if let published = publicDir.map({ PathText.resolve($0) }) ?? file?.publicDir {
-            var parent = published
-            while !FileManager.default.fileExists(atPath: parent) && parent != "/" { parent = (parent as NSString).deletingLastPathComponent }
-            guard FileManager.default.isWritableFile(atPath: parent) else {
-                throw ConfigurationError("public-dir \(published): \(parent) is not writable, so the CA cannot be published for apps there")
+            attempt {
+                var parent = published
+                while !FileManager.default.fileExists(atPath: parent) && parent != "/" { parent = (parent as NSString).deletingLastPathComponent }
+                guard FileManager.default.isWritableFile(atPath: parent) else {
+                    throw ConfigurationError("public-dir \(published): \(parent) is not writable, so the CA cannot be published for apps there")
+                }
+                lines.append("public-dir:   \(published) (ca.pem, ca-bundle.pem and node-proxy.cjs, world-readable, at start)")
             }
-            lines.append("public-dir:   \(published) (ca.pem, ca-bundle.pem and node-proxy.cjs, world-readable, at start)")
         }
-        if let admin = try adminConfiguration(file: file) {
-            lines.append("admin:        \(Authority(host: admin.host, port: admin.port))\(admin.token == nil ? "" : " (token set)")")
-        } else {
-            lines.append("admin:        off")
+        attempt {
+            if let admin = try adminConfiguration(file: file) {
+                lines.append("admin:        \(Authority(host: admin.host, port: admin.port))\(admin.token == nil ? "" : " (token set)")")
+            } else {
+                lines.append("admin:        off")
+            }
         }
         for (name, destination) in [("decision-log", decisionLog ?? file?.decisionLog ?? "stderr"), ("request-log", requestLog ?? file?.requestLog ?? "off")]
         where destination != "stderr" && destination != "off" {
-            let path = PathText.resolve(destination)
-            let writable = FileManager.default.fileExists(atPath: path)
-                ? FileManager.default.isWritableFile(atPath: path)
-                : FileManager.default.isWritableFile(atPath: (path as NSString).deletingLastPathComponent)
-            guard writable else { throw ConfigurationError("\(name) \(path) cannot be written (its directory must exist and be writable)") }
-            lines.append("\(name):\(String(repeating: " ", count: max(1, 14 - name.count - 1)))\(path)")
+            attempt {
+                let path = PathText.resolve(destination)
+                let writable = FileManager.default.fileExists(atPath: path)
+                    ? FileManager.default.isWritableFile(atPath: path)
+                    : FileManager.default.isWritableFile(atPath: (path as NSString).deletingLastPathComponent)
+                guard writable else { throw ConfigurationError("\(name) \(path) cannot be written (its directory must exist and be writable)") }
+                lines.append("\(name):\(String(repeating: " ", count: max(1, 14 - name.count - 1)))\(path)")
+            }
+        }
+        guard problems.isEmpty else {
+            throw ConfigurationError("\(checked): \(problems.count) problem\(problems.count == 1 ? "" : "s"), one per line:\n" + problems.joined(separator: "\n"))
         }
         return "pingate: \(checked) is valid; the gate would start with:\n" + lines.map { "  " + $0 }.joined(separator: "\n") + "\n"
+    }
+
+    /// The log level and format, checked.
+    func loggingSettings(file: ConfigFile?) throws -> (Logger.Level, String) {
+        let levelText = logLevel ?? file?.logLevel ?? "info"
+        guard let level = Logger.Level(rawValue: levelText) else {
+            throw ConfigurationError("--log-level (config: log-level): unknown level \"\(levelText)\"; give trace, debug, info, notice, warning or error")
+        }
+        let format = logFormat ?? file?.logFormat ?? "text"
+        guard format == "text" || format == "json" else {
+            throw ConfigurationError("--log-format (config: log-format): unknown format \"\(format)\"; give text or json")
+        }
+        return (level, format)
     }
 
     /// The gate's settings from the flags and the config file: a flag given overrides

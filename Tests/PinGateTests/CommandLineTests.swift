@@ -339,6 +339,15 @@ struct CommandLineTests {
         #expect(text.contains("\"message\":\"pingate listening\""), "\(text)")
         #expect(text.contains("\"level\":\"warning\""), "the no-list warning: \(text)")
         let unknown = try await TestProcess.run(Self.pingate, ["check-config", "--log-format", "yaml", "--state-dir", directory.file("s")])
+        // check-config lists every problem, one per line, not just the first.
+        let several = try directory.write("several.yml", "listen: 22180\nlog-format: yaml\nupstream-ca: [nope.pem]\nadmin:\n  listen: nowhere\n")
+        let all = try await TestProcess.run(Self.pingate, ["check-config", "--config", several, "--state-dir", directory.file("s")])
+        let problemLines = all.stderr.split(separator: "\n").dropFirst()
+        #expect(all.status == 1 && all.stderr.hasPrefix("Error: config \(several): 4 problems, one per line:\n"), "\(all.stderr)")
+        #expect(problemLines.count == 4 && problemLines.contains { $0.hasPrefix("--listen (config: listen)") }
+                && problemLines.contains { $0.hasPrefix("--log-format (config: log-format)") }
+                && problemLines.contains { $0.hasPrefix("--upstream-ca (config: upstream-ca): cannot read") }
+                && problemLines.contains { $0.hasPrefix("--admin-listen (config: admin.listen)") }, "\(all.stderr)")
         #expect(unknown.status == 1 && unknown.stderr.contains("--log-format (config: log-format): unknown format \"yaml\"; give text or json"), "\(unknown.stderr)")
     }
 
