@@ -10,6 +10,9 @@ public enum HostName {
     /// server would resolve could normalize to, and be pinned as, a different host. Left
     /// as they are, such names fail the host-name check instead.
     public static func normalize(_ host: String) -> String {
+        // Most names arrive normalized already (lists, clients): no copy for them. This
+        // runs for every CONNECT and every request authority a tunnel has not seen.
+        guard host.utf8.last == UInt8(ascii: ".") || host.utf8.contains(where: { $0 >= 0x41 && $0 <= 0x5A }) else { return host }
         var bytes = Array(host.utf8)
         if bytes.last == UInt8(ascii: ".") { bytes.removeLast() }
         var changed = bytes.count != host.utf8.count

@@ -275,15 +275,18 @@ public final class ObservationRecorder: Sendable {
     public func record(host: String, port: Int, chain: [Certificate], leafSHA256: String? = nil, alpn: String?,
                        matched: ObservedPinMatch? = nil, at time: Date) {
         if let leafSHA256, !chain.isEmpty {
-            let touched = state.withLock { state -> Bool in
-                guard state.book.touch(host: host, port: port, leafSHA256: leafSHA256, matched: matched, at: time) else { return false }
+            // One lock for the count and the write it may need.
+            let touched = state.withLock { state -> (counted: Bool, schedule: Bool) in
+                guard state.book.touch(host: host, port: port, leafSHA256: leafSHA256, matched: matched, at: time) else { return (false, false) }
                 state.dirty = true
-                return true
+                guard !state.writeScheduled else { return (true, false) }
+                state.writeScheduled = true
+                return (true, true)
             }
-            if touched {
-                scheduleWrite()
-                return
+            if touched.schedule {
+                queue.asyncAfter(deadline: .now() + writeDelay) { self.writeIfDirty() }
             }
+            if touched.counted { return }
         }
         let observed = chain.map(ObservedCertificate.init)
         let schedule = state.withLock { state -> Bool in
@@ -301,17 +304,6 @@ public final class ObservationRecorder: Sendable {
         }
     }
 
-    /// A write in `writeDelay`, unless one is scheduled already.
-    private func scheduleWrite() {
-        let schedule = state.withLock { state -> Bool in
-            guard !state.writeScheduled else { return false }
-            state.writeScheduled = true
-            return true
-        }
-        if schedule {
-            queue.asyncAfter(deadline: .now() + writeDelay) { self.writeIfDirty() }
-        }
-    }
 
     /// Writes what is not written yet, now (shutdown), and waits for it.
     public func flush() {

@@ -32,7 +32,7 @@ final class ConnectionTracker: Sendable {
     /// loop initializes its own accepted channels, so a count read apart from the add let
     /// two loops both take the last place (97 admitted under a cap of 96, seen in
     /// HoldTests on a busy machine).
-    func add(_ channel: Channel, cap: Int = .max) -> Admission {
+    func add(_ channel: Channel, cap: Int) -> Admission {
         let key = ObjectIdentifier(channel)
         let admission = state.withLock { state -> Admission in
             guard state.accepting else { return .closing }
