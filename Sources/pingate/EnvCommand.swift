@@ -19,9 +19,9 @@ struct EnvCommand: ParsableCommand {
         store rather than adding to it) as SSL_CERT_FILE, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE, \
         NODE_EXTRA_CA_CERTS and GIT_SSL_CAINFO. curl, git, Python requests and OpenSSL-based tools \
         read these as they are. Node reads no proxy variable before version 24 \
-        (NODE_USE_ENV_PROXY=1 there): NODE_OPTIONS loads node-proxy.cjs from the state directory, \
-        which sends the https module's requests through the gate on any version; fetch goes \
-        through it only where Node supports NODE_USE_ENV_PROXY. Java reads none of these: the \
+        (NODE_USE_ENV_PROXY=1 there, which is set too): NODE_OPTIONS loads node-proxy.cjs from the state \
+        directory, which sends the https module's requests and fetch() through the gate on any \
+        version, unless the app brings its own agent or undici dispatcher. Java reads none of these: the \
         last line says how to trust the CA and set the proxy for a JVM. The CA is created if the \
         gate has not run yet, exactly as run would create it.
 
@@ -84,12 +84,11 @@ struct EnvCommand: ParsableCommand {
             }
         }
         if let version = Self.nodeVersion(), let major = Int(version.dropFirst().prefix { $0 != "." }), major < 24 {
-            // The preload covers the https module only: a Node app that uses fetch() goes around
-            // the gate, silently (issue 33: Node 20's fetch tried DNS directly).
-            FileHandle.standardError.write(Data(("pingate env: Node \(version) is on PATH: its https module goes through the gate "
-                + "with the preload NODE_OPTIONS loads, but its fetch() ignores HTTPS_PROXY before Node 24 and goes direct, "
-                + "around the gate; use the https module (or a client built on it), or Node 24 or later, which reads the proxy "
-                + "variables for fetch too with NODE_USE_ENV_PROXY=1 (set here)\n").utf8))
+            // Said once, where the user evals: what the preload covers and what it cannot
+            // (issue 33: Node 20's fetch went around the gate, silently).
+            FileHandle.standardError.write(Data(("pingate env: Node \(version) is on PATH; it ignores HTTPS_PROXY before Node 24, "
+                + "so the preload NODE_OPTIONS loads sends its https module and fetch() through the gate; a request given "
+                + "its own agent or undici dispatcher goes where that sends it\n").utf8))
         }
 
         // An app reaches a gate listening on every address through loopback.

@@ -80,12 +80,15 @@ struct HarnessTests {
         }
     }
 
-    @Test("all legs pass with curl as the app, with a Python requests script, and with a Node https script; the attacker reads nothing in the attack leg", arguments: [
+    @Test("all legs pass with curl as the app, with a Python requests script, and with a Node https script and a Node fetch() script; the attacker reads nothing in the attack leg", arguments: [
         "curl -sS --fail --max-time 20 -d 'password=hunter2' \"$PINGATE_TARGET\"",
         "python3 -c 'import os, requests; r = requests.post(os.environ[\"PINGATE_TARGET\"], data={\"password\": \"hunter2\"}, timeout=20); r.raise_for_status()'",
         // Node's https module: through the gates only by the preload the harness gives it, as
         // `pingate env` gives a shell (Node before 24 reads no proxy variable).
         "node -e 'const r = require(\"https\").request(process.env.PINGATE_TARGET, { method: \"POST\", headers: { \"content-type\": \"application/x-www-form-urlencoded\" } }, (res) => { res.resume(); res.on(\"end\", () => process.exit(res.statusCode === 200 ? 0 : 1)); }); r.on(\"error\", (error) => { console.error(error.message); process.exit(1); }); r.end(\"password=hunter2\");'",
+        // Node 20's fetch() (undici, which reads no proxy variable before Node 24): through the
+        // gates by the dispatcher the preload installs.
+        "node -e 'fetch(process.env.PINGATE_TARGET, { method: \"POST\", body: new URLSearchParams({ password: \"hunter2\" }) }).then(async (r) => { await r.arrayBuffer(); process.exit(r.status === 200 ? 0 : 1); }, (error) => { console.error(error.message, error.cause && error.cause.message); process.exit(1); });'",
     ])
     func appLegs(app: String) async throws {
         // The python3 the peers use (scripts/bootstrap's virtual environment when it made
