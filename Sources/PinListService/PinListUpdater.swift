@@ -71,9 +71,9 @@ public struct PinListSource: Sendable {
 /// event loop; file reads, verification and the fsync of persisting run on a thread
 /// pool, never on that loop.
 ///
-/// As a `Service`, `run()` is the silent schedule: it sleeps until the next update is
-/// due and ends on graceful shutdown. Without `run()` nothing is fetched on a schedule
-/// (direct updates and `updateNow()` still work).
+/// As a `Service`, `run()` is the silent schedule: while it runs, a timer on the event loop
+/// starts each update when it is due; it ends on graceful shutdown. Without `run()` nothing
+/// is fetched on a schedule (direct updates and `updateNow()` still work).
 public final class PinListUpdater: Service, Sendable {
     /// The outcome of one update attempt.
     public enum Outcome: Sendable, Equatable {
@@ -87,15 +87,23 @@ public final class PinListUpdater: Service, Sendable {
         var lastDirectRequest: Date?
     }
 
-    /// When the next silent update is due, shared with `run()`'s loop. Each change bumps
-    /// `generation` and cancels the loop's sleep, so the loop re-reads the due date
-    /// instead of sleeping towards one that no longer holds.
+    /// When the next silent update is due, and the timer that starts it. The timer runs on
+    /// the updater's event loop, not on Swift's cooperative pool: with the pool busy (two
+    /// cores and a test suite, or a host under load), a sleeping task woke seconds late, and
+    /// the schedule with it (issue 33, item 11: one list request in 10 s on a 0.2 s schedule).
     private struct Schedule {
         var nextUpdate: Date?
-        var generation = 0
-        var sleep: Task<Void, Error>?
+        var timer: Scheduled<Void>?
+        /// `run()` is under way: only then does the timer start updates.
+        var running = false
         var stopped = false
+        /// `run()` waiting for the end.
+        var end: CheckedContinuation<Void, Never>?
     }
+
+    /// The longest single wait of the timer: it runs on the monotonic clock, which stands
+    /// still while the host sleeps, so the wall clock is checked again at least this often.
+    private static let longestTimerWait: TimeInterval = 3600
 
     private let source: PinListSource
     private let store: PinListStore
@@ -156,56 +164,72 @@ public final class PinListUpdater: Service, Sendable {
 
     /// Stops scheduling further updates (and ends `run()`).
     public func stop() {
-        let sleep = schedule.withLock { schedule -> Task<Void, Error>? in
+        let (timer, end) = schedule.withLock { schedule -> (Scheduled<Void>?, CheckedContinuation<Void, Never>?) in
             schedule.stopped = true
-            schedule.generation += 1
-            return schedule.sleep
+            schedule.running = false
+            let ending = (schedule.timer, schedule.end)
+            schedule.timer = nil
+            schedule.end = nil
+            return ending
         }
-        sleep?.cancel()
+        timer?.cancel()
+        end?.resume()
     }
 
-    /// The silent schedule: sleeps until the next update is due, starts it, and sleeps
-    /// again until the update has set the next due date. Ends on graceful shutdown, on
-    /// cancellation, or after `stop()`.
+    /// The silent schedule: from now on the timer starts each update when it is due, and
+    /// each update sets the next due date. Returns on graceful shutdown, on cancellation,
+    /// or after `stop()`.
     public func run() async throws {
-        try await cancelWhenGracefulShutdown {
-            try await self.runSchedule()
+        let started = schedule.withLock { schedule -> Bool in
+            guard !schedule.stopped else { return false }
+            schedule.running = true
+            if let due = schedule.nextUpdate {
+                schedule.timer?.cancel()
+                schedule.timer = armTimer(for: due)
+            }
+            return true
+        }
+        guard started else { return }
+        await withGracefulShutdownHandler {
+            await withTaskCancellationHandler {
+                await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                    // stop() may have come first (a cancellation before this point).
+                    let endsNow = schedule.withLock { schedule -> Bool in
+                        guard !schedule.stopped else { return true }
+                        schedule.end = continuation
+                        return false
+                    }
+                    if endsNow { continuation.resume() }
+                }
+            } onCancel: {
+                self.stop()
+            }
+        } onGracefulShutdown: {
+            self.stop()
         }
     }
 
-    private func runSchedule() async throws {
-        while !Task.isCancelled {
-            let (due, generation, stopped) = schedule.withLock { ($0.nextUpdate, $0.generation, $0.stopped) }
-            if stopped { return }
-            // No due date: an update is running (or start() has not finished); its
-            // completion sets one and wakes this loop. A day is just an upper bound.
-            let seconds = due.map { max(0, $0.timeIntervalSince(now())) } ?? 86_400
-            let sleep = Task { try await Task.sleep(for: .nanoseconds(Int64(min(seconds, 86_400) * 1e9))) }
-            let current = schedule.withLock { schedule -> Bool in
-                guard schedule.generation == generation else { return false }
-                schedule.sleep = sleep
-                return true
+    /// A timer on the event loop towards `due`, at most `longestTimerWait` away. Called
+    /// with the schedule locked; scheduling a task on a loop calls nothing back at once.
+    private func armTimer(for due: Date) -> Scheduled<Void> {
+        let seconds = min(max(0, due.timeIntervalSince(now())), Self.longestTimerWait)
+        return eventLoop.scheduleTask(in: .nanoseconds(Int64(seconds * 1e9))) { self.timerFired(due: due) }
+    }
+
+    private func timerFired(due: Date) {
+        let fire = schedule.withLock { schedule -> Bool in
+            // A timer that lost a race with a newer due date, or with stop(), does nothing.
+            guard schedule.running, !schedule.stopped, schedule.nextUpdate == due else { return false }
+            guard now() >= due else {
+                // Woken by the longest wait, or early by the wall clock: wait the rest.
+                schedule.timer = armTimer(for: due)
+                return false
             }
-            guard current else {
-                sleep.cancel()
-                continue
-            }
-            let slept = await withTaskCancellationHandler {
-                (try? await sleep.value) != nil
-            } onCancel: {
-                sleep.cancel()
-            }
-            // Cut short (the schedule changed, or the loop is ending), or woken by the
-            // one-day bound before a later due date: go round and re-read the schedule.
-            guard slept, let due, now() >= due else { continue }
-            let fire = schedule.withLock { schedule -> Bool in
-                guard schedule.generation == generation, !schedule.stopped else { return false }
-                schedule.nextUpdate = nil
-                schedule.generation += 1
-                return true
-            }
-            if fire { _ = updateNow() }
+            schedule.nextUpdate = nil
+            schedule.timer = nil
+            return true
         }
+        if fire { _ = updateNow() }
     }
 
     /// A CONNECT found no usable list: fetch now, unless a direct fetch was started within
@@ -362,13 +386,14 @@ public final class PinListUpdater: Service, Sendable {
             delay = source.schedule.delay(after: store.list, now: now())
         }
         let due = now().addingTimeInterval(delay)
-        let sleep = schedule.withLock { schedule -> Task<Void, Error>? in
+        let replaced = schedule.withLock { schedule -> Scheduled<Void>? in
             guard !schedule.stopped else { return nil }
             schedule.nextUpdate = due
-            schedule.generation += 1
-            return schedule.sleep
+            let replaced = schedule.timer
+            schedule.timer = schedule.running ? armTimer(for: due) : nil
+            return replaced
         }
-        sleep?.cancel() // wakes run() to sleep towards the new due date
+        replaced?.cancel()
     }
 
     /// Why a list this updater fetched or re-read is in force.

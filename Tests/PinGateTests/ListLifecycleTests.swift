@@ -3,6 +3,7 @@ import NIOCore
 import PinGateTestSupport
 import PinGateTLS
 import PinList
+import Synchronization
 import Testing
 @testable import PinGate
 import PinGateHarness
@@ -279,6 +280,12 @@ struct ListLifecycleTests {
     }
 }
 
+/// The pool threads held by `scheduleDoesNotWaitForThePool`, and what was seen meanwhile.
+private final class PoolHold: Sendable {
+    let arrived = Atomic<Int>(0)
+    let window = Mutex<(before: Int, after: Int)?>(nil)
+}
+
 /// Silent mode and the list server's own pin.
 @Suite("List updates on schedule")
 struct ScheduledUpdateTests {
@@ -294,6 +301,37 @@ struct ScheduledUpdateTests {
                 _ = await eventually(timeout: .seconds(10)) { gate.server.store.list?.metadata.sequence == 2 }
                 #expect(gate.server.store.list?.metadata.sequence == 2)
                 #expect(setup.listServer.receivedRequests.count >= 2)
+            }
+        }
+    }
+
+    @Test("the schedule keeps time with every thread of Swift's cooperative pool held: list requests still arrive on the 0.2 s schedule (its timer is on the event loop)")
+    func scheduleDoesNotWaitForThePool() async throws {
+        try await ListLifecycleTests.Setup.with(initialPins: { pki, a, _ in try pki.signedV2(sequence: 1, pins: [TestPKI.pin(ListLifecycleTests.Setup.hostA, a)]) }) { setup in
+            var source = setup.source()
+            source.schedule = UpdateSchedule(periodicInterval: 0.2, expirationThreshold: 0, minimumInterval: 0.2)
+            try await setup.withGate(source: source) { _ in
+                // One blocking job per pool thread, released together: while they all sleep,
+                // no task on the pool runs (the suite beside this one, on a busy machine,
+                // did the same to the schedule's old sleeping task for seconds at a time).
+                let width = ProcessInfo.processInfo.activeProcessorCount
+                let held = PoolHold()
+                let listServer = setup.listServer
+                await withTaskGroup(of: Void.self) { group in
+                    for index in 0..<width {
+                        group.addTask {
+                            held.arrived.add(1, ordering: .sequentiallyConsistent)
+                            let deadline = Date().addingTimeInterval(10)
+                            while held.arrived.load(ordering: .sequentiallyConsistent) < width && Date() < deadline { usleep(1_000) }
+                            guard index == 0 else { _ = usleep(1_700_000); return }
+                            let before = listServer.receivedRequests.count
+                            usleep(1_500_000)
+                            held.window.withLock { $0 = (before, listServer.receivedRequests.count) }
+                        }
+                    }
+                }
+                let counts = try #require(held.window.withLock { $0 })
+                #expect(counts.after - counts.before >= 2, "\(counts.after - counts.before) list requests in 1.5 s with the pool held")
             }
         }
     }
