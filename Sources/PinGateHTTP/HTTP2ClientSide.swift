@@ -69,6 +69,8 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
     private var controlFramesCharged = 0
     /// The connection is being ended for abuse: nothing more is read or handed on.
     private var endedForAbuse = false
+    /// The client sent something since the last check of the abuse linger.
+    private var abuseInputSinceCheck = false
     /// Rejections (requests nghttp2 refused before they surfaced) not yet counted, and the
     /// last text: reported once per read burst, not once per stream.
     private var rejectedInBurst: (count: Int, detail: String) = (0, "")
@@ -111,7 +113,12 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
     // MARK: from the client
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard !closing, !endedForAbuse else { return }
+        if endedForAbuse {
+            // Read and dropped while the close lingers: the client is not quiet yet.
+            abuseInputSinceCheck = true
+            return
+        }
+        guard !closing else { return }
         inReadBurst = true
         let buffer = unwrapInboundIn(data)
         switch wire.receive(buffer) {
@@ -459,16 +466,37 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
         // Counted here, once: the GOAWAY below is not another connection error to count.
         connectionErrorCounted = true
         guard !closing else { return }
-        // The GOAWAY goes out now; the close waits a moment while what the client already
-        // sent is read and dropped: closing a socket with unread bytes makes the kernel send
-        // a reset, which can destroy the GOAWAY before the client reads it.
+        // The GOAWAY goes out now, then close_notify and our FIN, so the client can read all
+        // three. The full close waits until the client has been quiet for `abuseQuiet` (or
+        // closes), reading and dropping what it still sends, for at most `abuseLingerLimit`:
+        // closing a socket with unread bytes makes the kernel send a reset, which destroys
+        // the GOAWAY if the client has not read it yet. A fixed 500 ms was too short for a
+        // client on a busy machine (issue 33, item 11: the flood test's client saw a reset).
         wire.goAway(errorCode: ErrorCode.enhanceYourCalm)
         _ = wire.write(context, flush: true)
-        context.eventLoop.assumeIsolated().scheduleTask(in: Self.abuseLinger) { [weak self] in self?.close() }
+        context.close(mode: .output, promise: nil)
+        abuseInputSinceCheck = false
+        let limit = NIODeadline.now() + Self.abuseLingerLimit
+        scheduleAbuseCheck(context.eventLoop, limit: limit)
     }
 
-    /// How long an abusive connection is read (and dropped) after its GOAWAY before it closes.
-    static let abuseLinger = TimeAmount.milliseconds(500)
+    private func scheduleAbuseCheck(_ eventLoop: any EventLoop, limit: NIODeadline) {
+        eventLoop.assumeIsolated().scheduleTask(in: Self.abuseQuiet) { [weak self] in
+            guard let self, !self.closing else { return }
+            if self.abuseInputSinceCheck && NIODeadline.now() < limit {
+                self.abuseInputSinceCheck = false
+                self.scheduleAbuseCheck(eventLoop, limit: limit)
+            } else {
+                self.close()
+            }
+        }
+    }
+
+    /// After the GOAWAY for abuse, the connection closes once the client has sent nothing
+    /// for this long...
+    static let abuseQuiet = TimeAmount.milliseconds(500)
+    /// ...or this long after the GOAWAY, whatever it sends.
+    static let abuseLingerLimit = TimeAmount.seconds(5)
 
     private func reset(_ streamID: Int32, errorCode: UInt32 = ErrorCode.internalError) {
         resetByGate.insert(streamID)
@@ -500,6 +528,10 @@ final class HTTP2ClientSide: ChannelDuplexHandler, TunnelClientSide {
         // it is, with the upstream gone, once the last stream has sent its last frame.
         // A stream whose answer is all out but whose request is still coming (an upload the
         // upstream answered early) is not waited for: no upstream is left to take it.
-        if flush && (!wire.session.isAlive || (draining && wire.session.allStreamsClosedLocally)) { close() }
+        // A connection ended for abuse is closed by its linger (`endForAbuse`) only: its
+        // session is dead at once, and closing here, at the end of the read burst that
+        // found the abuse, left the flooding client's next writes unread, so the kernel's
+        // reset destroyed the GOAWAY (issue 33, item 11: the flood test's SSLEOFError).
+        if flush && !endedForAbuse && (!wire.session.isAlive || (draining && wire.session.allStreamsClosedLocally)) { close() }
     }
 }

@@ -33,7 +33,7 @@ USER_AGENT = "pingate-h2-peer"
 SCENARIOS = (
     "get", "get-two", "concurrent-mixed", "oversized-headers", "bad-pseudo",
     "invalid-frame", "window-overflow", "hpack-bomb", "rapid-reset",
-    "extended-connect", "plain-connect", "get-paths", "bad-scheme", "ping-flood", "settings-flood",
+    "extended-connect", "plain-connect", "get-paths", "bad-scheme", "ping-flood", "settings-flood", "ping-flood-deaf",
 )
 
 
@@ -367,6 +367,25 @@ def scenario_ping_flood(args, session):
     return control_flood(args, session, lambda: session.conn.ping(os.urandom(8)))
 
 
+def scenario_ping_flood_deaf(args, session):
+    """Floods PINGs for 1.5 s without reading anything (a client the machine did not get
+    round to reading for, or one that writes a large batch before it reads), then reads:
+    the GOAWAY must still be there, not destroyed by a reset from a close with its input
+    unread."""
+    sent = 0
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline and session.write_failed is None:
+        for _ in range(100):
+            session.conn.ping(os.urandom(8))
+            sent += 1
+        session.flush()
+        time.sleep(0.005)
+    # Whatever happened to the writes, read what the server sent.
+    session.closed = False
+    session.pump(lambda: session.closed, timeout=args.timeout)
+    return {"sent": sent, "write_failed": session.write_failed}
+
+
 def scenario_settings_flood(args, session):
     return control_flood(args, session, lambda: session.conn.update_settings({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 100}))
 
@@ -659,6 +678,7 @@ RUNNERS = {
     "extended-connect": scenario_extended_connect, "plain-connect": scenario_plain_connect,
     "get-paths": scenario_get_paths, "bad-scheme": scenario_bad_scheme,
     "ping-flood": scenario_ping_flood, "settings-flood": scenario_settings_flood,
+    "ping-flood-deaf": scenario_ping_flood_deaf,
 }
 
 

@@ -106,7 +106,7 @@ struct HTTP2InsideTunnelTests {
         }
     }
 
-    @Test("a PING flood and a SETTINGS flood, read or not, end with GOAWAY ENHANCE_YOUR_CALM as other floods do, counted as a refusal; the gate goes on")
+    @Test("a PING flood and a SETTINGS flood, read or not, end with GOAWAY ENHANCE_YOUR_CALM as other floods do, counted as a refusal, and a client that floods for 1.5 s before reading still reads the GOAWAY; the gate goes on")
     func controlFrameFloods() async throws {
         try await Self.withFrontEnd { gate, nginx in
             for name in ["ping-flood", "settings-flood"] {
@@ -115,8 +115,14 @@ struct HTTP2InsideTunnelTests {
                 #expect(output["closed"] as? Bool == true, "\(name): \(output)")
                 #expect((output["sent"] as? Int ?? 0) > 1_000, "\(name): \(output)")
             }
+            // A client that floods for 1.5 s before it reads a byte: the gate reads and drops
+            // until it is quiet, so closing sends no reset that would destroy the GOAWAY.
+            let deaf = try await Self.scenario("ping-flood-deaf", gate: gate, nginx: nginx)
+            #expect((deaf["goaway"] as? [String: Int])?["error_code"] == 11, "ping-flood-deaf: ENHANCE_YOUR_CALM: \(deaf)")
+            #expect(deaf["closed"] as? Bool == true, "\(deaf)")
+            #expect(deaf["write_failed"] is NSNull, "the gate closed while the client was still writing: \(deaf)")
             // Each flood once: the GOAWAY that ends it is not counted again as a connection error.
-            #expect(gate.statistics.requestsRefused(.malformedRequest) == 2)
+            #expect(gate.statistics.requestsRefused(.malformedRequest) == 3)
             let after = try await Self.scenario("get", gate: gate, nginx: nginx)
             #expect(Self.stream(after, "1")["status"] as? Int == 200, "\(after)")
         }
