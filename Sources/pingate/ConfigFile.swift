@@ -5,52 +5,8 @@ import Yams
 import PinGateNIO
 
 /// The YAML configuration file for `pingate run`. Every key is optional; flags override
-/// it. Relative paths are resolved against the file's own directory.
-///
-/// ```yaml
-/// listen: 127.0.0.1:8080
-/// state-dir: ./state
-/// public-dir: /run/pingate       # where the gate publishes ca.pem and ca-bundle.pem for apps of any user (pingate env)
-/// pins:
-///   source: pins.json            # or https://lists.example.com/pins.json
-///   keys: [signer.pub.pem]       # files, or Wultra's base64 X9.63 key inline (88 characters)
-///   format: auto                 # wultra-static | wultra-dynamic | pingate-v2
-///   app-name: myapp              # wultra-dynamic: ?appName=
-///   server-ca: [lists-ca.pem]    # roots for the list server (default: system)
-///   server-pins: []              # base64 SHA-256 of the list server's cert or SPKI
-///   update-interval-seconds: 604800
-///   expiration-threshold-seconds: 1209600
-///   minimum-interval-seconds: 60
-///   wait-seconds: 10             # how long CONNECTs wait for a first list
-///   fallback: bundled-pins.json  # used only when nothing better is available
-/// upstream-ca: [origin-ca.pem]
-/// resolve: ["api.example.test:8443:127.0.0.1"]
-/// pins-only: []
-/// allow-private-destinations: false   # DNS answers that are loopback/private/link-local/CGNAT/IPv4-mapped are refused
-/// upstream-session-resumption: true   # resume upstream TLS sessions of verified, pin-trusted handshakes
-/// opaque-hosts: []               # relayed as bytes, not read as HTTP (non-HTTP TLS protocols)
-/// upstream-proxy: http://proxy.corp:3128    # parent proxy; pins still apply end to end
-/// report-uris: [https://reports.example.com/pins]   # TrustKit-style pin-failure reports
-/// report-ca: [reports-ca.pem]                        # roots for the collector (default: system)
-/// admin:
-///   listen: 127.0.0.1:9090       # or "off"; a non-loopback address needs a token
-///   token-file: admin.token      # bearer token for POST /pins/update (or `token: …` inline)
-///   allowed-hosts: []            # Host names answered besides the listen host and localhost forms; * = any
-/// decision-log: stderr           # JSON line per CONNECT: stderr, a file path, or off
-/// request-log: requests.jsonl    # JSON line per HTTP request in a tunnel: stderr, a file path, or off (default)
-/// request-log-query: false       # keep query strings in logged paths (default: cut at the first ?)
-/// refusal-log-size: 100          # refusals kept for GET /refusals
-/// idle-timeout-seconds: 300
-/// client-handshake-timeout-seconds: 10
-/// drain-timeout-seconds: 30     # on SIGTERM/SIGINT: how long open tunnels may finish
-/// pin-warning-days: 30           # a host's pin health turns `expiring` this many days before its pin, the list or a hash-pinned leaf expires
-/// upstream-pool: true            # reuse verified upstream connections across tunnels
-/// upstream-pool-idle-timeout-seconds: 30
-/// upstream-pool-max-per-host: 16
-/// log-level: info
-/// log-format: text               # or json: one JSON object per line on stderr
-/// strict-permissions: true       # refuse to start if ca.key or the state directory is open to others
-/// ```
+/// it. Relative paths are resolved against the file's own directory. The keys, their
+/// defaults and meanings are in `ConfigKeyTable` (`pingate config-keys` prints them).
 struct ConfigFile: Decodable {
     struct Pins: Decodable {
         var source: String?
@@ -278,6 +234,8 @@ enum ConfigKeys {
         var known: [String]
     }
 
+    /// The names the decoder reads, level by level. `ConfigKeyTable` must list exactly
+    /// these (a test holds the two together), so what is documented is what is read.
     static let topLevel = ConfigFile.CodingKeys.allCases.map(\.rawValue)
     static let sections: [String: [String]] = [
         "pins": ConfigFile.Pins.CodingKeys.allCases.map(\.rawValue),
@@ -330,7 +288,9 @@ enum ConfigKeys {
         guard let expected, !name.isEmpty else {
             return "\(place)\(name.isEmpty ? "the file" : name) is not valid: \(context.debugDescription)"
         }
-        var message = "\(place)\(name) takes \(expected), not \(found)"
+        // The table's words where it has the key ("a whole number of seconds"), else the type's.
+        let takes = ConfigKeyTable.key(name)?.kind.words ?? expected
+        var message = "\(place)\(name) takes \(takes), not \(found)"
         if name == "pins", node?.scalar != nil {
             message += "; the list goes under it: `pins:` then, indented, `source: \(found.trimmingCharacters(in: CharacterSet(charactersIn: "\"")))` and `keys: [...]`"
         }

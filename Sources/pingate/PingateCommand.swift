@@ -21,6 +21,6 @@ struct PingateCommand: AsyncParsableCommand {
           curl --proxy http://127.0.0.1:8080 --cacert "$(pingate ca export --path)" https://api.example.com/
         """,
         version: "pingate \(PinGateVersion.text) (\(OpenSSLVersion.text), nghttp2 \(PinGateServer.nghttp2Version))",
-        subcommands: [RunCommand.self, CheckConfigCommand.self, EnvCommand.self, CACommand.self, KeygenCommand.self, SignCommand.self, ListCommand.self, FingerprintCommand.self, DemoCommand.self, HarnessCommand.self, AttackCommand.self]
+        subcommands: [RunCommand.self, CheckConfigCommand.self, ConfigKeysCommand.self, EnvCommand.self, CACommand.self, KeygenCommand.self, SignCommand.self, ListCommand.self, FingerprintCommand.self, DemoCommand.self, HarnessCommand.self, AttackCommand.self]
     )
 }

@@ -302,7 +302,7 @@ struct CommandLineTests {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
         let cases: [(yaml: String, expected: String)] = [
-            ("listen: 127.0.0.1:0\nidle-timeout-seconds: 5m\n", "line 2: idle-timeout-seconds takes a whole number, not \"5m\"."),
+            ("listen: 127.0.0.1:0\nidle-timeout-seconds: 5m\n", "line 2: idle-timeout-seconds takes a whole number of seconds, not \"5m\"."),
             ("listen: 127.0.0.1:0\npins: pins.json\n",
              "line 2: pins takes a section of keys (`key: value` lines indented under it), not \"pins.json\"; the list goes under it: `pins:` then, indented, `source: pins.json` and `keys: [...]`."),
             ("pins:\n  source: p.json\n  keys:\n    - a.pem\n    - [b.pem]\n", "line 5: pins.keys[1] takes a single value, not a list."),
