@@ -204,6 +204,14 @@ struct GateOptions: ParsableArguments {
             logger.warning("no fingerprint list configured (--pins): every CONNECT will be refused")
         }
 
+        // An existing state directory open to others is refused before anything is written
+        // into it: creating the CA first left a fresh ca.key in a world-writable directory
+        // and then refused to start.
+        let exposedBefore = LocalCA.permissionProblems(stateDirectory: stateDirectory)
+        if !exposedBefore.isEmpty && (strictPermissions ?? file?.strictPermissions ?? true) {
+            throw ConfigurationError("refusing to start: \(LocalCA.CAError.insecurePermissions(exposedBefore)) "
+                                     + "(or run with --no-strict-permissions to start with a warning)")
+        }
         let (ca, created) = try LocalCA.loadOrCreate(stateDirectory: stateDirectory)
         let exposed = LocalCA.permissionProblems(stateDirectory: stateDirectory)
         if !exposed.isEmpty {
@@ -405,6 +413,11 @@ struct GateOptions: ParsableArguments {
                 }
                 guard FileManager.default.isWritableFile(atPath: parent) else {
                     throw ConfigurationError("state-dir \(stateDirectory): no local CA there yet, and \(parent) is not writable to create it")
+                }
+                // The directory exists but the CA does not: start would refuse it as run does.
+                let exposed = LocalCA.permissionProblems(stateDirectory: stateDirectory)
+                if !exposed.isEmpty && (strictPermissions ?? file?.strictPermissions ?? true) {
+                    throw ConfigurationError("it would refuse to start: \(LocalCA.CAError.insecurePermissions(exposed)) (or run with --no-strict-permissions)")
                 }
                 lines.append("state-dir:    \(stateDirectory) (the local CA will be created at start)")
             }

@@ -295,6 +295,20 @@ struct HardeningTests {
         try await RunningGate.withAttempt(["--listen", "127.0.0.1:0", "--state-dir", state]) { gate in
             #expect(gate != nil)
         }
+
+        // An existing, empty state directory open to everyone (an emptyDir volume, a /tmp
+        // folder): refused before anything is written into it, by run and by check-config.
+        let open = directory.file("open")
+        try FileManager.default.createDirectory(atPath: open, withIntermediateDirectories: false)
+        chmod(open, 0o777)
+        for command in ["run", "check-config"] {
+            let refused = try await TestProcess.run(Self.pingate, [
+                command, "--listen", "127.0.0.1:0", "--admin-listen", "off", "--state-dir", open,
+            ], timeout: 30)
+            #expect(refused.status != 0, "\(command)")
+            #expect(refused.stderr.contains("the state directory \(open) has mode 777, not 700"), "\(command): \(refused.stderr)")
+            #expect(try FileManager.default.contentsOfDirectory(atPath: open).isEmpty, "\(command) wrote into it")
+        }
     }
 
     // MARK: item 5
