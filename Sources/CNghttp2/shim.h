@@ -46,7 +46,96 @@ typedef struct pg_nghttp2_allocator {
     size_t zeroed_block_size;
     /// Non-zero while the session is being created: the only time the blocks are recognised.
     int capturing;
+    /// Freed small blocks kept for the next allocation of their class (see `pg_nghttp2_malloc`).
+    struct pg_nghttp2_cached_block *cached[6];
+    /// How many each list holds.
+    unsigned cached_count[6];
 } pg_nghttp2_allocator;
+
+/// Small blocks, and why they are kept: nghttp2 allocates and frees the same few small
+/// objects for every exchange (a stream, its outbound items, an rcbuf per header field it
+/// decodes, the copied name/value array of each request it submits): about 19 malloc calls
+/// per keep-alive request through a shared h2 upstream connection (issue 32, `scripts/bench`'s
+/// counts). Each block carries a 16-byte header with its class (its capacity) and the size
+/// asked for; a freed block of a class goes onto that class's list, up to
+/// `PG_NGHTTP2_CACHED_PER_CLASS`, and the next allocation of the class takes it. The lists
+/// are the session's own (a session is used from one thread at a time), emptied by
+/// `pg_nghttp2_release_cache` when the session is idle and when it is deleted. The frame
+/// buffer and the stream table (above) carry no header: they are recognised by address.
+typedef struct pg_nghttp2_cached_block { struct pg_nghttp2_cached_block *next; } pg_nghttp2_cached_block;
+
+/// The header before each block given out: its class (`PG_NGHTTP2_UNCACHED` for a large
+/// block) and the size asked for. 16 bytes, so the block keeps malloc's alignment.
+typedef struct pg_nghttp2_block_header { uint32_t block_class; uint32_t unused; uint64_t size; } pg_nghttp2_block_header;
+
+#define PG_NGHTTP2_CLASSES 6
+#define PG_NGHTTP2_SMALLEST_CLASS 64
+#define PG_NGHTTP2_UNCACHED 0xFFu
+#define PG_NGHTTP2_CACHED_PER_CLASS 16
+
+/// The capacity of class `block_class`: 64, 128, 256, 512, 1024, 2048 bytes.
+static inline size_t pg_nghttp2_class_capacity(uint32_t block_class) {
+    return (size_t)PG_NGHTTP2_SMALLEST_CLASS << block_class;
+}
+
+/// The smallest class that holds `size` bytes, or `PG_NGHTTP2_UNCACHED`.
+static inline uint32_t pg_nghttp2_class_for(size_t size) {
+    for (uint32_t block_class = 0; block_class < PG_NGHTTP2_CLASSES; block_class++) {
+        if (size <= pg_nghttp2_class_capacity(block_class)) return block_class;
+    }
+    return PG_NGHTTP2_UNCACHED;
+}
+
+/// A block with a header for `size` bytes: from its class's list when one is kept there.
+static inline void *pg_nghttp2_block_alloc(pg_nghttp2_allocator *allocator, size_t size) {
+    uint32_t block_class = pg_nghttp2_class_for(size);
+    pg_nghttp2_block_header *header = NULL;
+    if (block_class != PG_NGHTTP2_UNCACHED && allocator->cached[block_class] != NULL) {
+        pg_nghttp2_cached_block *block = allocator->cached[block_class];
+        allocator->cached[block_class] = block->next;
+        allocator->cached_count[block_class] -= 1;
+        header = (pg_nghttp2_block_header *)block;
+    } else {
+        size_t capacity = block_class == PG_NGHTTP2_UNCACHED ? size : pg_nghttp2_class_capacity(block_class);
+        if (capacity > SIZE_MAX - sizeof(pg_nghttp2_block_header)) return NULL;
+        header = (pg_nghttp2_block_header *)malloc(sizeof(pg_nghttp2_block_header) + capacity);
+        if (header == NULL) return NULL;
+    }
+    header->block_class = block_class;
+    header->unused = 0;
+    header->size = size;
+    return header + 1;
+}
+
+/// Gives back a block `pg_nghttp2_block_alloc` made: onto its class's list while the list
+/// has room, else to the heap.
+static inline void pg_nghttp2_block_free(pg_nghttp2_allocator *allocator, void *pointer) {
+    pg_nghttp2_block_header *header = (pg_nghttp2_block_header *)pointer - 1;
+    uint32_t block_class = header->block_class;
+    if (block_class < PG_NGHTTP2_CLASSES && allocator->cached_count[block_class] < PG_NGHTTP2_CACHED_PER_CLASS) {
+        pg_nghttp2_cached_block *block = (pg_nghttp2_cached_block *)header;
+        block->next = allocator->cached[block_class];
+        allocator->cached[block_class] = block;
+        allocator->cached_count[block_class] += 1;
+        return;
+    }
+    free(header);
+}
+
+/// Frees every kept block; returns the bytes given back to the heap.
+static inline size_t pg_nghttp2_release_cache(pg_nghttp2_allocator *allocator) {
+    size_t released = 0;
+    for (uint32_t block_class = 0; block_class < PG_NGHTTP2_CLASSES; block_class++) {
+        while (allocator->cached[block_class] != NULL) {
+            pg_nghttp2_cached_block *block = allocator->cached[block_class];
+            allocator->cached[block_class] = block->next;
+            free(block);
+            released += sizeof(pg_nghttp2_block_header) + pg_nghttp2_class_capacity(block_class);
+        }
+        allocator->cached_count[block_class] = 0;
+    }
+    return released;
+}
 
 /// The smallest allocation taken for the frame buffer: one frame's payload.
 #define PG_NGHTTP2_FRAME_BUFFER_MIN 16384
@@ -67,33 +156,46 @@ static inline void *pg_nghttp2_take_frame_buffer(pg_nghttp2_allocator *allocator
 }
 
 /// Forgets `pointer` if it is one of the recognised blocks (it is being freed or moved).
-static inline void pg_nghttp2_forget(pg_nghttp2_allocator *allocator, void *pointer) {
-    if (pointer == NULL) return;
+/// Returns that block's size, or 0 when `pointer` is none of them (a block with a header).
+static inline size_t pg_nghttp2_forget(pg_nghttp2_allocator *allocator, void *pointer) {
+    if (pointer == NULL) return 0;
+    size_t size = 0;
     if (pointer == allocator->frame_buffer) {
+        size = allocator->frame_buffer_size;
         allocator->frame_buffer = NULL;
         allocator->frame_buffer_size = 0;
     }
     if (pointer == allocator->zeroed_block) {
+        size = allocator->zeroed_block_size;
         allocator->zeroed_block = NULL;
         allocator->zeroed_block_size = 0;
     }
+    return size;
 }
 
 static inline void *pg_nghttp2_malloc(size_t size, void *user) {
-    void *memory = pg_nghttp2_take_frame_buffer((pg_nghttp2_allocator *)user, size);
-    return memory != NULL ? memory : malloc(size);
+    pg_nghttp2_allocator *allocator = (pg_nghttp2_allocator *)user;
+    void *memory = pg_nghttp2_take_frame_buffer(allocator, size);
+    return memory != NULL ? memory : pg_nghttp2_block_alloc(allocator, size);
 }
 
 static inline void pg_nghttp2_free(void *pointer, void *user) {
-    pg_nghttp2_forget((pg_nghttp2_allocator *)user, pointer);
-    free(pointer);
+    if (pointer == NULL) return;
+    pg_nghttp2_allocator *allocator = (pg_nghttp2_allocator *)user;
+    // The recognised blocks came from posix_memalign, without a header.
+    if (pointer == allocator->frame_buffer || pointer == allocator->zeroed_block) {
+        pg_nghttp2_forget(allocator, pointer);
+        free(pointer);
+        return;
+    }
+    pg_nghttp2_block_free(allocator, pointer);
 }
 
 static inline void *pg_nghttp2_calloc(size_t count, size_t size, void *user) {
     pg_nghttp2_allocator *allocator = (pg_nghttp2_allocator *)user;
+    if (size != 0 && count > SIZE_MAX / size) return NULL;
     size_t page = pg_nghttp2_page_size();
-    if (allocator->capturing && allocator->zeroed_block == NULL && size != 0 && count <= SIZE_MAX / size
-        && count * size >= page) {
+    if (allocator->capturing && allocator->zeroed_block == NULL && size != 0 && count * size >= page) {
         void *memory = NULL;
         if (posix_memalign(&memory, page, count * size) == 0) {
             memset(memory, 0, count * size);
@@ -102,16 +204,37 @@ static inline void *pg_nghttp2_calloc(size_t count, size_t size, void *user) {
             return memory;
         }
     }
-    return calloc(count, size);
+    void *memory = pg_nghttp2_block_alloc(allocator, count * size);
+    if (memory != NULL) memset(memory, 0, count * size);
+    return memory;
 }
 
 static inline void *pg_nghttp2_realloc(void *pointer, size_t size, void *user) {
+    pg_nghttp2_allocator *allocator = (pg_nghttp2_allocator *)user;
     // nghttp2 allocates its buffers with realloc(NULL, capacity) (nghttp2_buf_reserve).
     if (pointer == NULL) return pg_nghttp2_malloc(size, user);
-    // Not done to either block by nghttp2 1.52; should another version move one, it
-    // becomes ordinary heap memory and is no longer released.
-    pg_nghttp2_forget((pg_nghttp2_allocator *)user, pointer);
-    return realloc(pointer, size);
+    size_t old_size;
+    if (pointer == allocator->frame_buffer || pointer == allocator->zeroed_block) {
+        // Not done to either block by nghttp2 1.52; should another version move one, it
+        // becomes an ordinary block (with a header) and is no longer released.
+        old_size = pg_nghttp2_forget(allocator, pointer);
+        void *moved = pg_nghttp2_block_alloc(allocator, size);
+        if (moved == NULL) return NULL;
+        memcpy(moved, pointer, old_size < size ? old_size : size);
+        free(pointer);
+        return moved;
+    }
+    pg_nghttp2_block_header *header = (pg_nghttp2_block_header *)pointer - 1;
+    if (header->block_class < PG_NGHTTP2_CLASSES && size <= pg_nghttp2_class_capacity(header->block_class)) {
+        header->size = size;
+        return pointer;
+    }
+    old_size = (size_t)header->size;
+    void *moved = pg_nghttp2_block_alloc(allocator, size);
+    if (moved == NULL) return NULL;
+    memcpy(moved, pointer, old_size < size ? old_size : size);
+    pg_nghttp2_block_free(allocator, pointer);
+    return moved;
 }
 
 /// Readies `allocator` for a session about to be created (capturing on).

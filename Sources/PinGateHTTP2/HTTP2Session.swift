@@ -138,7 +138,8 @@ public final class HTTP2Session {
     /// The limits given at creation.
     public let limits: Limits
     private let session: OpaquePointer
-    /// The session's allocator, which keeps its outbound frame buffer on pages of its own.
+    /// The session's allocator, which keeps its outbound frame buffer on pages of its own
+    /// and the small blocks nghttp2 frees for its next exchange.
     private let allocator: UnsafeMutablePointer<pg_nghttp2_allocator>
     /// How far into the frame buffer frames may have been written since its pages were
     /// last given back. It starts at the whole buffer: memory from the heap may already
@@ -258,6 +259,7 @@ public final class HTTP2Session {
         // Only what nghttp2 allocates while creating the session can be the frame buffer.
         allocator.pointee.capturing = 0
         guard result == 0, let created else {
+            pg_nghttp2_release_cache(allocator)
             allocator.deallocate()
             throw HTTP2Error(code: result, operation: "nghttp2_session_new")
         }
@@ -290,6 +292,8 @@ public final class HTTP2Session {
 
     deinit {
         nghttp2_session_del(session)
+        // What the session freed last waits in the allocator's small-block lists.
+        pg_nghttp2_release_cache(allocator)
         allocator.deallocate()
     }
 
@@ -429,6 +433,8 @@ public final class HTTP2Session {
             frameBufferTouched = 0
         }
         released += pg_nghttp2_release_zero_pages(allocator)
+        // The small blocks kept for the next exchange: a quiet session needs none.
+        released += pg_nghttp2_release_cache(allocator)
         // The bookkeeping of finished streams: Swift's collections keep their storage when
         // emptied, sized for the busiest moment so far.
         if outgoing.isEmpty { outgoing = [:] }
