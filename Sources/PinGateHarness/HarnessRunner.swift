@@ -233,8 +233,11 @@ public enum HarnessRunner {
         process.standardOutput = output
         process.standardError = output
         process.standardInput = FileHandle.nullDevice
-        // Read while it runs, so a chatty app never blocks on a full pipe.
-        let reader = Task.detached { output.fileHandleForReading.readDataToEndOfFile() }
+        // Read while it runs, so a chatty app never blocks on a full pipe; on a thread of its
+        // own: the read blocks until the app's last writer closes the pipe, and a task doing
+        // that held one of Swift's few cooperative threads for the app's whole run (the
+        // harness's legs in parallel starved every other task for tens of seconds).
+        let reader = Task { await Self.readToEnd(output.fileHandleForReading) }
         let status: Int32 = await withCheckedContinuation { continuation in
             process.terminationHandler = { continuation.resume(returning: $0.terminationStatus) }
             do {
@@ -252,6 +255,13 @@ public enum HarnessRunner {
         let text = String(decoding: await reader.value, as: UTF8.self)
         let lastLine = text.split(whereSeparator: \.isNewline).last.map(String.init) ?? ""
         return (status, String(lastLine.prefix(300)))
+    }
+
+    /// Everything `handle` yields until its end, read on a thread of its own.
+    private static func readToEnd(_ handle: FileHandle) async -> Data {
+        await withCheckedContinuation { continuation in
+            Thread { continuation.resume(returning: handle.readDataToEndOfFile()) }.start()
+        }
     }
 
     private static func elapsed(since start: Date) -> Int {

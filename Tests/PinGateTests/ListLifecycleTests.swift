@@ -289,50 +289,51 @@ private final class PoolHold: Sendable {
 /// Silent mode and the list server's own pin.
 @Suite("List updates on schedule")
 struct ScheduledUpdateTests {
-    @Test("silent mode: the gate fetches again by itself on the schedule and puts the new list in force")
-    func silentUpdates() async throws {
+    /// A gate fed by the list server (sequence 1 pinning host A) on a schedule due every 0.2 s.
+    static func withGateOnFastSchedule(_ body: (ListLifecycleTests.Setup, GateFixture) async throws -> Void) async throws {
         try await ListLifecycleTests.Setup.with(initialPins: { pki, a, _ in try pki.signedV2(sequence: 1, pins: [TestPKI.pin(ListLifecycleTests.Setup.hostA, a)]) }) { setup in
             var source = setup.source()
             source.schedule = UpdateSchedule(periodicInterval: 0.2, expirationThreshold: 0, minimumInterval: 0.2)
-            try await setup.withGate(source: source) { gate in
-                setup.listServer.set(.serve(try setup.pki.signedV2(sequence: 2, pins: [TestPKI.pin(ListLifecycleTests.Setup.hostA, setup.leafA)])))
-                // Due every 0.2 s; the wait is long only for a machine loaded by the suites
-                // running beside this one (it ends as soon as the new list is in force).
-                _ = await eventually(timeout: .seconds(10)) { gate.server.store.list?.metadata.sequence == 2 }
-                #expect(gate.server.store.list?.metadata.sequence == 2)
-                #expect(setup.listServer.receivedRequests.count >= 2)
-            }
+            try await setup.withGate(source: source) { gate in try await body(setup, gate) }
+        }
+    }
+
+    @Test("silent mode: the gate fetches again by itself on the schedule and puts the new list in force")
+    func silentUpdates() async throws {
+        try await Self.withGateOnFastSchedule { setup, gate in
+            setup.listServer.set(.serve(try setup.pki.signedV2(sequence: 2, pins: [TestPKI.pin(ListLifecycleTests.Setup.hostA, setup.leafA)])))
+            // Due every 0.2 s; the wait is long only for a machine loaded by the suites
+            // running beside this one (it ends as soon as the new list is in force).
+            _ = await eventually(timeout: .seconds(10)) { gate.server.store.list?.metadata.sequence == 2 }
+            #expect(gate.server.store.list?.metadata.sequence == 2)
+            #expect(setup.listServer.receivedRequests.count >= 2)
         }
     }
 
     @Test("the schedule keeps time with every thread of Swift's cooperative pool held: list requests still arrive on the 0.2 s schedule (its timer is on the event loop)")
     func scheduleDoesNotWaitForThePool() async throws {
-        try await ListLifecycleTests.Setup.with(initialPins: { pki, a, _ in try pki.signedV2(sequence: 1, pins: [TestPKI.pin(ListLifecycleTests.Setup.hostA, a)]) }) { setup in
-            var source = setup.source()
-            source.schedule = UpdateSchedule(periodicInterval: 0.2, expirationThreshold: 0, minimumInterval: 0.2)
-            try await setup.withGate(source: source) { _ in
-                // One blocking job per pool thread, released together: while they all sleep,
-                // no task on the pool runs (the suite beside this one, on a busy machine,
-                // did the same to the schedule's old sleeping task for seconds at a time).
-                let width = ProcessInfo.processInfo.activeProcessorCount
-                let held = PoolHold()
-                let listServer = setup.listServer
-                await withTaskGroup(of: Void.self) { group in
-                    for index in 0..<width {
-                        group.addTask {
-                            held.arrived.add(1, ordering: .sequentiallyConsistent)
-                            let deadline = Date().addingTimeInterval(10)
-                            while held.arrived.load(ordering: .sequentiallyConsistent) < width && Date() < deadline { usleep(1_000) }
-                            guard index == 0 else { _ = usleep(1_700_000); return }
-                            let before = listServer.receivedRequests.count
-                            usleep(1_500_000)
-                            held.window.withLock { $0 = (before, listServer.receivedRequests.count) }
-                        }
+        try await Self.withGateOnFastSchedule { setup, _ in
+            // One blocking job per pool thread, released together: while they all sleep,
+            // no task on the pool runs (the suite beside this one, on a busy machine,
+            // did the same to the schedule's old sleeping task for seconds at a time).
+            let width = ProcessInfo.processInfo.activeProcessorCount
+            let held = PoolHold()
+            let listServer = setup.listServer
+            await withTaskGroup(of: Void.self) { group in
+                for index in 0..<width {
+                    group.addTask {
+                        held.arrived.add(1, ordering: .sequentiallyConsistent)
+                        let deadline = Date().addingTimeInterval(10)
+                        while held.arrived.load(ordering: .sequentiallyConsistent) < width && Date() < deadline { usleep(1_000) }
+                        guard index == 0 else { _ = usleep(1_700_000); return }
+                        let before = listServer.receivedRequests.count
+                        usleep(1_500_000)
+                        held.window.withLock { $0 = (before, listServer.receivedRequests.count) }
                     }
                 }
-                let counts = try #require(held.window.withLock { $0 })
-                #expect(counts.after - counts.before >= 2, "\(counts.after - counts.before) list requests in 1.5 s with the pool held")
             }
+            let counts = try #require(held.window.withLock { $0 })
+            #expect(counts.after - counts.before >= 2, "\(counts.after - counts.before) list requests in 1.5 s with the pool held")
         }
     }
 

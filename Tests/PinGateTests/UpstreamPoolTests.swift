@@ -431,7 +431,8 @@ struct UpstreamPoolTests {
                     nginx.reload()
                     #expect(await eventually(timeout: .seconds(10)) { gate.statistics.upstreamConnectionsLostInTunnels == 1 })
                     try "go".write(toFile: flag, atomically: false, encoding: .utf8)
-                    client.waitUntilExit()
+                    // Polled, not waited for: a blocking wait holds a cooperative thread.
+                    #expect(await eventually(timeout: .seconds(30)) { !client.isRunning })
                     let lines = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self).split(separator: "\n")
                     #expect(lines == ["200 -", "502 pin-mismatch"], "\(lines)")
                     #expect(nginx.accessLogConnections().count == before, "a request reached the origin on the unpinned connection")
