@@ -104,11 +104,16 @@ public final class LocalCA: Sendable {
     /// (a whole CA, or half of one) are first renamed to `NAME.bak-YYYYMMDDTHHMMSSZ`
     /// rather than deleted: a key that clients trusted is never destroyed by a command.
     /// Returns the CA and the backup paths.
+    ///
+    /// An existing directory open to group or others is refused before anything is written
+    /// into it (`CAError.insecurePermissions`), unless `allowingExposedDirectory`: a key
+    /// created there is readable, or replaceable, by other local users from its first moment.
     public static func create(stateDirectory: String, replacing: Bool, commonName: String = "pingate local CA",
-                              now: Date = Date()) throws -> (ca: LocalCA, backups: [String]) {
+                              now: Date = Date(), allowingExposedDirectory: Bool = false) throws -> (ca: LocalCA, backups: [String]) {
+        try refuseExposedDirectory(stateDirectory, unless: allowingExposedDirectory)
         // Under the state directory's lock, like `loadOrCreate`: a `ca init` racing a first
         // `run` must not leave one's key beside the other's certificate.
-        try StateFiles.withExclusiveLock(in: stateDirectory) {
+        return try StateFiles.withExclusiveLock(in: stateDirectory) {
             try createLocked(stateDirectory: stateDirectory, replacing: replacing, commonName: commonName, now: now)
         }
     }
@@ -156,6 +161,14 @@ public final class LocalCA: Sendable {
         return formatter.string(from: date)
     }
 
+    /// Throws `insecurePermissions` when `stateDirectory` exists and is not 0700 (the key
+    /// is not there yet, so only the directory can be wrong), unless `allowed`.
+    private static func refuseExposedDirectory(_ stateDirectory: String, unless allowed: Bool) throws {
+        guard !allowed else { return }
+        let problems = permissionProblems(stateDirectory: stateDirectory)
+        if !problems.isEmpty { throw CAError.insecurePermissions(problems) }
+    }
+
     /// What makes the CA in `stateDirectory` reachable by other local users: `ca.key`
     /// with any group or other permission bit, or a state directory that is not 0700.
     /// Whoever can read the key can mint certificates every client of the gate trusts,
@@ -184,10 +197,13 @@ public final class LocalCA: Sendable {
     /// directory (a CA mounted from a secret, a user reading the gate's directory) still
     /// works. Anything less is looked at under the lock: one file alone may be another
     /// process's creation half done (the key is written first), not a broken CA.
-    public static func loadOrCreate(stateDirectory: String) throws -> (ca: LocalCA, created: Bool) {
+    /// A CA to be created is refused, as by `create`, in an existing directory open to
+    /// group or others, unless `allowingExposedDirectory`.
+    public static func loadOrCreate(stateDirectory: String, allowingExposedDirectory: Bool = false) throws -> (ca: LocalCA, created: Bool) {
         let paths = Paths(stateDirectory: stateDirectory)
         let exists = { (path: String) in FileManager.default.fileExists(atPath: path) }
         if exists(paths.certificate) && exists(paths.key) { return (try load(stateDirectory: stateDirectory), false) }
+        try refuseExposedDirectory(stateDirectory, unless: allowingExposedDirectory)
         return try StateFiles.withExclusiveLock(in: stateDirectory) {
             // Another process may have created it while this one waited for the lock.
             if exists(paths.certificate) || exists(paths.key) { return (try load(stateDirectory: stateDirectory), false) }

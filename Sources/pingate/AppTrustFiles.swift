@@ -28,6 +28,37 @@ enum AppTrustFiles {
               nodePreload: (directory as NSString).appendingPathComponent("node-proxy.cjs"))
     }
 
+    /// Why `directory` (existing) cannot hold files apps of every user trust, or nil: it is
+    /// writable by group or others, or owned by a user other than this one or root. Whoever
+    /// can write there decides what every app that reads it trusts (`SSL_CERT_FILE`) and
+    /// what code every Node process runs (the preload in `NODE_OPTIONS`).
+    static func publicDirectoryProblem(_ directory: String) -> String? {
+        var info = stat()
+        guard stat(directory, &info) == 0 else { return nil }
+        if info.st_mode & 0o022 != 0 {
+            return "public-dir \(directory) is writable by group or others (mode \(String(info.st_mode & 0o777, radix: 8))): any local user could replace the CA bundle and the Node preload that apps of every user load from it; chmod 755 \(directory), or choose a directory only the gate can write"
+        }
+        if info.st_uid != geteuid() && info.st_uid != 0 {
+            return "public-dir \(directory) belongs to user \(info.st_uid), not to the gate's user (\(geteuid())) or root: its owner could replace the CA bundle and the Node preload that apps of every user load from it; choose a directory the gate's user owns"
+        }
+        return nil
+    }
+
+    /// Why the published files in `directory` cannot be handed to apps, or nil: the
+    /// directory or one of the files is writable by group or others (the check `env` makes
+    /// as a reader, who cannot know the gate's user).
+    static func publishedFilesProblem(_ directory: String) -> String? {
+        let paths = paths(in: directory)
+        for path in [directory, paths.caCertificate, paths.bundle, paths.nodePreload] {
+            var info = stat()
+            guard stat(path, &info) == 0 else { continue }
+            if info.st_mode & 0o022 != 0 {
+                return "\(path) is writable by group or others (mode \(String(info.st_mode & 0o777, radix: 8))): whoever can write it decides what your apps trust and what code Node runs, so pingate env does not hand it to them; the gate's operator should make its public-dir 755 and the files 644"
+            }
+        }
+        return nil
+    }
+
     /// Writes the bundle and the preload into `directory` (created with `directoryMode` if
     /// missing), each 0644, and with `copyingCertificate` the CA certificate too (a state
     /// directory holds it already). Returns the paths, and whether a system bundle was found
@@ -47,6 +78,8 @@ enum AppTrustFiles {
         let certificate = try ca.certificate.pemString()
         bundle += "# pingate local CA (\(ca.certificate.subjectDescription))\n" + certificate
         let paths = paths(in: directory)
+        // A directory for apps of every user (the public-dir) must be the gate's alone.
+        if copyingCertificate, let problem = publicDirectoryProblem(directory) { throw ConfigurationError(problem) }
         do {
             try StateFiles.ensureDirectory(directory, mode: directoryMode)
             if copyingCertificate { try StateFiles.writeAtomically(Array(certificate.utf8), to: paths.caCertificate, mode: 0o644) }

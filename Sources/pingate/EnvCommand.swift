@@ -73,8 +73,13 @@ struct EnvCommand: ParsableCommand {
             for path in [paths.caCertificate, paths.bundle, paths.nodePreload] where !FileManager.default.isReadableFile(atPath: path) {
                 throw ConfigurationError("\(path) \(FileManager.default.fileExists(atPath: path) ? "cannot be read by this user" : "does not exist"): the gate writes it into its public-dir \(published) when it starts; start the gate (sudo systemctl start pingate), or leave public-dir out to use a state directory of your own")
             }
+            if let problem = AppTrustFiles.publishedFilesProblem(published) { throw ConfigurationError(problem) }
         } else {
             let ca = try LocalCA.loadOrCreate(stateDirectory: stateDirectory).ca
+            // The bundle and the preload go next to the key: not into a directory others can
+            // write (the gate refuses to start on one too).
+            let exposed = LocalCA.permissionProblems(stateDirectory: stateDirectory)
+            if !exposed.isEmpty { throw ConfigurationError("pingate env: \(LocalCA.CAError.insecurePermissions(exposed))") }
             let (written, systemBundleFound) = try AppTrustFiles.write(ca, to: stateDirectory, copyingCertificate: false)
             paths = AppTrustFiles.Paths(caCertificate: LocalCA.Paths(stateDirectory: stateDirectory).certificate,
                                         bundle: written.bundle, nodePreload: written.nodePreload)

@@ -212,7 +212,8 @@ struct GateOptions: ParsableArguments {
             throw ConfigurationError("refusing to start: \(LocalCA.CAError.insecurePermissions(exposedBefore)) "
                                      + "(or run with --no-strict-permissions to start with a warning)")
         }
-        let (ca, created) = try LocalCA.loadOrCreate(stateDirectory: stateDirectory)
+        let strict = strictPermissions ?? file?.strictPermissions ?? true
+        let (ca, created) = try LocalCA.loadOrCreate(stateDirectory: stateDirectory, allowingExposedDirectory: !strict)
         let exposed = LocalCA.permissionProblems(stateDirectory: stateDirectory)
         if !exposed.isEmpty {
             // Strict by default: whoever reads ca.key can mint leaves every client of the
@@ -447,6 +448,7 @@ struct GateOptions: ParsableArguments {
                 guard FileManager.default.isWritableFile(atPath: parent) else {
                     throw ConfigurationError("public-dir \(published): \(parent) is not writable, so the CA cannot be published for apps there")
                 }
+                if let problem = AppTrustFiles.publicDirectoryProblem(published) { throw ConfigurationError(problem) }
                 lines.append("public-dir:   \(published) (ca.pem, ca-bundle.pem and node-proxy.cjs, world-readable, at start)")
             }
         }

@@ -165,13 +165,15 @@ public struct TestFailure: Error, CustomStringConvertible {
     public init(_ message: String) { description = message }
 }
 
-/// A fresh temporary directory, removed by `remove()`.
+/// A fresh temporary directory (0700), removed by `remove()`.
 public struct TemporaryDirectory: Sendable {
     public let path: String
 
     public init() throws {
         let base = FileManager.default.temporaryDirectory.appendingPathComponent("pingate-test-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: base, withIntermediateDirectories: true)
+        // 0700, as mkdtemp(3) makes one: it may serve as a state directory, which the gate
+        // refuses when others can reach it.
+        try FileManager.default.createDirectory(at: base, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         path = base.path
     }
 

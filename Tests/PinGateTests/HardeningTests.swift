@@ -301,14 +301,31 @@ struct HardeningTests {
         let open = directory.file("open")
         try FileManager.default.createDirectory(atPath: open, withIntermediateDirectories: false)
         chmod(open, 0o777)
-        for command in ["run", "check-config"] {
-            let refused = try await TestProcess.run(Self.pingate, [
-                command, "--listen", "127.0.0.1:0", "--admin-listen", "off", "--state-dir", open,
-            ], timeout: 30)
+        for command in [["run", "--listen", "127.0.0.1:0", "--admin-listen", "off"], ["check-config", "--listen", "127.0.0.1:0"],
+                        ["ca", "init"], ["env", "--listen", "127.0.0.1:9"]] {
+            let refused = try await TestProcess.run(Self.pingate, command + ["--state-dir", open], timeout: 30)
             #expect(refused.status != 0, "\(command)")
             #expect(refused.stderr.contains("the state directory \(open) has mode 777, not 700"), "\(command): \(refused.stderr)")
             #expect(try FileManager.default.contentsOfDirectory(atPath: open).isEmpty, "\(command) wrote into it")
         }
+
+        // A public-dir others can write: the gate does not publish there, and env does not
+        // hand files from such a place to apps (they decide what apps trust and what Node runs).
+        let shared = directory.file("shared")
+        try FileManager.default.createDirectory(atPath: shared, withIntermediateDirectories: false)
+        chmod(shared, 0o777)
+        for command in ["run", "check-config"] {
+            let refused = try await TestProcess.run(Self.pingate, [
+                command, "--listen", "127.0.0.1:0", "--admin-listen", "off", "--state-dir", state, "--public-dir", shared,
+            ], timeout: 30)
+            #expect(refused.status != 0, "\(command)")
+            #expect(refused.stderr.contains("public-dir \(shared) is writable by group or others (mode 777)"), "\(command): \(refused.stderr)")
+        }
+        #expect(try FileManager.default.contentsOfDirectory(atPath: shared).isEmpty)
+        for name in ["ca.pem", "ca-bundle.pem", "node-proxy.cjs"] { _ = try directory.write("shared/\(name)", "planted\n") }
+        let planted = try await TestProcess.run(Self.pingate, ["env", "--listen", "127.0.0.1:9", "--public-dir", shared])
+        #expect(planted.status != 0 && !planted.stdout.contains("NODE_OPTIONS"), "\(planted.stdout)")
+        #expect(planted.stderr.contains("\(shared) is writable by group or others"), "\(planted.stderr)")
     }
 
     // MARK: item 5
