@@ -114,6 +114,10 @@ struct ConfigFile: Decodable {
     /// Loads `path`, resolving relative paths in it against its directory.
     static func load(_ path: String) throws -> ConfigFile {
         let text: String
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), isDirectory.boolValue {
+            throw ConfigurationError("cannot read config file \(path): it is a directory; give the YAML file (--config FILE)")
+        }
         do {
             text = try String(contentsOfFile: path, encoding: .utf8)
         } catch {
@@ -121,7 +125,10 @@ struct ConfigFile: Decodable {
         }
         var file: ConfigFile
         do {
-            file = try YAMLDecoder().decode(ConfigFile.self, from: text)
+            // A file with nothing but comments sets nothing: every key keeps its default.
+            let empty: Bool
+            do { empty = try Yams.compose(yaml: text) == nil } catch { empty = false } // the decoder reports it
+            file = empty ? try YAMLDecoder().decode(ConfigFile.self, from: "{}") : try YAMLDecoder().decode(ConfigFile.self, from: text)
         } catch let error as DecodingError {
             throw ConfigurationError("config file \(path), \(ConfigKeys.describe(error, in: text))")
         } catch {
@@ -134,11 +141,15 @@ struct ConfigFile: Decodable {
                 ?? "the keys known there are \(unknown.known.joined(separator: ", "))"
             throw ConfigurationError("config file \(path), line \(unknown.line): unknown key '\(unknown.path)'; \(hint) Correct or remove it.")
         }
+        if let problem = ConfigKeys.outOfRange(in: text).first {
+            throw ConfigurationError("config file \(path), \(problem)")
+        }
         let base = (path as NSString).deletingLastPathComponent
         func resolve(_ relative: String) -> String { PathText.resolve(relative, against: base) }
         file.stateDir = file.stateDir.map(resolve)
         file.publicDir = file.publicDir.map(resolve)
         if var pins = file.pins {
+            if let source = pins.source { try PathText.refuseNonHTTPSListURL(source, key: "pins.source") }
             pins.source = pins.source.map { $0.lowercased().hasPrefix("https://") ? $0 : resolve($0) }
             pins.keys = pins.keys?.map { PathText.resolveKey($0, against: base) }
             pins.serverCA = pins.serverCA?.map(resolve)
@@ -169,6 +180,16 @@ enum PathText {
             joined = (FileManager.default.currentDirectoryPath as NSString).appendingPathComponent(joined)
         }
         return (joined as NSString).standardizingPath
+    }
+
+    /// Refuses a list location with a URL scheme other than https (`http://…` was taken for
+    /// a relative file path). A signature protects what a list says, not that the newest one
+    /// arrives: over plain HTTP anyone on the path could hold updates back.
+    static func refuseNonHTTPSListURL(_ text: String, key: String) throws {
+        guard let scheme = text.range(of: "://").map({ text[..<$0.lowerBound] }), !scheme.isEmpty,
+              scheme.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "+-.".contains($0)) }),
+              scheme.lowercased() != "https" else { return }
+        throw ConfigurationError("\(key) \(text): a list is fetched over https:// only (its signature protects its content, not that the newest list arrives); give an https:// URL or a file path")
     }
 
     /// A `--pins-key` / `keys:` value: an inline Wultra base64 key stays as it is (it may
@@ -262,6 +283,22 @@ enum ConfigKeys {
         return unknown
     }
 
+    /// Each whole number in `text` outside its key's range in `ConfigKeyTable`, as `line N:
+    /// key takes … from A to B, not V.` (the file decoded, so each is a number).
+    static func outOfRange(in text: String) -> [String] {
+        guard let root = try? Yams.compose(yaml: text)?.mapping else { return [] }
+        var problems: [String] = []
+        for key in ConfigKeyTable.keys {
+            guard let range = key.range else { continue }
+            let parts = key.name.split(separator: ".").map(String.init)
+            var node: Yams.Node? = root[parts[0]]
+            if parts.count == 2 { node = node?.mapping?[parts[1]] }
+            guard let node, let value = node.int, !range.contains(value) else { continue }
+            problems.append("line \(node.mark?.line ?? 0): \(key.name) takes \(key.kind.words) from \(range.lowerBound) to \(range.upperBound), not \(value).")
+        }
+        return problems
+    }
+
     /// A decoding failure as a person fixes it: the line, the key's path (`pins.keys`), what
     /// the key takes and what the file has there, e.g. `line 12: idle-timeout-seconds takes
     /// a whole number, not "5m"`. (Yams reports the coding path and Swift's type names only.)
@@ -275,6 +312,8 @@ enum ConfigKeys {
         case .valueNotFound(let type, let errorContext):
             context = errorContext
             expected = expectation(for: type)
+        case .dataCorrupted(let errorContext) where errorContext.underlyingError is YamlError:
+            return syntaxError(errorContext.underlyingError as? YamlError)
         case .keyNotFound(_, let errorContext), .dataCorrupted(let errorContext):
             context = errorContext
         @unknown default:
@@ -295,6 +334,22 @@ enum ConfigKeys {
             message += "; the list goes under it: `pins:` then, indented, `source: \(found.trimmingCharacters(in: CharacterSet(charactersIn: "\"")))` and `keys: [...]`"
         }
         return message + "."
+    }
+
+    /// Not YAML at all, in a line: where, and what libyaml found there.
+    private static func syntaxError(_ error: YamlError?) -> String {
+        switch error {
+        case .scanner(let context, let problem, let mark, _)?, .parser(let context, let problem, let mark, _)?,
+             .composer(let context, let problem, let mark, _)?:
+            let during = context.map { " (\($0.text) at line \($0.mark.line))" } ?? ""
+            return "line \(mark.line), column \(mark.column): not valid YAML: \(problem)\(during). Indent with spaces, not tabs; quote a value that holds `: `, `[` or `#`."
+        case .duplicatedKeysInMapping(let duplicates, _)?:
+            return "not valid YAML: a key is given twice (\(duplicates.sorted().joined(separator: ", "))); keep one."
+        case let other?:
+            return "not valid YAML: \(other)"
+        case nil:
+            return "not valid YAML."
+        }
     }
 
     /// What a key of `type` takes, in words.

@@ -51,14 +51,22 @@ enum ConfigKeyTable {
         var flag: String?
         /// What it does, one paragraph.
         var meaning: String
+        /// A whole number's allowed values (checked when the file is read).
+        var range: ClosedRange<Int>?
 
-        init(_ name: String, _ kind: Kind, default defaultValue: String? = nil, flag: String? = nil, _ meaning: String) {
+        init(_ name: String, _ kind: Kind, default defaultValue: String? = nil, flag: String? = nil, range: ClosedRange<Int>? = nil, _ meaning: String) {
             self.name = name
             self.kind = kind
             self.defaultValue = defaultValue
             self.flag = flag
             self.meaning = meaning
+            // A duration is at least a second (0 would close every tunnel at once, or refuse
+            // every CONNECT) and at most a year (TimeAmount counts nanoseconds in 64 bits).
+            self.range = range ?? (kind == .wholeNumber(unit: "seconds") ? 1...Self.year : nil)
         }
+
+        /// Seconds in a year: the longest duration a key takes.
+        static let year = 31_536_000
     }
 
     /// The keys, in the order the reference lists them.
@@ -85,11 +93,11 @@ enum ConfigKeyTable {
             "Base64 SHA-256 of the list server's certificate or SPKI; when given, the list server must present one of them."),
         Key("pins.update-interval-seconds", .wholeNumber(unit: "seconds"), default: "604800",
             "The longest wait between list fetches (Wultra's periodic interval: 7 days)."),
-        Key("pins.expiration-threshold-seconds", .wholeNumber(unit: "seconds"), default: "1209600",
+        Key("pins.expiration-threshold-seconds", .wholeNumber(unit: "seconds"), default: "1209600", range: 0...Key.year,
             "Inside this much time before a pin or the list expires, the waits between fetches shrink eightfold (Wultra's rule)."),
         Key("pins.minimum-interval-seconds", .wholeNumber(unit: "seconds"), default: "60",
             "The shortest wait between successful fetches, so a list about to expire does not make the gate hammer its server."),
-        Key("pins.wait-seconds", .wholeNumber(unit: "seconds"), default: "10",
+        Key("pins.wait-seconds", .wholeNumber(unit: "seconds"), default: "10", range: 0...3600,
             "How long a CONNECT waits for a first list when none is usable; then 503 list-unavailable."),
         Key("pins.fallback", .path,
             "A bundled list used only when nothing better (persisted or fetched) is available; verified like any."),
@@ -107,13 +115,13 @@ enum ConfigKeyTable {
             "Resume upstream TLS sessions of verified, pin-trusted handshakes; each resumed connection is checked against the list again."),
         Key("upstream-proxy", .text, flag: "--upstream-proxy",
             "A parent HTTP proxy (http://proxy.corp:3128) that upstream connections go through with CONNECT; pins still apply end to end."),
-        Key("upstream-timeout-seconds", .wholeNumber(unit: "seconds"), default: "10",
-            "How long the upstream TCP connect, and then its TLS handshake, may each take before the CONNECT is refused (upstream-error)."),
+        Key("upstream-timeout-seconds", .wholeNumber(unit: "seconds"), default: "10", range: 1...3600,
+            "How long the upstream TCP connect, and then its TLS handshake, may each take before the CONNECT is refused (upstream-timeout)."),
         Key("upstream-pool", .boolean, default: "true", flag: "--upstream-pool",
             "Keep verified upstream connections after their tunnel ends and admit later CONNECTs to the same host on them, without an upstream handshake."),
         Key("upstream-pool-idle-timeout-seconds", .wholeNumber(unit: "seconds"), default: "30", flag: "--upstream-pool-idle-timeout",
             "How long a pooled upstream connection may stay idle before it is closed."),
-        Key("upstream-pool-max-per-host", .wholeNumber(unit: "connections"), default: "16", flag: "--upstream-pool-max-per-host",
+        Key("upstream-pool-max-per-host", .wholeNumber(unit: "connections"), default: "16", flag: "--upstream-pool-max-per-host", range: 1...10_000,
             "The most idle upstream connections kept per host and port."),
         Key("report-uris", .names, flag: "--report-uri",
             "https:// URLs that pin-failure reports (TrustKit JSON) are POSTed to."),
@@ -135,15 +143,15 @@ enum ConfigKeyTable {
             "One JSON line per HTTP request inside a tunnel: stderr, a file path, or off. SIGHUP reopens the file."),
         Key("request-log-query", .boolean, default: "false", flag: "--request-log-query",
             "Keep query strings in the request log's paths; by default they are cut at the first ?."),
-        Key("refusal-log-size", .wholeNumber(unit: "refusals"), default: "100",
+        Key("refusal-log-size", .wholeNumber(unit: "refusals"), default: "100", range: 1...100_000,
             "How many recent refusals GET /refusals and the status page keep."),
         Key("idle-timeout-seconds", .wholeNumber(unit: "seconds"), default: "300",
             "A tunnel with no traffic either way for this long is closed."),
         Key("client-handshake-timeout-seconds", .wholeNumber(unit: "seconds"), default: "10", flag: "--client-handshake-timeout",
             "After the 200, how long the client has to finish its TLS handshake with the gate; then both legs are closed."),
-        Key("drain-timeout-seconds", .wholeNumber(unit: "seconds"), default: "30", flag: "--drain-timeout",
+        Key("drain-timeout-seconds", .wholeNumber(unit: "seconds"), default: "30", flag: "--drain-timeout", range: 0...3600,
             "On SIGTERM or SIGINT, how long open tunnels may take to finish before they are closed."),
-        Key("pin-warning-days", .wholeNumber(unit: "days"), default: "30", flag: "--pin-warning-days",
+        Key("pin-warning-days", .wholeNumber(unit: "days"), default: "30", flag: "--pin-warning-days", range: 0...3650,
             "How many days before an expiry a host's pin health turns expiring: the pin that carries its verdicts, the list, or a leaf pinned by its hash."),
         Key("log-level", .text, default: "info", flag: "--log-level",
             "The operational log's level: trace, debug, info, notice, warning or error."),
@@ -177,6 +185,7 @@ enum ConfigKeyTable {
     static var manual: String {
         keys.map { key in
             var facts = [key.kind.short]
+            if let range = key.range { facts.append("\(range.lowerBound) to \(range.upperBound)") }
             if let value = key.defaultValue { facts.append("default \(value)") }
             if let flag = key.flag { facts.append("flag \(flag)") }
             return "\(key.name) (\(facts.joined(separator: "; "))): \(key.meaning)"
@@ -187,7 +196,8 @@ enum ConfigKeyTable {
     static var markdown: String {
         var lines = ["| key | takes | default | flag | meaning |", "|---|---|---|---|---|"]
         for key in keys {
-            let cells = ["`\(key.name)`", key.kind.short, key.defaultValue.map { "`\($0)`" } ?? "", key.flag.map { "`\($0)`" } ?? "", key.meaning]
+            let takes = key.kind.short + (key.range.map { ", \($0.lowerBound) to \($0.upperBound)" } ?? "")
+            let cells = ["`\(key.name)`", takes, key.defaultValue.map { "`\($0)`" } ?? "", key.flag.map { "`\($0)`" } ?? "", key.meaning]
             lines.append("| " + cells.map { $0.replacingOccurrences(of: "|", with: "\\|") }.joined(separator: " | ") + " |")
         }
         return lines.joined(separator: "\n") + "\n"
@@ -207,7 +217,7 @@ enum ConfigKeyTable {
             case (_, let value?): lines.append("# \(indent)\(leaf):          (default: \(value))")
             case (_, nil): lines.append("# \(indent)\(leaf):")
             }
-            let text = key.meaning + (key.flag.map { " Flag: \($0)." } ?? "")
+            let text = key.meaning + (key.range.map { " From \($0.lowerBound) to \($0.upperBound)." } ?? "") + (key.flag.map { " Flag: \($0)." } ?? "")
             for line in wrap(text, width: 86 - indent.count) { lines.append("# \(indent)    \(line)") }
         }
         return lines.joined(separator: "\n") + "\n"

@@ -454,6 +454,11 @@ struct GateOptions: ParsableArguments {
         }
         attempt {
             if let admin = try adminConfiguration(file: file) {
+                // Both on one address: run would fail to bind the second, blaming "another program".
+                if let configuration, admin.port != 0, admin.port == configuration.listenPort,
+                   admin.host == configuration.listenHost || [admin.host, configuration.listenHost].contains(where: { ["0.0.0.0", "::"].contains($0) }) {
+                    throw ConfigurationError("admin.listen \(Authority(host: admin.host, port: admin.port)) is the gate's own listen address: give the admin endpoint another port (--admin-listen)")
+                }
                 lines.append("admin:        \(Authority(host: admin.host, port: admin.port))\(admin.token == nil ? "" : " (token set)")")
             } else {
                 lines.append("admin:        off")
@@ -558,6 +563,7 @@ struct GateOptions: ParsableArguments {
     private func makeListSource(file: ConfigFile?, store: PinListStore, stateDirectory: String, logger: Logger,
                                 persisting: Bool = true) throws -> PinListSource? {
         let section = file?.pins
+        if let flag = pins { try PathText.refuseNonHTTPSListURL(flag, key: "--pins") }
         guard let sourceText = pins.map({ $0.lowercased().hasPrefix("https://") ? $0 : PathText.resolve($0) }) ?? section?.source else {
             return nil
         }

@@ -322,7 +322,13 @@ struct CommandLineTests {
             ("pins:\n  source: p.json\n  keys:\n    - a.pem\n    - [b.pem]\n", "line 5: pins.keys[1] takes a single value, not a list."),
             ("upstream-pool: maybe\n", "line 1: upstream-pool takes true or false, not \"maybe\"."),
             ("admin:\n  allowed-hosts: example.test\n", "line 2: admin.allowed-hosts takes a list ([a, b], or one `- item` per line), not \"example.test\"."),
-            ("pin-warning-days: -1\n", "pin-warning-days must be 0 to 3650 days, got -1"),
+            ("pin-warning-days: -1\n", "line 1: pin-warning-days takes a whole number of days from 0 to 3650, not -1."),
+            ("idle-timeout-seconds: 0\n", "line 1: idle-timeout-seconds takes a whole number of seconds from 1 to 31536000, not 0."),
+            // Not YAML: where, and what libyaml found.
+            ("listen: [127.0.0.1:8080\n", "line 2, column 1: not valid YAML: did not find expected ',' or ']'"),
+            ("admin:\n\tlisten: off\n", "line 2, column 1: not valid YAML: found character that cannot start any token"),
+            ("listen: 127.0.0.1:1\nlisten: 127.0.0.1:2\n", "not valid YAML: a key is given twice (listen); keep one."),
+            ("pins:\n  source: http://list.example/pins.json\n  keys: [k.pem]\n", "pins.source http://list.example/pins.json: a list is fetched over https:// only"),
         ]
         for (index, (yaml, expected)) in cases.enumerated() {
             let path = try directory.write("config-\(index).yml", yaml)
@@ -332,6 +338,19 @@ struct CommandLineTests {
             #expect(!run.stderr.contains("Swift.") && !run.stderr.contains("CodingKeys") && !run.stderr.contains("DecodingError"), "\(run.stderr)")
             #expect(!FileManager.default.fileExists(atPath: directory.file("state-\(index)")), "the gate went on after the error")
         }
+        // A file of comments only sets nothing; a directory is no file; the admin endpoint on
+        // the gate's own address is caught before run fails to bind it.
+        let comments = try directory.write("comments.yml", "# nothing set yet\n")
+        let defaults = try await TestProcess.run(Self.pingate, ["check-config", "--config", comments, "--state-dir", directory.file("state-c")])
+        #expect(defaults.status == 0, "\(defaults.stderr)")
+        let folder = try await TestProcess.run(Self.pingate, ["check-config", "--config", directory.path])
+        #expect(folder.status != 0 && folder.stderr.contains("it is a directory; give the YAML file"), "\(folder.stderr)")
+        let clash = try await TestProcess.run(Self.pingate, ["check-config", "--listen", "127.0.0.1:18096", "--admin-listen", "127.0.0.1:18096",
+                                                             "--state-dir", directory.file("state-c")])
+        #expect(clash.status != 0 && clash.stderr.contains("is the gate's own listen address"), "\(clash.stderr)")
+        let plainHTTP = try await TestProcess.run(Self.pingate, ["check-config", "--pins", "http://list.example/pins.json", "--pins-key", "k.pem",
+                                                                 "--state-dir", directory.file("state-c")])
+        #expect(plainHTTP.status != 0 && plainHTTP.stderr.contains("--pins http://list.example/pins.json: a list is fetched over https:// only"), "\(plainHTTP.stderr)")
     }
 
     @Test("--log-format json: every line the gate writes on stderr is one JSON object with ts, level, message and logger, the metadata as fields; an unknown format is refused naming the key")

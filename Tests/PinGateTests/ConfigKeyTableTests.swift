@@ -61,6 +61,34 @@ struct ConfigKeyTableTests {
         #expect(yaml.stdout.split(separator: "\n").allSatisfy { $0.hasPrefix("#") })
     }
 
+    @Test("a number outside its key's range, just below or just above, is refused with its line and key, for every key with a range; its bounds pass")
+    func everyRangeIsChecked() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let ranged = ConfigKeyTable.keys.filter { $0.range != nil }
+        #expect(ranged.count >= 12, "every duration and count has a range")
+        for key in ranged {
+            let range = try #require(key.range)
+            let parts = key.name.split(separator: ".")
+            func file(_ value: Int) -> String {
+                parts.count == 1 ? "\(key.name): \(value)\n" : "\(parts[0]):\n  \(parts[1]): \(value)\n"
+            }
+            let line = parts.count == 1 ? 1 : 2
+            for value in [range.lowerBound - 1, range.upperBound + 1] {
+                let path = try directory.write("config.yml", file(value))
+                do {
+                    _ = try ConfigFile.load(path)
+                    Issue.record("\(key.name): \(value) was accepted")
+                } catch let error as ConfigurationError {
+                    #expect("\(error)".contains("line \(line): \(key.name) takes \(key.kind.words) from \(range.lowerBound) to \(range.upperBound), not \(value)."), "\(error)")
+                }
+            }
+            for value in [range.lowerBound, range.upperBound] {
+                #expect(throws: Never.self) { _ = try ConfigFile.load(try directory.write("config.yml", file(value))) }
+            }
+        }
+    }
+
     @Test("a value of the wrong shape for any key in the table is refused with its line, its key and what the table says it takes")
     func everyKeyHasAnErrorNamingIt() throws {
         let directory = try TemporaryDirectory()
