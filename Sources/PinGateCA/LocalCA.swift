@@ -29,7 +29,7 @@ public final class LocalCA: Sendable {
         public var description: String {
             switch self {
             case .missing(let detail):
-                return "no local CA: \(detail) (run `pingate ca init`)"
+                return "no local CA: \(detail); the gate creates it on its first start: give the gate's --config or --state-dir, or create one with `pingate ca init`"
             case .half(let present, let absent, let directory):
                 return "the local CA is incomplete: \(absent) is missing (\(present) is there without it). "
                     + "Restore it from a backup, or run `pingate ca init --force --state-dir \(directory)` to create a new CA "

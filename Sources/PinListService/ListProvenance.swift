@@ -62,7 +62,7 @@ public enum PinsFileStartup {
         let file = "the --pins file \(path)\(describe(list.metadata.sequence))"
         switch persisted {
         case .none:
-            return .useFile(ListProvenance(.pinsFile, "\(file); nothing was persisted"), persist: true)
+            return .useFile(ListProvenance(.pinsFile, "\(file); no list was persisted before"), persist: true)
         case .unverifiable(let persistedPath, let error):
             return .useFile(ListProvenance(.pinsFile, "\(file); the list persisted in \(persistedPath) does not verify (\(error)) and is replaced"),
                             persist: true)

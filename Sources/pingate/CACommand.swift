@@ -10,26 +10,21 @@ struct CACommand: ParsableCommand {
         subcommands: [Init.self, Export.self]
     )
 
-    struct StateDirectoryOption: ParsableArguments {
-        @Option(name: .long, help: "State directory (default $XDG_STATE_HOME/pingate, or ~/.local/state/pingate).")
-        var stateDir: String?
-
-        var path: String { PathText.resolve(stateDir ?? PathText.defaultStateDirectory) }
-    }
 
     /// `pingate ca init`.
     struct Init: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Create ca.pem and ca.key (mode 0600) in the state directory; refuses to overwrite unless --force.")
 
-        @OptionGroup var state: StateDirectoryOption
+        @OptionGroup var state: StateDirectoryOptions
 
         @Flag(name: .long, help: "Replace an existing (or half-present) CA; the old files are kept as NAME.bak-YYYYMMDDTHHMMSSZ.")
         var force = false
 
         func run() throws {
-            let (ca, backups) = try LocalCA.create(stateDirectory: state.path, replacing: force)
-            let paths = LocalCA.Paths(stateDirectory: state.path)
+            let statePath = try state.path()
+            let (ca, backups) = try LocalCA.create(stateDirectory: statePath, replacing: force)
+            let paths = LocalCA.Paths(stateDirectory: statePath)
             for backup in backups { print("kept the old file as \(backup)") }
             if !backups.isEmpty { print("clients that trusted the old CA must trust the new ca.pem") }
             print("created \(paths.certificate) and \(paths.key)")
@@ -43,15 +38,16 @@ struct CACommand: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Print the CA certificate (PEM) for curl --cacert, SSL_CERT_FILE or update-ca-certificates.")
 
-        @OptionGroup var state: StateDirectoryOption
+        @OptionGroup var state: StateDirectoryOptions
 
         @Flag(name: .long, help: "Print the path of ca.pem instead of its contents.")
         var path = false
 
         func run() throws {
-            let ca = try LocalCA.load(stateDirectory: state.path)
+            let statePath = try state.path()
+            let ca = try LocalCA.load(stateDirectory: statePath)
             if path {
-                print(LocalCA.Paths(stateDirectory: state.path).certificate)
+                print(LocalCA.Paths(stateDirectory: statePath).certificate)
             } else {
                 print(try ca.certificate.pemString(), terminator: "")
             }

@@ -21,7 +21,7 @@ struct AttackCommand: AsyncParsableCommand {
     @Option(name: .long, help: "Listen address HOST:PORT.")
     var listen: String = "127.0.0.1:8081"
 
-    @Option(name: .long, help: "Where the attacker CA lives (created if missing; default: a temporary directory).")
+    @Option(name: .long, help: "Where the attacker CA lives (created if missing; default: pingate-attacker in the system's temporary directory, kept between runs).")
     var stateDir: String?
 
     @Option(name: .long, help: "Connect to ADDR for HOST:PORT, like curl's --resolve. Repeatable.")
@@ -88,7 +88,7 @@ struct HarnessCommand: AsyncParsableCommand {
         With --app, your command runs once per leg with HTTPS_PROXY, https_proxy, SSL_CERT_FILE, \
         REQUESTS_CA_BUNDLE, NODE_EXTRA_CA_CERTS, CURL_CA_BUNDLE, GIT_SSL_CAINFO and PINGATE_TARGET set, \
         and NODE_OPTIONS loading the same Node preload as pingate env (Node before 24 reads no proxy \
-        variable; its https module goes through the leg's proxy with it, fetch does not); it must exit 0 \
+        variable; its https module and fetch() go through the leg's proxy with it); it must exit 0 \
         in the gate and control legs and non-zero in the attack leg. Exit code 0 only if every leg did.
 
         The report gives the target host's pin health after the gate leg (ok, backup-only, expiring; see \
@@ -160,7 +160,14 @@ struct HarnessCommand: AsyncParsableCommand {
     static func emit(_ report: HarnessReport, json: Bool, junit: String?) throws {
         print(json ? try report.json() : report.table(), terminator: "")
         if let junit {
-            try report.junit().write(toFile: PathText.resolve(junit), atomically: true, encoding: .utf8)
+            let path = PathText.resolve(junit)
+            do {
+                try report.junit().write(toFile: path, atomically: true, encoding: .utf8)
+            } catch {
+                let directory = (path as NSString).deletingLastPathComponent
+                let reason = FileManager.default.fileExists(atPath: directory) ? "cannot be written there" : "its directory \(directory) does not exist"
+                throw ConfigurationError("--junit \(path): \(reason); create the directory first or give another path")
+            }
         }
     }
 }

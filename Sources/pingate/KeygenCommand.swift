@@ -17,6 +17,17 @@ struct KeygenCommand: ParsableCommand {
     var force = false
 
     func run() throws {
+        // --out names files (PREFIX.key, PREFIX.pub.pem), not a directory: `--out ./` wrote
+        // the hidden files ./.key and ./.pub.pem.
+        let prefixName = (out as NSString).lastPathComponent
+        guard !out.hasSuffix("/"), !prefixName.isEmpty, prefixName != ".", prefixName != ".." else {
+            throw ConfigurationError("keygen: --out \(out) is a directory; --out is a prefix for two files: give e.g. --out \((out as NSString).appendingPathComponent("signer")) for signer.key and signer.pub.pem")
+        }
+        let directory = (PathText.resolve(out) as NSString).deletingLastPathComponent
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory), isDirectory.boolValue else {
+            throw ConfigurationError("keygen: --out \(out): the directory \(directory) does not exist; create it first (mkdir -p \(directory))")
+        }
         let keyPath = PathText.resolve(out + ".key")
         let publicPath = PathText.resolve(out + ".pub.pem")
         if !force {

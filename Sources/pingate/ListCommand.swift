@@ -87,14 +87,13 @@ struct ListCommand: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Show the list in force: the document persisted in the state directory, verified again.")
 
-        @Option(name: .long, help: "State directory (default $XDG_STATE_HOME/pingate, or ~/.local/state/pingate).")
-        var stateDir: String?
+        @OptionGroup var state: StateDirectoryOptions
 
         @Option(name: .long, help: "A public key that may have signed it. Repeatable.")
         var key: [String]
 
         func run() throws {
-            let state = PathText.resolve(stateDir ?? PathText.defaultStateDirectory)
+            let state = try self.state.path()
             let persistence = PinListPersistence(stateDirectory: state)
             let keys = try Verify.keys(key)
             let loaded: (SignedListDocument, PinList)?
@@ -104,7 +103,7 @@ struct ListCommand: ParsableCommand {
                 throw ConfigurationError("the persisted list \(persistence.path) does not verify: \(error)")
             }
             guard let (document, list) = loaded else {
-                throw ConfigurationError("no list persisted in \(state) (a list fetched from a URL is persisted there; a local --pins file is used as it is)")
+                throw ConfigurationError("no list persisted in \(state) (the gate persists the list it puts in force there, fetched or from a --pins file, once it has run with that state directory; give the gate's --config or --state-dir)")
             }
             print("\(persistence.path): \(list.metadata.format.rawValue) list from \(document.source), received \(ListPrinter.iso(document.receivedAt))")
             print(ListPrinter.describe(list, now: Date()), terminator: "")
@@ -124,11 +123,10 @@ extension ListCommand {
             in the same directory is kept.
             """)
 
-        @Option(name: .long, help: "State directory (default $XDG_STATE_HOME/pingate, or ~/.local/state/pingate).")
-        var stateDir: String?
+        @OptionGroup var state: StateDirectoryOptions
 
         func run() throws {
-            let state = PathText.resolve(stateDir ?? PathText.defaultStateDirectory)
+            let state = try self.state.path()
             let persistence = PinListPersistence(stateDirectory: state)
             let stored = persistence.storedDocument()
             let removed: Bool
@@ -175,8 +173,7 @@ extension ListCommand {
         @Option(name: .long, help: "With --next: a public key that may have signed the list in force (PEM or base64 X9.63). Repeatable.")
         var key: [String] = []
 
-        @Option(name: .long, help: "The state directory the learning gate used (default $XDG_STATE_HOME/pingate, or ~/.local/state/pingate).")
-        var stateDir: String?
+        @OptionGroup var state: StateDirectoryOptions
 
         @Option(name: .long, help: "0: leaf pins only; 1: each leaf pin and its issuer's key as the backup.")
         var depth = 1
@@ -198,7 +195,7 @@ extension ListCommand {
         }
 
         func run() throws {
-            let state = PathText.resolve(stateDir ?? PathText.defaultStateDirectory)
+            let state = try self.state.path()
             let path = ObservationBook.path(stateDirectory: state)
             guard let data = FileManager.default.contents(atPath: path) else {
                 throw ConfigurationError("nothing learned in \(state): \(path) does not exist (run the gate with --learn and this --state-dir first)")
@@ -384,9 +381,13 @@ enum ListPrinter {
         return text
     }
 
+    /// Whole days left, or whole days since: a list that expired three seconds ago expired
+    /// "less than a day ago", not "1 days ago".
     static func days(until date: Date, now: Date) -> String {
-        let days = Int((date.timeIntervalSince(now) / 86400).rounded(.down))
-        return days >= 0 ? "\(days) days left" : "\(-days) days ago"
+        let interval = date.timeIntervalSince(now)
+        let days = Int((abs(interval) / 86400).rounded(.down))
+        if interval >= 0 { return days == 1 ? "1 day left" : "\(days) days left" }
+        return days == 0 ? "less than a day ago" : days == 1 ? "1 day ago" : "\(days) days ago"
     }
 
     static func iso(_ date: Date) -> String { InternetTime.text(date) }

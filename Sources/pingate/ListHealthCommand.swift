@@ -39,7 +39,7 @@ extension ListCommand {
             guard text != "off" else {
                 throw ConfigurationError("the admin endpoint is off in \(config ?? "the config file") (admin.listen: off); pin health is read from it: give --admin HOST:PORT of a gate whose admin endpoint is on")
             }
-            var (host, port) = try RunCommand.parseHostPort(text)
+            var (host, port) = try RunCommand.parseHostPort(text, key: admin != nil ? "--admin" : "admin.listen")
             // A gate listening on every address answers on loopback too.
             if host == "0.0.0.0" { host = "127.0.0.1" } else if host == "::" { host = "::1" }
             return (host, port)
@@ -81,7 +81,13 @@ extension ListCommand {
                                                    timeout: .seconds(Int64(timeout)), maximumBodyBytes: 16 << 20,
                                                    on: group.next()).wait()
             } catch {
-                throw ConfigurationError("cannot read the gate's /status at http://\(Authority(host: host, port: port)): \(error); is the gate running, with its admin endpoint there (--admin, or --config with admin.listen)?")
+                // NIO's connection errors print every attempt with its socket details: say
+                // what happened in words a user acts on.
+                let text = "\(error)".lowercased()
+                let reason = text.contains("refused") || text.contains("connection reset") ? "nothing answered there"
+                    : text.contains("timed out") || text.contains("timeout") ? "no answer within \(timeout) s"
+                    : String("\(error)".prefix(160))
+                throw ConfigurationError("cannot read the gate's /status at http://\(Authority(host: host, port: port)): \(reason); is the gate running, with its admin endpoint there (--admin, or --config with admin.listen)?")
             }
             guard response.status == 200 else {
                 throw ConfigurationError("the gate's admin endpoint at \(Authority(host: host, port: port)) answered \(response.status) to GET /status: \(String(decoding: response.body.prefix(200), as: UTF8.self))")

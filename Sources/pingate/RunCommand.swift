@@ -194,6 +194,13 @@ struct GateOptions: ParsableArguments {
                 "directory": "\(stateDirectory)", "files": "\(leftovers.failed.joined(separator: ", "))",
             ])
         }
+        if !DestinationAddress.isLoopbackListenHost(configuration.listenHost) {
+            // Not refused (a gate for a network of CI runners is a use), but said: the gate
+            // has no client authentication, so whoever reaches the address may use it.
+            logger.warning("listening beyond loopback: every client that can reach this address can use the gate, which has no client authentication; listen on 127.0.0.1 unless that is meant", metadata: [
+                "listen": "\(Authority(host: configuration.listenHost, port: configuration.listenPort))",
+            ])
+        }
         let store = PinListStore(nil)
         let listSource = try makeListSource(file: file, store: store, stateDirectory: stateDirectory, logger: logger)
         if configuration.learning {

@@ -353,6 +353,30 @@ struct CommandLineTests {
         #expect(plainHTTP.status != 0 && plainHTTP.stderr.contains("--pins http://list.example/pins.json: a list is fetched over https:// only"), "\(plainHTTP.stderr)")
     }
 
+    @Test("paper cuts a new user met, each with a message that names the thing and the fix: keygen --out given a directory or a missing one; ca init and ca export with the gate's --config use its state-dir; demo --junit into a missing directory; list health with no gate there")
+    func operatorPaperCuts() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let intoDirectory = try await TestProcess.run(Self.pingate, ["keygen", "--out", directory.path + "/"])
+        #expect(intoDirectory.status != 0 && intoDirectory.stderr.contains("is a directory; --out is a prefix for two files"), "\(intoDirectory.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: directory.file(".key")))
+        let missing = try await TestProcess.run(Self.pingate, ["keygen", "--out", directory.file("nowhere/signer")])
+        #expect(missing.status != 0 && missing.stderr.contains("the directory \(directory.file("nowhere")) does not exist; create it first"), "\(missing.stderr)")
+
+        let config = try directory.write("gate.yml", "state-dir: gate-state\n")
+        let created = try await TestProcess.run(Self.pingate, ["ca", "init", "--config", config])
+        #expect(created.status == 0, "\(created.stderr)")
+        let exported = try await TestProcess.run(Self.pingate, ["ca", "export", "--config", config, "--path"])
+        #expect(exported.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == directory.file("gate-state/ca.pem"), "\(exported.stdout) \(exported.stderr)")
+
+        let junit = try await TestProcess.run(Self.pingate, ["demo", "--junit", directory.file("reports/x.xml")], timeout: 60)
+        #expect(junit.status != 0 && junit.stderr.contains("its directory \(directory.file("reports")) does not exist"), "\(junit.stderr)")
+
+        let nobody = try await TestProcess.run(Self.pingate, ["list", "health", "--admin", "127.0.0.1:9"])
+        #expect(nobody.status != 0 && nobody.stderr.contains("nothing answered there; is the gate running"), "\(nobody.stderr)")
+        #expect(!nobody.stderr.contains("SingleConnectionFailure"))
+    }
+
     @Test("--log-format json: every line the gate writes on stderr is one JSON object with ts, level, message and logger, the metadata as fields; an unknown format is refused naming the key")
     func jsonOperationalLog() async throws {
         let directory = try TemporaryDirectory()
@@ -627,7 +651,7 @@ struct ListCommandLineTests {
                 try await RunningGate.with(arguments(listPath)) { gate in
                     let started = try await Self.listStatus(gate)
                     #expect(started["origin"] as? String == "pins-file")
-                    #expect(started["in_force_because"] as? String == "the --pins file \(listPath) (sequence 1); nothing was persisted")
+                    #expect(started["in_force_because"] as? String == "the --pins file \(listPath) (sequence 1); no list was persisted before")
                     _ = try directory.write("pins.json", String(decoding: try pki.signedV2(sequence: 2, pins: [
                         TestPKI.pin(hostA, leafA), TestPKI.pin(hostB, leafB),
                     ]), as: UTF8.self))

@@ -63,7 +63,7 @@ struct PinsFileStartupTests {
             Issue.record("a file with nothing persisted was not put in force and persisted")
             return
         }
-        #expect(fresh.reason == "the --pins file /etc/pins.json (sequence 3); nothing was persisted")
+        #expect(fresh.reason == "the --pins file /etc/pins.json (sequence 3); no list was persisted before")
         guard case .useFile(let replacing, true) = Self.decide(file: three, persisted: .unverifiable(path: "/s/pin-list.json", error: "bad signature")) else {
             Issue.record("an unverifiable persisted copy stopped the file")
             return
