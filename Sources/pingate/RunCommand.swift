@@ -301,14 +301,32 @@ struct GateOptions: ParsableArguments {
             return failures
         }))
         let group = ServiceGroup(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
-        let startupStop = Task {
+        // One watcher for the whole run: the group traps SIGTERM and SIGINT too, but only
+        // once it runs; this one stops a gate still starting. And Ctrl-C starts the drain,
+        // which lets open tunnels finish for up to the drain timeout; a second Ctrl-C closes
+        // them at once (a user pressing it again got nothing for 30 s). It is the one sequence
+        // for these signals that lives until the end: ending one (libdispatch's signal
+        // source cancelled) stopped later SIGINTs from reaching anyone.
+        let drainSeconds = (drainTimeout ?? file?.drainTimeoutSeconds) ?? 30
+        let signalWatcher = Task {
+            var interrupts = 0
             for await signal in earlyStops {
+                if signal == .sigint { interrupts += 1 }
+                if interrupts >= 2 {
+                    let closed = server.closeOpenConnectionsNow()
+                    logger.notice("second Ctrl-C: closed the open connections without waiting for them", metadata: ["connections": "\(closed)"])
+                    continue
+                }
                 logger.info("stopping", metadata: ["signal": "\(signal)"])
+                if signal == .sigint {
+                    logger.notice("stopping: open tunnels may finish for up to the drain timeout; press Ctrl-C again to close them now", metadata: [
+                        "drain_timeout_seconds": "\(drainSeconds)",
+                    ])
+                }
                 await group.triggerGracefulShutdown()
-                return
             }
         }
-        defer { startupStop.cancel() }
+        defer { signalWatcher.cancel() }
         // The gate writes its request log out when it shuts down; this covers a group
         // that ends with an error before the gate's own shutdown has run.
         defer { server.requestLog.flush(timeout: .seconds(5)) }

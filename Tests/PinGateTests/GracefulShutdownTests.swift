@@ -202,8 +202,17 @@ struct GracefulShutdownTests {
         }
     }
 
-    @Test("--drain-timeout 1 with a stalled tunnel: SIGTERM closes it at the deadline and the gate exits 0")
-    func drainTimeoutClosesStalledTunnel() async throws {
+    /// How the stalled tunnel's drain ends.
+    enum DrainEnd: CaseIterable, Sendable {
+        /// SIGTERM with `--drain-timeout 1`: the deadline closes it.
+        case deadline
+        /// Ctrl-C (SIGINT) with the default 30 s drain, then Ctrl-C again: closed at once.
+        case secondInterrupt
+    }
+
+    @Test("a stalled tunnel: SIGTERM with --drain-timeout 1 closes it at the deadline; Ctrl-C with the 30 s default drains, and a second Ctrl-C closes it at once; the gate exits 0",
+          arguments: DrainEnd.allCases)
+    func drainEndsForStalledTunnel(end: DrainEnd) async throws {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
         let pki = try TestPKI(directory: directory)
@@ -216,7 +225,7 @@ struct GracefulShutdownTests {
             try await RunningGate.with([
                 "--listen", "127.0.0.1:0", "--state-dir", directory.file("state"), "--pins", listPath,
                 "--pins-key", pki.signerPublicKeyPath, "--upstream-ca", pki.upstreamTrustPath,
-                "--resolve", "\(Self.host):\(origin.port):127.0.0.1", "--drain-timeout", "1",
+                "--resolve", "\(Self.host):\(origin.port):127.0.0.1", "--drain-timeout", end == .deadline ? "1" : "30",
             ]) { gate in
 
                 let stalled = directory.file("stalled")
@@ -262,12 +271,25 @@ struct GracefulShutdownTests {
                     return
                 }
 
-                let signalled = Date()
-                kill(gate.process.processIdentifier, SIGTERM)
+                var signalled = Date()
+                switch end {
+                case .deadline:
+                    kill(gate.process.processIdentifier, SIGTERM)
+                case .secondInterrupt:
+                    kill(gate.process.processIdentifier, SIGINT)
+                    // Draining: the stalled tunnel holds the gate up.
+                    try await Task.sleep(for: .seconds(1.5))
+                    #expect(gate.process.isRunning, "the gate did not drain")
+                    signalled = Date()
+                    kill(gate.process.processIdentifier, SIGINT)
+                }
                 _ = await eventually(timeout: .seconds(5)) { !gate.process.isRunning }
                 let elapsed = Date().timeIntervalSince(signalled)
                 #expect(!gate.process.isRunning, "the gate did not exit")
-                #expect(elapsed >= 0.9 && elapsed < 6, "exited \(elapsed) s after SIGTERM with a 1 s drain timeout")
+                switch end {
+                case .deadline: #expect(elapsed >= 0.9 && elapsed < 6, "exited \(elapsed) s after SIGTERM with a 1 s drain timeout")
+                case .secondInterrupt: #expect(elapsed < 4, "exited \(elapsed) s after the second Ctrl-C")
+                }
                 #expect(gate.process.terminationReason == .exit && gate.process.terminationStatus == 0,
                         "status \(gate.process.terminationStatus), reason \(gate.process.terminationReason.rawValue)")
 
@@ -276,7 +298,13 @@ struct GracefulShutdownTests {
                 let received = Int(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines)) ?? -1
                 #expect(received > 0 && received < total, "the stalled tunnel was not cut: \(result.stdout) \(result.stderr)")
                 let log = await gate.stop()
-                #expect(log.contains("drain timeout: closing the connections still open"), "\(log)")
+                switch end {
+                case .deadline:
+                    #expect(log.contains("drain timeout: closing the connections still open"), "\(log)")
+                case .secondInterrupt:
+                    #expect(log.contains("press Ctrl-C again to close them now"), "\(log)")
+                    #expect(log.contains("second Ctrl-C: closed the open connections"), "\(log)")
+                }
             }
         }
     }

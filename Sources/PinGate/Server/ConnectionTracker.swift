@@ -74,6 +74,18 @@ final class ConnectionTracker: Sendable {
         return result.futureResult
     }
 
+    /// Ends a drain under way now, as if every connection had closed: the caller is closing
+    /// them (`closeAll`), and a close that waits for its close_notify to reach a peer that
+    /// no longer reads must not hold the shutdown up.
+    func endDrain() {
+        let waiting = state.withLock { state -> [EventLoopPromise<Void>] in
+            let waiting = state.drained
+            state.drained = []
+            return waiting
+        }
+        for promise in waiting { promise.succeed(()) }
+    }
+
     /// Fires `event` through every open connection's pipeline (each on its own event loop).
     func announce(_ event: some Sendable) {
         let open = state.withLock { Array($0.channels.values) }

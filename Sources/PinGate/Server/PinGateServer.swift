@@ -315,6 +315,15 @@ public final class PinGateServer: Service, Sendable {
         try await shutdown(drainTimeout: Task.isCancelled ? .zero : configuration.drainTimeout)
     }
 
+    /// Cuts a drain short (a second Ctrl-C): closes every open connection now. The drain then
+    /// ends as it does at its timeout, and the shutdown goes on. Returns how many were closed.
+    @discardableResult
+    public func closeOpenConnectionsNow() -> Int {
+        let closed = connections.closeAll()
+        connections.endDrain()
+        return closed
+    }
+
     /// Stops listening, closes every connection and stops the event loops: `shutdown()`
     /// with no drain. Only the first call does the work; later calls wait for it.
     public func shutdown() async throws {
