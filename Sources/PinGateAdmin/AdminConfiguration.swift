@@ -29,7 +29,9 @@ public struct AdminConfiguration: Sendable {
     /// Reads a token file: its first line, trimmed; an empty file is an error.
     public static func readToken(file path: String) throws -> String {
         guard let text = try? String(contentsOfFile: path, encoding: .utf8) else {
-            throw ConfigurationError("cannot read the admin token file \(path)")
+            let reason = !FileManager.default.fileExists(atPath: path) ? "it does not exist"
+                : FileManager.default.isReadableFile(atPath: path) ? "it is not UTF-8 text" : "permission denied"
+            throw ConfigurationError("cannot read the admin token file \(path) (admin.token-file, --admin-token-file): \(reason); put the token on its first line, readable by the gate's user")
         }
         let token = text.split(whereSeparator: \.isNewline).first.map { $0.trimmingCharacters(in: .whitespaces) } ?? ""
         guard !token.isEmpty else { throw ConfigurationError("the admin token file \(path) is empty") }

@@ -57,6 +57,10 @@ public enum PinListFile {
             let reason = FileManager.default.isReadableFile(atPath: path) ? "is not UTF-8 text" : "cannot be read (permission denied)"
             throw KeyError(path: path, problem: reason)
         }
+        if text.contains("PRIVATE KEY-----") {
+            // keygen's two files side by side invite this: the private one goes to `sign`.
+            throw KeyError(path: path, problem: "is a private key; the gate needs the public one (keygen wrote it beside it, as PREFIX.pub.pem)")
+        }
         do {
             return try PublicKey(text: text)
         } catch {

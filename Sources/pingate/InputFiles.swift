@@ -22,7 +22,8 @@ enum InputFile {
         do {
             return try String(contentsOfFile: resolved, encoding: .utf8)
         } catch {
-            throw ConfigurationError("\(flag) \(path): cannot be read as text (\(error.localizedDescription)); it should be \(what).")
+            // A DER file (binary) is the usual case: say how to get PEM.
+            throw ConfigurationError("\(flag) \(path): is not text, so not PEM (DER, perhaps); it should be \(what). Convert a DER certificate with openssl x509 -inform der -in \(path) -out cert.pem")
         }
     }
 

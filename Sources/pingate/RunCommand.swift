@@ -503,7 +503,7 @@ struct GateOptions: ParsableArguments {
         guard problems.isEmpty else {
             throw ConfigurationError("\(checked): \(problems.count) problem\(problems.count == 1 ? "" : "s"), one per line:\n" + problems.joined(separator: "\n"))
         }
-        return "pingate: \(checked) is valid; the gate would start with:\n" + lines.map { "  " + $0 }.joined(separator: "\n") + "\n"
+        return "pingate: \(config == nil ? "the flags are" : "\(checked) is") valid; the gate would start with:\n" + lines.map { "  " + $0 }.joined(separator: "\n") + "\n"
     }
 
     /// The log level and format, checked.
@@ -597,7 +597,7 @@ struct GateOptions: ParsableArguments {
         do {
             keys = try PinListFile.loadKeys(keyPaths)
         } catch {
-            throw ConfigurationError("refusing to start: \(error)")
+            throw ConfigurationError("refusing to start: \(pinsKey.isEmpty ? "pins.keys" : "--pins-key"): \(error)")
         }
         guard !keys.isEmpty else { throw ConfigurationError("refusing to start: --pins needs at least one --pins-key") }
         let format = try PathText.listFormat(pinsFormat ?? section?.format ?? "auto")

@@ -120,7 +120,13 @@ struct SignCommand: AsyncParsableCommand {
             guard let expiry = index < expires.count ? expires[index] : certificate.notAfter.map({ Int64($0.timeIntervalSince1970) }) else {
                 throw ValidationError("pin \(index) has no readable notAfter; give --expires")
             }
-            pins.append((HostName.normalize(host), certificate, expiry, index < depths.count ? depths[index] : .leaf))
+            let depth = index < depths.count ? depths[index] : PinEntry.Depth.leaf
+            if depth.isLeaf, index < name.count, !host.contains("*"), !certificate.names(host: HostName.normalize(host)) {
+                // Not refused (a list may pin a leaf for a name served through another), but
+                // the gate's hostname check would then refuse every connection to it.
+                FileHandle.standardError.write(Data("pingate sign: warning: pin \(index)'s certificate does not name \(host) (its common name: \(certificate.commonName ?? "none")); the gate will refuse \(host) on its host name check unless it is a pins-only host\n".utf8))
+            }
+            pins.append((HostName.normalize(host), certificate, expiry, depth))
         }
 
         if format == "static" {

@@ -375,6 +375,25 @@ struct CommandLineTests {
         let nobody = try await TestProcess.run(Self.pingate, ["list", "health", "--admin", "127.0.0.1:9"])
         #expect(nobody.status != 0 && nobody.stderr.contains("nothing answered there; is the gate running"), "\(nobody.stderr)")
         #expect(!nobody.stderr.contains("SingleConnectionFailure"))
+
+        // keygen's private key given where the public one goes; a DER certificate; a
+        // missing admin token file; a pin signed for a name its certificate does not carry.
+        _ = try await TestProcess.run(Self.pingate, ["keygen", "--out", directory.file("signer")])
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns("api.pingate.test")], issuer: pki.originCA, file: "leaf")
+        let listPath = try pki.signedList([("api.pingate.test", leaf.fingerprint)])
+        let privateAsPublic = try await TestProcess.run(Self.pingate, ["check-config", "--pins", listPath, "--pins-key", directory.file("signer.key"),
+                                                                       "--state-dir", directory.file("state-k")])
+        #expect(privateAsPublic.stderr.contains("--pins-key: the list-verification key file \(directory.file("signer.key")) is a private key; the gate needs the public one"), "\(privateAsPublic.stderr)")
+        _ = try await TestProcess.run("openssl", ["x509", "-in", leaf.certificatePath, "-outform", "der", "-out", directory.file("leaf.der")])
+        let der = try await TestProcess.run(Self.pingate, ["fingerprint", "--cert", directory.file("leaf.der")])
+        #expect(der.status != 0 && der.stderr.contains("is not text, so not PEM (DER, perhaps)") && der.stderr.contains("openssl x509 -inform der"), "\(der.stderr)")
+        let token = try await TestProcess.run(Self.pingate, ["check-config", "--admin-token-file", directory.file("none.token"), "--state-dir", directory.file("state-k")])
+        #expect(token.stderr.contains("none.token (admin.token-file, --admin-token-file): it does not exist"), "\(token.stderr)")
+        let otherName = try await TestProcess.run(Self.pingate, ["sign", "--key", directory.file("signer.key"), "--cert", leaf.certificatePath, "--name", "bank.pingate.test"])
+        #expect(otherName.status == 0 && otherName.stderr.contains("pin 0's certificate does not name bank.pingate.test"), "\(otherName.stderr)")
+        let sameName = try await TestProcess.run(Self.pingate, ["sign", "--key", directory.file("signer.key"), "--cert", leaf.certificatePath, "--name", "api.pingate.test"])
+        #expect(sameName.status == 0 && !sameName.stderr.contains("warning"), "\(sameName.stderr)")
     }
 
     @Test("--log-format json: every line the gate writes on stderr is one JSON object with ts, level, message and logger, the metadata as fields; an unknown format is refused naming the key")
