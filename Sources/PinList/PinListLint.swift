@@ -72,8 +72,13 @@ public enum PinListLint {
         for host in byHost.keys.sorted() {
             let pins = byHost[host] ?? []
             if Set(pins.map(\.fingerprint)).count < 2 {
+                // The backup to suggest depends on where the one pin sits: a CA's key pinned
+                // at depth 1 or deeper has no "issuing CA at depth 1" to add.
+                let backup = pins.allSatisfy(\.depth.isLeaf)
+                    ? "a spare key, or the issuing CA's key at depth 1"
+                    : "a second CA's key at the same depth, or the leaf's key at depth 0"
                 findings.append(Finding(rule: .singlePin, host: host,
-                                        message: "one pin and no backup: a certificate or key change refuses every connection until a new list is out; add a backup pin (a spare key, or the issuing CA's key at depth 1)"))
+                                        message: "one pin and no backup: a certificate or key change refuses every connection until a new list is out; add a backup pin (\(backup))"))
             }
         }
         for pin in list.entries.sorted(by: { ($0.name, $0.expires) < ($1.name, $1.expires) }) {

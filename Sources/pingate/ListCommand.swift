@@ -17,7 +17,7 @@ struct ListCommand: ParsableCommand {
     /// `pingate list verify FILE --key KEY`.
     struct Verify: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Verify a list file and print its entries with days left; exits non-zero on a bad list.")
+            abstract: "Verify a list file and print its entries with days left; exits 1 on a list that does not verify, 4 on one that has expired.")
 
         @OptionGroup var list: ListFileOptions
 
@@ -38,8 +38,15 @@ struct ListCommand: ParsableCommand {
 
         func run() throws {
             let (path, list) = try self.list.verified(challenge: challenge, signature: signature)
+            let now = Date()
             print("\(path): valid \(list.metadata.format.rawValue) list")
-            print(ListPrinter.describe(list, now: Date()), terminator: "")
+            print(ListPrinter.describe(list, now: now), terminator: "")
+            // Signed, but no gate would use it: as lint does, exit 4 (a script checking a list
+            // before publishing it took 0 for "good").
+            if !list.isUsable(at: now) {
+                FileHandle.standardError.write(Data("pingate list verify: \(path) verifies but has expired (\(list.isFresh(at: now) ? "every pin is past its expiry" : "the list is past its expiresAt")): a gate refuses every CONNECT with it (list-expired)\n".utf8))
+                throw ExitCode(4)
+            }
         }
     }
 

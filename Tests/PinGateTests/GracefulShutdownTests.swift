@@ -349,7 +349,12 @@ struct ServiceGroupTests {
             let stopping = Date()
             await group.triggerGracefulShutdown()
             try await running.value
-            #expect(Date().timeIntervalSince(stopping) < 5)
+            // Under 25 s: not held by the 30 s drain timeout (no connection is open) nor by
+            // the schedule. Alone it takes well under a second; in a full parallel run the
+            // group's tasks wait their turn on Swift's two cooperative threads behind
+            // CPU-bound tests, and took 11.6 s once (and 22 s beside a soak and a build).
+            let took = Date().timeIntervalSince(stopping)
+            #expect(took < 25, "the graceful shutdown took \(took) s")
             // The listener itself, not a probe of its old port: under a full parallel run
             // another test may hold that port by then, or a probe may connect to itself
             // (a free port in the ephemeral range), and either passes for a listener.
