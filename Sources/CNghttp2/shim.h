@@ -217,9 +217,11 @@ static inline void *pg_nghttp2_realloc(void *pointer, size_t size, void *user) {
     if (pointer == allocator->frame_buffer || pointer == allocator->zeroed_block) {
         // Not done to either block by nghttp2 1.52; should another version move one, it
         // becomes an ordinary block (with a header) and is no longer released.
-        old_size = pg_nghttp2_forget(allocator, pointer);
+        // Allocated first: on failure the caller keeps the old block, which must stay
+        // recognised (its free takes the no-header path).
         void *moved = pg_nghttp2_block_alloc(allocator, size);
         if (moved == NULL) return NULL;
+        old_size = pg_nghttp2_forget(allocator, pointer);
         memcpy(moved, pointer, old_size < size ? old_size : size);
         free(pointer);
         return moved;

@@ -177,8 +177,11 @@ public final class LocalCA: Sendable {
     public static func permissionProblems(stateDirectory: String) -> [String] {
         let paths = Paths(stateDirectory: stateDirectory)
         var problems: [String] = []
+        // stat(2), which follows a symbolic link: a state directory or key mounted as a link
+        // (a Kubernetes secret volume) is judged by what it points to, not the link's 0777.
         func mode(_ path: String) -> Int? {
-            (try? FileManager.default.attributesOfItem(atPath: path)[.posixPermissions] as? Int) ?? nil
+            var info = stat()
+            return stat(path, &info) == 0 ? Int(info.st_mode & 0o7777) : nil
         }
         if let keyMode = mode(paths.key), keyMode & 0o077 != 0 {
             problems.append("\(paths.key) has mode \(String(keyMode, radix: 8)), open to group or others (chmod 600 \(paths.key))")

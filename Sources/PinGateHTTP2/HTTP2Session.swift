@@ -433,8 +433,9 @@ public final class HTTP2Session {
             frameBufferTouched = 0
         }
         released += pg_nghttp2_release_zero_pages(allocator)
-        // The small blocks kept for the next exchange: a quiet session needs none.
-        released += pg_nghttp2_release_cache(allocator)
+        // The small blocks kept for the next exchange: a quiet session needs none. They go
+        // back to malloc, not to the kernel, so they are not counted in what is returned.
+        pg_nghttp2_release_cache(allocator)
         // The bookkeeping of finished streams: Swift's collections keep their storage when
         // emptied, sized for the busiest moment so far.
         if outgoing.isEmpty { outgoing = [:] }

@@ -244,6 +244,8 @@ public enum HarnessRunner {
                 try process.run()
             } catch {
                 process.terminationHandler = nil
+                // No child holds the pipe's write end: close ours, or the reader never ends.
+                try? output.fileHandleForWriting.close()
                 continuation.resume(returning: 127)
                 return
             }

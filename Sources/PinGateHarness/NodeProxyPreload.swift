@@ -50,6 +50,9 @@ public enum NodeProxyPreload {
           }
           callback(null, socket);
         });
+        // undici's own connector gives up after 10 s; a proxy that takes the connection and
+        // never answers the CONNECT must not hold a request forever.
+        request.setTimeout(10000, () => request.destroy(new Error('the proxy did not answer CONNECT ' + authority + ' within 10 s')));
         request.once('error', callback);
         request.end();
       };
@@ -69,8 +72,10 @@ public enum NodeProxyPreload {
 
       // fetch() is undici inside Node, which does not export it. Its global dispatcher is an
       // undici Agent: a new Agent of the same class, whose connect function opens the tunnel,
-      // takes its place before the first request. Where that cannot be done, fetch() fails
-      // and says why, rather than going around the gate.
+      // takes its place now, before the app runs, so that everything else on that dispatcher
+      // (WebSocket and EventSource in Node 22, the undici package's own request) goes through
+      // the gate too, and a dispatcher the app sets later is its own. Where that cannot be
+      // done, fetch() fails and says why, rather than going around the gate.
       const major = Number(process.versions.node.split('.')[0]);
       const nodeProxiesFetch = major >= 24 && process.env.NODE_USE_ENV_PROXY === '1';
       const nativeFetch = globalThis.fetch;
@@ -102,9 +107,7 @@ public enum NodeProxyPreload {
           openTunnel(host, port, (error, socket) => error ? answer(error) : secureOver(socket));
         };
         let failure = null;
-        let routed = false;
         const route = () => {
-          routed = true;
           // Loads undici, which installs its Agent; an empty URL is refused before any I/O.
           if (globalThis[dispatcherKey] === undefined) nativeFetch('').catch(() => {});
           const current = globalThis[dispatcherKey];
@@ -116,12 +119,11 @@ public enum NodeProxyPreload {
           }
           // Any other dispatcher was chosen by the app (or by Node for its own proxy support): it is the app's.
         };
-        globalThis.fetch = function fetch(input, init) {
-          if (!routed) route();
-          return failure ? Promise.reject(failure) : nativeFetch(input, init);
-        };
+        route();
+        if (failure) {
+          globalThis.fetch = function fetch() { return Promise.reject(failure); };
+        }
       }
     }
-
     """#
 }

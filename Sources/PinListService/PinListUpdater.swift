@@ -181,7 +181,9 @@ public final class PinListUpdater: Service, Sendable {
     /// or after `stop()`.
     public func run() async throws {
         let started = schedule.withLock { schedule -> Bool in
-            guard !schedule.stopped else { return false }
+            // Stopped, or already running (a second run() would take the first one's place
+            // as the one stop() ends, and the first would never return).
+            guard !schedule.stopped, !schedule.running else { return false }
             schedule.running = true
             if let due = schedule.nextUpdate {
                 schedule.timer?.cancel()

@@ -47,14 +47,35 @@ enum AppTrustFiles {
     /// Why the published files in `directory` cannot be handed to apps, or nil: the
     /// directory or one of the files is writable by group or others (the check `env` makes
     /// as a reader, who cannot know the gate's user).
+    ///
+    /// Their owner must be root, this user, or a system account (uid below 1000, or in
+    /// systemd's range for dynamic users, 61184–65519, which the packaged service runs
+    /// as): an ordinary other user could have made the directory in a shared place (a
+    /// /tmp path, before the gate started) and planted both files. Every directory above
+    /// must not be writable by group or others unless it has the sticky bit (as /tmp has),
+    /// or the directory could be renamed away and replaced.
     static func publishedFilesProblem(_ directory: String) -> String? {
         let paths = paths(in: directory)
+        let me = geteuid()
         for path in [directory, paths.caCertificate, paths.bundle, paths.nodePreload] {
             var info = stat()
             guard stat(path, &info) == 0 else { continue }
             if info.st_mode & 0o022 != 0 {
                 return "\(path) is writable by group or others (mode \(String(info.st_mode & 0o777, radix: 8))): whoever can write it decides what your apps trust and what code Node runs, so pingate env does not hand it to them; the gate's operator should make its public-dir 755 and the files 644"
             }
+            let owner = info.st_uid
+            if owner != 0 && owner != me && !(owner < 1000 || (61184...65519).contains(owner)) {
+                return "\(path) belongs to user \(owner), neither root, you, nor a system account: whoever owns it decides what your apps trust and what code Node runs, so pingate env does not hand it to them; use the public-dir of a gate run by root or by a service account"
+            }
+        }
+        var parent = (PathText.resolve(directory) as NSString).deletingLastPathComponent
+        while true {
+            var info = stat()
+            if stat(parent, &info) == 0, info.st_mode & 0o022 != 0, info.st_mode & mode_t(S_ISVTX) == 0 {
+                return "\(parent), above the public-dir \(directory), is writable by group or others without the sticky bit: the public-dir could be replaced, so pingate env does not hand its files to apps; the gate's operator should choose a public-dir under a directory only root can write"
+            }
+            if parent == "/" || parent.isEmpty { break }
+            parent = (parent as NSString).deletingLastPathComponent
         }
         return nil
     }

@@ -1,3 +1,5 @@
+import PinGateNIO
+
 /// Every key of the YAML config file, once: its name, what it takes, its default, the flag
 /// that overrides it, and what it means. The config decoding is checked against it (a key
 /// the decoder reads and the table lacks, or the other way round, fails the tests), the
@@ -164,6 +166,13 @@ enum ConfigKeyTable {
         Key("learn-allow-remote", .boolean, default: "false", flag: "--learn-allow-remote",
             "With learn, allow a listen address other than loopback."),
     ]
+
+    /// Checks a whole number given for `key` against its range, as the file's values are
+    /// checked: a flag's value (`flag`, when it came from one) gets the same bounds and words.
+    static func check(_ value: Int, key name: String, flag: String?) throws {
+        guard let key = key(name), let range = key.range, !range.contains(value) else { return }
+        throw ConfigurationError("\(flag ?? name) takes \(key.kind.words) from \(range.lowerBound) to \(range.upperBound), not \(value)\(key.name.hasPrefix("upstream-pool") ? " (--no-upstream-pool turns pooling off)" : "")")
+    }
 
     /// The key at `path` (`pins.keys`), if the table has it.
     static func key(_ path: String) -> Key? { keys.first { $0.name == path } }

@@ -546,24 +546,24 @@ struct GateOptions: ParsableArguments {
         }
         if let idle = file?.idleTimeoutSeconds { configuration.idleTimeout = .seconds(Int64(idle)) }
         if let seconds = clientHandshakeTimeout ?? file?.clientHandshakeTimeoutSeconds {
-            guard seconds > 0 else { throw ConfigurationError("the client handshake timeout must be at least 1 s, got \(seconds)") }
+            try ConfigKeyTable.check(seconds, key: "client-handshake-timeout-seconds", flag: clientHandshakeTimeout != nil ? "--client-handshake-timeout" : nil)
             configuration.clientHandshakeTimeout = .seconds(Int64(seconds))
         }
         if let drain = drainTimeout ?? file?.drainTimeoutSeconds {
-            guard drain >= 0 else { throw ConfigurationError("the drain timeout must be 0 or more seconds, got \(drain)") }
+            try ConfigKeyTable.check(drain, key: "drain-timeout-seconds", flag: drainTimeout != nil ? "--drain-timeout" : nil)
             configuration.drainTimeout = .seconds(Int64(drain))
         }
         if let days = pinWarningDays ?? file?.pinWarningDays {
-            guard (0...3650).contains(days) else { throw ConfigurationError("pin-warning-days must be 0 to 3650 days, got \(days)") }
+            try ConfigKeyTable.check(days, key: "pin-warning-days", flag: pinWarningDays != nil ? "--pin-warning-days" : nil)
             configuration.pinWarningDays = days
         }
         configuration.upstreamPoolEnabled = upstreamPool ?? file?.upstreamPool ?? true
         if let seconds = upstreamPoolIdleTimeout ?? file?.upstreamPoolIdleTimeoutSeconds {
-            guard seconds > 0 else { throw ConfigurationError("the upstream pool idle timeout must be at least 1 s, got \(seconds) (use --no-upstream-pool to turn pooling off)") }
+            try ConfigKeyTable.check(seconds, key: "upstream-pool-idle-timeout-seconds", flag: upstreamPoolIdleTimeout != nil ? "--upstream-pool-idle-timeout" : nil)
             configuration.upstreamPoolIdleTimeout = .seconds(Int64(seconds))
         }
         if let count = upstreamPoolMaxPerHost ?? file?.upstreamPoolMaxPerHost {
-            guard count > 0 else { throw ConfigurationError("the upstream pool's per-host cap must be at least 1, got \(count) (use --no-upstream-pool to turn pooling off)") }
+            try ConfigKeyTable.check(count, key: "upstream-pool-max-per-host", flag: upstreamPoolMaxPerHost != nil ? "--upstream-pool-max-per-host" : nil)
             configuration.upstreamPoolMaximumIdlePerHost = count
         }
         configuration.requestLog = GateOptions.requestLogDestination(requestLog ?? file?.requestLog ?? "off")

@@ -394,6 +394,9 @@ struct CommandLineTests {
         #expect(otherName.status == 0 && otherName.stderr.contains("pin 0's certificate does not name bank.pingate.test"), "\(otherName.stderr)")
         let sameName = try await TestProcess.run(Self.pingate, ["sign", "--key", directory.file("signer.key"), "--cert", leaf.certificatePath, "--name", "api.pingate.test"])
         #expect(sameName.status == 0 && !sameName.stderr.contains("warning"), "\(sameName.stderr)")
+        // A flag gets the range its config key has.
+        let drain = try await TestProcess.run(Self.pingate, ["check-config", "--drain-timeout", "100000", "--state-dir", directory.file("state-k")])
+        #expect(drain.status != 0 && drain.stderr.contains("--drain-timeout takes a whole number of seconds from 0 to 3600, not 100000"), "\(drain.stderr)")
     }
 
     @Test("--log-format json: every line the gate writes on stderr is one JSON object with ts, level, message and logger, the metadata as fields; an unknown format is refused naming the key")

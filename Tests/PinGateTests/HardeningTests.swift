@@ -326,6 +326,14 @@ struct HardeningTests {
         let planted = try await TestProcess.run(Self.pingate, ["env", "--listen", "127.0.0.1:9", "--public-dir", shared])
         #expect(planted.status != 0 && !planted.stdout.contains("NODE_OPTIONS"), "\(planted.stdout)")
         #expect(planted.stderr.contains("\(shared) is writable by group or others"), "\(planted.stderr)")
+        // Not writable by others, but made by an ordinary other user (in a shared place,
+        // before the gate started): not handed to apps either.
+        if getuid() == 0 {
+            chmod(shared, 0o755)
+            for name in ["", "/ca.pem", "/ca-bundle.pem", "/node-proxy.cjs"] { _ = chown(shared + name, 1234, 1234) }
+            let foreign = try await TestProcess.run(Self.pingate, ["env", "--listen", "127.0.0.1:9", "--public-dir", shared])
+            #expect(foreign.status != 0 && foreign.stderr.contains("belongs to user 1234, neither root, you, nor a system account"), "\(foreign.stderr)")
+        }
     }
 
     // MARK: item 5

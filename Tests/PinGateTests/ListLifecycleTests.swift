@@ -323,7 +323,9 @@ struct ScheduledUpdateTests {
                 for index in 0..<width {
                     group.addTask {
                         held.arrived.add(1, ordering: .sequentiallyConsistent)
-                        let deadline = Date().addingTimeInterval(10)
+                        // Bounded: a pool wider than the processor count never fills, and
+                        // the others must not hold every thread (and every test) for long.
+                        let deadline = Date().addingTimeInterval(3)
                         while held.arrived.load(ordering: .sequentiallyConsistent) < width && Date() < deadline { usleep(1_000) }
                         guard index == 0 else { _ = usleep(1_700_000); return }
                         let before = listServer.receivedRequests.count
