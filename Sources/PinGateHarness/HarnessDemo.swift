@@ -16,14 +16,16 @@ public enum HarnessDemo {
         defer { try? FileManager.default.removeItem(atPath: work) }
 
         let host = "demo.pingate.test"
+        // 90 days: a first run should show a healthy pin, not one expiring tomorrow.
+        let validity: TimeInterval = 90 * 86400
         let caKey = try PrivateKey.generateP256()
-        let originCA = try CertificateBuilder.selfSignedCA(commonName: "pingate demo origin CA", key: caKey, validity: 86400)
+        let originCA = try CertificateBuilder.selfSignedCA(commonName: "pingate demo origin CA", key: caKey, validity: validity)
         let originCAPath = (work as NSString).appendingPathComponent("origin-ca.pem")
         try originCA.pemString().write(toFile: originCAPath, atomically: true, encoding: .utf8)
         let originKey = try PrivateKey.generateP256()
         let originLeaf = try CertificateBuilder.serverLeaf(
             names: [.dns(host)], subjectKey: originKey, issuer: originCA, issuerKey: caKey,
-            notBefore: Date().addingTimeInterval(-60), notAfter: Date().addingTimeInterval(86400))
+            notBefore: Date().addingTimeInterval(-60), notAfter: Date().addingTimeInterval(validity))
         let origin = try await LoopbackOrigin.start(certificate: originLeaf, key: originKey, behaviour: .http(body: "welcome to the pinned demo origin\n"))
         do {
             let report = try await run(host: host, origin: origin, originLeaf: originLeaf, originCAPath: originCAPath, logger: logger)
@@ -40,7 +42,7 @@ public enum HarnessDemo {
         // A signed list, verified the way `pingate run` verifies one.
         let signer = try PrivateKey.generateP256()
         let entry = try WultraStaticList.sign(name: host, fingerprint: originLeaf.sha256Fingerprint,
-                                              expires: Int64(Date().timeIntervalSince1970) + 86400, key: signer)
+                                              expires: Int64(Date().timeIntervalSince1970) + 90 * 86400, key: signer)
         let document = Data(try WultraStaticList.encode([entry]).utf8)
         let list = PinList(source: "demo", entries: try WultraStaticList.verify(document, keys: [try signer.publicKey()]))
 
