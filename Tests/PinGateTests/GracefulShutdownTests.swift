@@ -283,11 +283,13 @@ struct GracefulShutdownTests {
                     signalled = Date()
                     kill(gate.process.processIdentifier, SIGINT)
                 }
-                _ = await eventually(timeout: .seconds(5)) { !gate.process.isRunning }
+                _ = await eventually(timeout: .seconds(12)) { !gate.process.isRunning }
                 let elapsed = Date().timeIntervalSince(signalled)
                 #expect(!gate.process.isRunning, "the gate did not exit")
                 switch end {
-                case .deadline: #expect(elapsed >= 0.9 && elapsed < 6, "exited \(elapsed) s after SIGTERM with a 1 s drain timeout")
+                // Under 10 s, far from the 30 s default: the 1 s deadline, then up to 2 s for
+                // the closes, and a loaded machine's delays (6.6 s once beside a build).
+                case .deadline: #expect(elapsed >= 0.9 && elapsed < 10, "exited \(elapsed) s after SIGTERM with a 1 s drain timeout")
                 case .secondInterrupt: #expect(elapsed < 4, "exited \(elapsed) s after the second Ctrl-C")
                 }
                 #expect(gate.process.terminationReason == .exit && gate.process.terminationStatus == 0,

@@ -374,7 +374,7 @@ struct UpstreamPoolStateTests {
         } throws: { "\($0)".contains("--no-upstream-pool") }
         #expect {
             try RunCommand.parse(["--upstream-pool-idle-timeout", "0"]).options.gateConfiguration(file: nil)
-        } throws: { "\($0)".contains("at least 1 s") }
+        } throws: { "\($0)".contains("takes a whole number of seconds from 1 to") && "\($0)".contains("--no-upstream-pool") }
     }
 }
 
