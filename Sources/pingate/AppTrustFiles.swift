@@ -41,7 +41,23 @@ enum AppTrustFiles {
         if info.st_uid != geteuid() && info.st_uid != 0 {
             return "public-dir \(directory) belongs to user \(info.st_uid), not to the gate's user (\(geteuid())) or root: its owner could replace the CA bundle and the Node preload that apps of every user load from it; choose a directory the gate's user owns"
         }
+        if let parent = replaceableParent(of: directory) {
+            return "\(parent), above the public-dir \(directory), is writable by group or others without the sticky bit: the public-dir could be renamed away and replaced; choose a public-dir under a directory only root can write"
+        }
         return nil
+    }
+
+    /// The first directory above `directory` that group or others can write without the
+    /// sticky bit (as /tmp has), where `directory` could be renamed away and replaced; nil
+    /// when there is none. The gate (publishing) and `env` (reading) ask the same.
+    private static func replaceableParent(of directory: String) -> String? {
+        var parent = (PathText.resolve(directory) as NSString).deletingLastPathComponent
+        while true {
+            var info = stat()
+            if stat(parent, &info) == 0, info.st_mode & 0o022 != 0, info.st_mode & mode_t(S_ISVTX) == 0 { return parent }
+            if parent == "/" || parent.isEmpty { return nil }
+            parent = (parent as NSString).deletingLastPathComponent
+        }
     }
 
     /// Why the published files in `directory` cannot be handed to apps, or nil: the
@@ -68,14 +84,8 @@ enum AppTrustFiles {
                 return "\(path) belongs to user \(owner), neither root, you, nor a system account: whoever owns it decides what your apps trust and what code Node runs, so pingate env does not hand it to them; use the public-dir of a gate run by root or by a service account"
             }
         }
-        var parent = (PathText.resolve(directory) as NSString).deletingLastPathComponent
-        while true {
-            var info = stat()
-            if stat(parent, &info) == 0, info.st_mode & 0o022 != 0, info.st_mode & mode_t(S_ISVTX) == 0 {
-                return "\(parent), above the public-dir \(directory), is writable by group or others without the sticky bit: the public-dir could be replaced, so pingate env does not hand its files to apps; the gate's operator should choose a public-dir under a directory only root can write"
-            }
-            if parent == "/" || parent.isEmpty { break }
-            parent = (parent as NSString).deletingLastPathComponent
+        if let parent = replaceableParent(of: directory) {
+            return "\(parent), above the public-dir \(directory), is writable by group or others without the sticky bit: the public-dir could be replaced, so pingate env does not hand its files to apps; the gate's operator should choose a public-dir under a directory only root can write"
         }
         return nil
     }

@@ -211,27 +211,25 @@ struct GateOptions: ParsableArguments {
             logger.warning("no fingerprint list configured (--pins): every CONNECT will be refused")
         }
 
-        // An existing state directory open to others is refused before anything is written
-        // into it: creating the CA first left a fresh ca.key in a world-writable directory
-        // and then refused to start.
+        // Strict by default: whoever reads ca.key can mint leaves every client of the gate
+        // trusts, i.e. intercept exactly the traffic the gate protects. Checked before
+        // anything is written: creating the CA first left a fresh ca.key in a world-writable
+        // directory and only then refused to start. A CA created here is 0600 in a 0700
+        // directory, so nothing is left to check after it in strict mode.
+        let strict = strictPermissions ?? file?.strictPermissions ?? true
         let exposedBefore = LocalCA.permissionProblems(stateDirectory: stateDirectory)
-        if !exposedBefore.isEmpty && (strictPermissions ?? file?.strictPermissions ?? true) {
+        if !exposedBefore.isEmpty && strict {
             throw ConfigurationError("refusing to start: \(LocalCA.CAError.insecurePermissions(exposedBefore)) "
                                      + "(or run with --no-strict-permissions to start with a warning)")
         }
-        let strict = strictPermissions ?? file?.strictPermissions ?? true
         let (ca, created) = try LocalCA.loadOrCreate(stateDirectory: stateDirectory, allowingExposedDirectory: !strict)
-        let exposed = LocalCA.permissionProblems(stateDirectory: stateDirectory)
-        if !exposed.isEmpty {
-            // Strict by default: whoever reads ca.key can mint leaves every client of the
-            // gate trusts, i.e. intercept exactly the traffic the gate protects.
-            guard !(strictPermissions ?? file?.strictPermissions ?? true) else {
-                throw ConfigurationError("refusing to start: \(LocalCA.CAError.insecurePermissions(exposed)) "
-                                         + "(or run with --no-strict-permissions to start with a warning)")
+        if !strict {
+            let exposed = LocalCA.permissionProblems(stateDirectory: stateDirectory)
+            if !exposed.isEmpty {
+                logger.warning("the local CA is exposed; starting anyway (--no-strict-permissions)", metadata: [
+                    "problems": "\(exposed.joined(separator: "; "))",
+                ])
             }
-            logger.warning("the local CA is exposed; starting anyway (--no-strict-permissions)", metadata: [
-                "problems": "\(exposed.joined(separator: "; "))",
-            ])
         }
         logger.info(created ? "created local CA" : "loaded local CA", metadata: [
             "certificate": "\(LocalCA.Paths(stateDirectory: stateDirectory).certificate)",
