@@ -140,11 +140,14 @@ struct GracefulShutdownTests {
         defer { directory.remove() }
         let pki = try TestPKI(directory: directory)
         let leaf = try pki.leaf([.dns(Self.host)], issuer: pki.originCA, file: "origin")
-        // 1 MiB at 256 KiB/s per stream: each download takes about 4 s.
+        // 1 MiB at 128 KiB/s per stream: each download takes about 8 s, and the signal goes at
+        // about 0.5 s (a sixteenth of the bodies). At 256 KiB/s and a quarter, a CI machine busy
+        // with other suites once held this task past the downloads' end (5.8 s): the signal then
+        // met an idle gate, which rightly exited at once, and the test measured nothing.
         let body = Data((0..<(1 << 20)).map { _ in UInt8.random(in: 0...255) })
         let expected = SHA256Digest.hash(body).map { String(format: "%02x", $0) }.joined()
         try await NginxOrigin.with(certificatePath: leaf.certificatePath, keyPath: leaf.keyPath, files: ["body.bin": body],
-                                   http2: true, serverDirectives: "limit_rate 256k;") { origin in
+                                   http2: true, serverDirectives: "limit_rate 128k;") { origin in
             let listPath = try pki.signedList([(Self.host, leaf.fingerprint)])
             let adminPort = try closedLoopbackPort()
             try await RunningGate.with([
@@ -160,10 +163,10 @@ struct GracefulShutdownTests {
                     "--proxy", "\(gate.port)", "--connect", "\(Self.host):\(origin.port)",
                     "--cacert", directory.file("state/ca.pem"), "--protocol", "h2", "--count", "4", "--concurrency", "4",
                     "--path", "/body.bin", "--note-goaway", "--progress-file", directory.file("inflight"),
-                    "--progress-bytes", "\(body.count)",
+                    "--progress-bytes", "\(body.count / 4)",
                 ]
                 let downloads = Task { try await TestProcess.run("python3", arguments, timeout: 60) }
-                // Well into the bodies (a quarter of the four, together), then the signal.
+                // Into the bodies (a sixteenth of the four, together), then the signal.
                 let inflight = directory.file("inflight")
                 guard await eventually(timeout: .seconds(20), { FileManager.default.fileExists(atPath: inflight) }) else {
                     Issue.record("the downloads never got going: \(try await downloads.value.stdout)")
