@@ -70,9 +70,13 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private var firedInputClosed = false
     private var producedPlaintext = false
     /// A read buffer that came back empty, reused by the next read of the same burst.
-    /// Dropped when the burst ends: kept across bursts it would pin 16 KiB per idle
-    /// connection, 32 KiB per idle tunnel (issue 12 measured 82 KiB per idle tunnel with it).
+    /// Given back to the thread's recycler when the burst ends: kept per connection across
+    /// bursts it would pin 16 KiB per idle connection, 32 KiB per idle tunnel (issue 12
+    /// measured 82 KiB per idle tunnel with it).
     private var spareBuffer: ByteBuffer?
+    /// Where read and sealed buffers come from and go back to: a few per thread, shared by
+    /// the connections of this loop (`ByteBufferRecycler`). Reached on the loop's thread.
+    private lazy var recycler = ByteBufferRecycler.forCurrentThread()
     /// Client, TLS 1.3, certificate requested: the handshake is complete but its promise
     /// waits for the server's verdict on the missing certificate (see `init`).
     private var confirming: (summary: TLSPeerSummary, timer: Scheduled<Void>)?
@@ -139,7 +143,10 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     public func channelReadComplete(context: ChannelHandlerContext) {
-        spareBuffer = nil
+        if let spare = spareBuffer {
+            spareBuffer = nil
+            recycler.give(spare)
+        }
         if producedPlaintext {
             producedPlaintext = false
             context.fireChannelReadComplete()
@@ -362,7 +369,7 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
             var outcome = TLSReadOutcome.needsMoreInput
             // Reuse the last buffer when it came back empty: most calls end with one
             // read that finds no whole record, and that should not cost an allocation.
-            var buffer = spareBuffer ?? context.channel.allocator.buffer(capacity: Self.readChunk)
+            var buffer = spareBuffer ?? recycler.take(minimumCapacity: Self.readChunk, allocator: context.channel.allocator)
             spareBuffer = nil
             _ = buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: Self.readChunk) { space in
                 outcome = connection.readPlaintext(into: space)
@@ -373,6 +380,8 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
             case .bytes(let count) where count > 0:
                 producedPlaintext = true
                 context.fireChannelRead(wrapInboundOut(buffer))
+                // Free again once the handlers behind let go of it (they may keep slices).
+                recycler.give(buffer)
             case .bytes, .needsMoreInput:
                 buffer.clear()
                 spareBuffer = buffer
@@ -430,11 +439,12 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
                 if end - start == 1 {
                     try pending[start].0.withUnsafeReadableBytes { try seal($0, promises: pending[start..<end], context: context) }
                 } else {
-                    // Allocated per run, not kept: a buffer held per connection would cost
-                    // every idle tunnel its size.
-                    var gathered = context.channel.allocator.buffer(capacity: total)
+                    // From the thread's recycler, not kept per connection: a buffer held per
+                    // connection would cost every idle tunnel its size.
+                    var gathered = recycler.take(minimumCapacity: total, allocator: context.channel.allocator)
                     for (plaintext, _) in pending[start..<end] { gathered.writeImmutableBuffer(plaintext) }
                     try gathered.withUnsafeReadableBytes { try seal($0, promises: pending[start..<end], context: context) }
+                    recycler.give(gathered)
                 }
                 start = end
             }
@@ -457,7 +467,10 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
             if let first = promise { first.futureResult.cascade(to: another) } else { promise = another }
         }
         let capacity = TLSConnection.sealedCapacity(plaintextCount: plaintext.count)
-        var sealed = context.channel.allocator.buffer(capacity: capacity)
+        var sealed = recycler.take(minimumCapacity: capacity, allocator: context.channel.allocator)
+        // Back to the recycler however this ends; it is handed out again only once the
+        // socket has written it (NIO then holds it no more).
+        defer { recycler.give(sealed) }
         try sealed.writeWithUnsafeMutableBytes(minimumWritableBytes: capacity) {
             try connection.writePlaintext(plaintext, sealingInto: $0)
         }

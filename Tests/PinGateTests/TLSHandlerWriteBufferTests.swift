@@ -83,6 +83,121 @@ struct TLSHandlerWriteBufferTests {
         #expect(waiting == 0, "\(waiting) ciphertext bytes stayed in the engine after the flush")
     }
 
+    @Test("over real TLS on loopback: 300 exchanges one after another (as keep-alive requests go) come back byte-exact, and the loop's TLS handlers read and seal them into buffers taken again from its recycler, not new ones")
+    func exchangesReuseBuffers() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let pki = try TestPKI(directory: directory)
+        let leaf = try pki.leaf([.dns("burst.test")], issuer: pki.originCA, file: "burst")
+        let serverContext = try TLSContext.server(certificate: leaf.certificate, key: leaf.key)
+        let clientContext = try TLSContext.client(trustRoots: .pemFiles([pki.originCA.certificatePath]))
+        try await withResource(start: { MultiThreadedEventLoopGroup(numberOfThreads: 1) },
+                               stop: { try? await $0.shutdownGracefully() }) { group in
+            let loop = group.next()
+            let server = try await ServerBootstrap(group: loop)
+                .childChannelInitializer { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        let connection = try TLSConnection(serverOf: serverContext,
+                                                           options: .init(preferredALPN: nil, pauseWhenPreferredALPNMissing: false))
+                        try channel.pipeline.syncOperations.addHandlers([TLSHandler(connection: connection, handshakePromise: nil), Echo()])
+                    }
+                }
+                .bind(host: "127.0.0.1", port: 0).get()
+            defer { server.close(promise: nil) }
+            let port = try #require(server.localAddress?.port)
+
+            let exchanges = 300
+            let done = loop.makePromise(of: Int.self)
+            let handshake = loop.makePromise(of: TLSPeerSummary.self)
+            let client = try await ClientBootstrap(group: loop)
+                .channelInitializer { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        let connection = try TLSConnection(clientOf: clientContext, options: .init(expectedHost: "burst.test", alpnOffer: nil))
+                        try channel.pipeline.syncOperations.addHandlers([
+                            TLSHandler(connection: connection, handshakePromise: handshake),
+                            PingPong(exchanges: exchanges, done: done),
+                        ])
+                    }
+                }
+                .connect(host: "127.0.0.1", port: port).get()
+            defer { client.close(promise: nil) }
+            _ = try await handshake.futureResult.get()
+            // Past the handshakes and their session tickets, then the count starts.
+            try await Task.sleep(for: .milliseconds(200))
+            let before = try await loop.submit { ByteBufferRecycler.forCurrentThread().counts }.get()
+            client.pipeline.fireUserInboundEventTriggered(PingPong.Start())
+            let exact = try await done.futureResult.get()
+            let after = try await loop.submit { ByteBufferRecycler.forCurrentThread().counts }.get()
+            #expect(exact == exchanges)
+            let taken = (after.reused + after.allocated) - (before.reused + before.allocated)
+            let allocated = after.allocated - before.allocated
+            // Each exchange: two reads and two seals (one on each end), at least.
+            #expect(taken >= 4 * exchanges, "taken \(taken)")
+            #expect(allocated <= 8, "\(allocated) of \(taken) buffers were allocated, not taken again")
+        }
+    }
+
+    /// Sends each plaintext read straight back.
+    private final class Echo: ChannelInboundHandler {
+        typealias InboundIn = ByteBuffer
+        typealias OutboundOut = ByteBuffer
+
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+            context.writeAndFlush(data, promise: nil)
+        }
+    }
+
+    /// Sends one numbered message of 300 bytes, waits for all of it to come back, checks it,
+    /// and sends the next; completes `done` with the count that came back exact.
+    private final class PingPong: ChannelInboundHandler {
+        typealias InboundIn = ByteBuffer
+        typealias OutboundOut = ByteBuffer
+        struct Start {}
+
+        private let exchanges: Int
+        private let done: EventLoopPromise<Int>
+        private var sent = 0
+        private var exact = 0
+        private var received = ByteBuffer()
+        private static let size = 300
+
+        init(exchanges: Int, done: EventLoopPromise<Int>) {
+            self.exchanges = exchanges
+            self.done = done
+        }
+
+        private func message(_ index: Int) -> [UInt8] {
+            (0..<Self.size).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ index) }
+        }
+
+        private func sendNext(context: ChannelHandlerContext) {
+            guard sent < exchanges else {
+                done.succeed(exact)
+                return
+            }
+            context.writeAndFlush(wrapOutboundOut(context.channel.allocator.buffer(bytes: message(sent))), promise: nil)
+            sent += 1
+        }
+
+        func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+            if event is Start { sendNext(context: context) } else { context.fireUserInboundEventTriggered(event) }
+        }
+
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+            var bytes = unwrapInboundIn(data)
+            received.writeBuffer(&bytes)
+            guard received.readableBytes >= Self.size else { return }
+            if received.readBytes(length: Self.size) == message(sent - 1) { exact += 1 }
+            received.discardReadBytes()
+            sendNext(context: context)
+        }
+
+        func errorCaught(context: ChannelHandlerContext, error: Error) {
+            done.fail(error)
+            context.close(promise: nil)
+        }
+    }
+
     /// Counts plaintext bytes and completes `done` once `expected` have arrived.
     private final class ByteCounter: ChannelInboundHandler {
         typealias InboundIn = ByteBuffer
