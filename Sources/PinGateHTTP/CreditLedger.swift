@@ -136,17 +136,21 @@ struct CreditLedger {
 
     /// The sink of `direction` drained (its channel is writable again): everything held
     /// for it is given back.
-    mutating func drained(_ direction: Direction) -> [Credit] {
-        var credits: [Credit] = []
-        for (key, account) in accounts where key.direction == direction && account.held > 0 {
-            var account = account
+    mutating func drained(_ direction: Direction) -> ShortList<Credit> {
+        // The accounts to settle first, then settled: changing the dictionary while
+        // iterating it copied all of it, once per drain (issue 32's malloc profile).
+        var holding = ShortList<(key: Key, account: Account)>()
+        for (key, account) in accounts where key.direction == direction && account.held > 0 { holding.append((key, account)) }
+        var credits = ShortList<Credit>()
+        for (key, found) in holding {
+            var account = found
             let held = account.held
             account.held = 0
             if let credit = give(held, of: &account, key: key) { credits.append(credit) }
         }
-        // In place, and only when there is an order to make: one exchange's credit is the
-        // usual case, at the end of every response.
-        if credits.count > 1 { credits.sort { $0.sourceID < $1.sourceID } }
+        // Only when there is an order to make: one exchange's credit is the usual case, at
+        // the end of every response.
+        if credits.count > 1 { credits = ShortList(credits.sorted { $0.sourceID < $1.sourceID }) }
         return credits
     }
 

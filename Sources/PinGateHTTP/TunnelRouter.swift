@@ -185,7 +185,7 @@ package final class TunnelRouter {
 
     /// Carries out `actions` in order. An action may make a side call back in; that call
     /// sees the state already updated and carries out its own actions first.
-    private func run(_ actions: [TunnelRouterState.Action]) {
+    private func run(_ actions: TunnelRouterState.Actions) {
         for action in actions { perform(action) }
     }
 

@@ -88,6 +88,9 @@ struct TunnelRouterState {
         case leftIdleConnection(TimeAmount)
     }
 
+    /// The steps one input asks for, in order (up to three without an allocation).
+    typealias Actions = ShortList<Action>
+
     /// One step for `TunnelRouter` to carry out.
     enum Action {
         /// The client side answers the exchange itself: `status` with `Pingate-Refusal: refusal`.
@@ -321,9 +324,9 @@ struct TunnelRouterState {
     /// A request head arrived. It is checked here, before anything of it goes upstream.
     /// - Parameter upstream: the upstream side in use, asked what it can carry.
     mutating func requestHead(_ id: ClientExchangeID, _ head: ExchangeRequestHead, endStream: Bool,
-                                      upstream facts: (any UpstreamConnectionFacts)?) -> [Action] {
+                                      upstream facts: (any UpstreamConnectionFacts)?) -> Actions {
         guard !ended else { return [] }
-        var actions: [Action] = []
+        var actions: Actions = []
         let exchange = ExchangeRecord(started: now(), startedTick: .now(), method: head.method, path: head.path,
                                       authority: head.authority ?? "-")
         if let failure = upstreamFailure {
@@ -358,7 +361,7 @@ struct TunnelRouterState {
     /// for what the upstream cannot carry).
     private mutating func forward(_ id: ClientExchangeID, _ exchange: ExchangeRecord, _ head: ExchangeRequestHead,
                                   authority: RequestAuthority, endStream: Bool,
-                                  facts: (any UpstreamConnectionFacts)?, into actions: inout [Action]) {
+                                  facts: (any UpstreamConnectionFacts)?, into actions: inout Actions) {
         guard upstream != .none else {
             // No upstream and none to be had (the tunnel is ending): answered, not dropped.
             refuse(id, exchange, status: 502, reason: .upstreamUnreachable, detail: "the tunnel's upstream connection is gone", into: &actions)
@@ -472,7 +475,7 @@ struct TunnelRouterState {
 
     /// The upstream side started request `id` (`Action.startRequest`) as `upstreamID`: the
     /// two are paired, and what the client sent of the body while it waited goes on.
-    mutating func requestStarted(_ id: ClientExchangeID, as upstreamID: UpstreamExchangeID) -> [Action] {
+    mutating func requestStarted(_ id: ClientExchangeID, as upstreamID: UpstreamExchangeID) -> Actions {
         guard let exchange = exchanges[id], exchange.starting else {
             // The exchange ended while its start was being carried out (a side that called
             // back inside `startRequest`): nothing pairs with it, and its upstream half goes.
@@ -485,7 +488,7 @@ struct TunnelRouterState {
         guard !exchange.held.isEmpty else { return [] }
         let held = exchange.held
         exchange.held = HeldRequestBody()
-        var actions: [Action] = []
+        var actions: Actions = []
         for bytes in held.body { actions += requestBody(id, bytes) }
         if held.ended { actions += requestEnd(id, trailers: held.trailers) }
         return actions
@@ -493,13 +496,13 @@ struct TunnelRouterState {
 
     /// The upstream side that `Action.startRequest` was for had gone: the request is
     /// answered 502, as one that finds no upstream is.
-    mutating func startFailed(_ id: ClientExchangeID) -> [Action] {
+    mutating func startFailed(_ id: ClientExchangeID) -> Actions {
         guard let exchange = exchanges[id], exchange.starting else {
             impossible += 1
             return []
         }
         exchange.starting = false
-        var actions: [Action] = []
+        var actions: Actions = []
         returnCredit(of: exchange.held, of: id, into: &actions)
         exchange.held = HeldRequestBody()
         refuse(id, exchange, status: 502, reason: .upstreamUnreachable, detail: "the tunnel's upstream connection is gone",
@@ -517,7 +520,7 @@ struct TunnelRouterState {
     private mutating func carryUpgradeOnPrivateConnection(_ id: ClientExchangeID, _ exchange: ExchangeRecord,
                                                           _ head: ExchangeRequestHead, authority: RequestAuthority,
                                                           endStream: Bool, connectionBlocker: UpstreamNotPooledReason?,
-                                                          into actions: inout [Action]) -> Bool {
+                                                          into actions: inout Actions) -> Bool {
         guard !clientUsesStreamIDs, upstream == .http2Lane, canReconnect, !reconnecting, !ended, pending.isEmpty,
               exchanges.values.allSatisfy({ $0.responseEnded }), ledger.openAccounts == 0,
               head.upgrade.map(WebSocketHandshake.isWebSocket) == true else { return false }
@@ -531,9 +534,9 @@ struct TunnelRouterState {
 
     /// The client side refused request `id` itself before asking for a decision (a request
     /// target the gate does not relay): answered 400 `malformed-request` with `detail`.
-    mutating func requestRefused(_ id: ClientExchangeID, method: String, path: String, detail: String) -> [Action] {
+    mutating func requestRefused(_ id: ClientExchangeID, method: String, path: String, detail: String) -> Actions {
         guard !ended else { return [] }
-        var actions: [Action] = []
+        var actions: Actions = []
         let exchange = ExchangeRecord(started: now(), startedTick: .now(), method: method, path: path, authority: "-")
         refuse(id, exchange, status: 400, reason: .malformedRequest, detail: detail, into: &actions)
         return actions
@@ -541,7 +544,7 @@ struct TunnelRouterState {
 
     /// Answers exchange `id` itself: nothing of it goes upstream.
     private mutating func refuse(_ id: ClientExchangeID, _ exchange: ExchangeRecord, status: Int, reason: RequestRefusal,
-                                 detail: String, into actions: inout [Action]) {
+                                 detail: String, into actions: inout Actions) {
         exchange.refusal = reason
         exchange.status = status
         exchange.responseEnded = true
@@ -552,7 +555,7 @@ struct TunnelRouterState {
     }
 
     /// Request body bytes arrived for exchange `id`.
-    mutating func requestBody(_ id: ClientExchangeID, _ bytes: ByteBuffer) -> [Action] {
+    mutating func requestBody(_ id: ClientExchangeID, _ bytes: ByteBuffer) -> Actions {
         let count = bytes.readableBytes
         if !pending.isEmpty, let index = pending.firstIndex(where: { $0.id == id }) {
             // Held with its request; its credit is given when it is written to the new upstream.
@@ -583,7 +586,7 @@ struct TunnelRouterState {
     }
 
     /// The request of exchange `id` ended.
-    mutating func requestEnd(_ id: ClientExchangeID, trailers: HTTPHeaders?) -> [Action] {
+    mutating func requestEnd(_ id: ClientExchangeID, trailers: HTTPHeaders?) -> Actions {
         if !pending.isEmpty, let index = pending.firstIndex(where: { $0.id == id }) {
             pending[index].ended = true
             pending[index].trailers = trailers
@@ -606,7 +609,7 @@ struct TunnelRouterState {
     /// says how): the upstream's half is abandoned, and the client gets a 400
     /// `malformed-request` if nothing of the response was sent, else its exchange is cut.
     /// Empty when no such exchange is open (a refused request's body, or one already answered).
-    mutating func abandonRequest(_ id: ClientExchangeID, detail: String) -> [Action] {
+    mutating func abandonRequest(_ id: ClientExchangeID, detail: String) -> Actions {
         guard let exchange = exchanges[id] else { return [] }
         return abandon(id, exchange, status: 400, reason: .malformedRequest, cut: nil, detail: detail)
     }
@@ -615,8 +618,8 @@ struct TunnelRouterState {
     /// when nothing of the response was sent, else its client exchange is cut, counted as
     /// `cut` (or as refused under `reason`, when nil). The upstream's half is abandoned last.
     private mutating func abandon(_ id: ClientExchangeID, _ exchange: ExchangeRecord, status: Int, reason: RequestRefusal,
-                                  cut: TunnelRouter.ExchangeCut?, detail: String) -> [Action] {
-        var actions: [Action] = []
+                                  cut: TunnelRouter.ExchangeCut?, detail: String) -> Actions {
+        var actions: Actions = []
         dropPending(id, into: &actions)
         // Detached first: cancelling an HTTP/1.1 upstream closes its connection, whose
         // going (reported at once) must not answer this exchange with a 502 of its own.
@@ -641,9 +644,9 @@ struct TunnelRouterState {
     }
 
     /// The client abandoned exchange `id` (HTTP/2 RST_STREAM).
-    mutating func requestCancelled(_ id: ClientExchangeID) -> [Action] {
+    mutating func requestCancelled(_ id: ClientExchangeID) -> Actions {
         guard let exchange = exchanges[id] else { return [] }
-        var actions: [Action] = []
+        var actions: Actions = []
         dropPending(id, into: &actions)
         // Counted as what it is, the client's own choice: not a refusal, not the upstream's
         // failure.
@@ -658,8 +661,8 @@ struct TunnelRouterState {
     /// open is cut, so an HTTP/2 client hears RST_STREAM INTERNAL_ERROR for each before the
     /// GOAWAY, which would otherwise claim the streams below its last id as processed
     /// (issue 31). The upstream's half of each is abandoned too.
-    mutating func cutOpenExchangesForIdleTimeout() -> [Action] {
-        var actions: [Action] = []
+    mutating func cutOpenExchangesForIdleTimeout() -> Actions {
+        var actions: Actions = []
         for id in exchanges.keys.sorted() {
             guard let exchange = exchanges[id], !exchange.responseEnded else { continue }
             dropPending(id, into: &actions)
@@ -688,8 +691,8 @@ struct TunnelRouterState {
 
     /// `count` requests refused by the client's protocol layer in one read burst, the last
     /// with `detail`: each is counted, the log says it once.
-    func protocolErrors(_ count: Int, detail: String) -> [Action] {
-        var actions: [Action] = [.observe(.refused(.malformedRequest, authority: "-",
+    func protocolErrors(_ count: Int, detail: String) -> Actions {
+        var actions: Actions = [.observe(.refused(.malformedRequest, authority: "-",
                                                    detail: count == 1 ? detail : "\(detail) (and \(count - 1) more in the same read)"))]
         for _ in 1..<max(1, count) { actions.append(.observe(.refusedQuietly(.malformedRequest))) }
         return actions
@@ -697,8 +700,8 @@ struct TunnelRouterState {
 
     /// The client's bytes are not HTTP at all: the tunnel is refused as a whole; the caller
     /// closes the client, and the upstream goes with it.
-    mutating func refuseConnection(detail: String) -> [Action] {
-        var actions: [Action] = [.observe(.refused(.notHTTP, authority: "-", detail: detail))]
+    mutating func refuseConnection(detail: String) -> Actions {
+        var actions: Actions = [.observe(.refused(.notHTTP, authority: "-", detail: detail))]
         end(into: &actions)
         actions.append(.closeUpstream)
         return actions
@@ -712,25 +715,27 @@ struct TunnelRouterState {
 
     /// The client side wrote `bytes` of exchange `id`'s response body, its channel
     /// `writable` right after.
-    mutating func responseBodyWritten(_ id: ClientExchangeID, bytes: Int, writable: Bool) -> [Action] {
+    mutating func responseBodyWritten(_ id: ClientExchangeID, bytes: Int, writable: Bool) -> Actions {
         deliver(ledger.wrote(.response, sinkID: id.rawValue, bytes: bytes, writable: writable))
     }
 
     /// The client side dropped `bytes` of exchange `id`'s response body it had been handed.
-    mutating func responseBodyDiscarded(_ id: ClientExchangeID, bytes: Int) -> [Action] {
+    mutating func responseBodyDiscarded(_ id: ClientExchangeID, bytes: Int) -> Actions {
         deliver(ledger.discarded(.response, sinkID: id.rawValue, bytes: bytes))
     }
 
     /// The client's channel is writable again.
-    mutating func clientDrained() -> [Action] {
-        ledger.drained(.response).flatMap { deliver($0) }
+    mutating func clientDrained() -> Actions {
+        var actions = Actions()
+        for credit in ledger.drained(.response) { actions += deliver(credit) }
+        return actions
     }
 
     /// The client's connection is gone: every exchange ends, and the upstream connection
     /// is left (pooled, or its lane given up) or closed, as `reuseVerdict` says.
     /// - Parameter upstream: the upstream side in use, asked what it says against reuse.
-    mutating func clientClosed(upstream facts: (any UpstreamConnectionFacts)?) -> [Action] {
-        var actions: [Action] = []
+    mutating func clientClosed(upstream facts: (any UpstreamConnectionFacts)?) -> Actions {
+        var actions: Actions = []
         for request in pending { dropPending(request.id, into: &actions) }
         end(into: &actions)
         // Nothing handed to the client side will be written: its credit goes back (the
@@ -745,19 +750,19 @@ struct TunnelRouterState {
 
     /// Drops request `id` from the requests waiting for a new upstream: what its client sent
     /// of the body goes back as credit, never having been forwarded.
-    private mutating func dropPending(_ id: ClientExchangeID, into actions: inout [Action]) {
+    private mutating func dropPending(_ id: ClientExchangeID, into actions: inout Actions) {
         guard let index = pending.firstIndex(where: { $0.id == id }) else { return }
         returnCredit(of: pending.remove(at: index), into: &actions)
     }
 
     /// What the client sent of `request`'s body while it waited: never forwarded, its
     /// credit goes back.
-    private mutating func returnCredit(of request: PendingRequest, into actions: inout [Action]) {
+    private mutating func returnCredit(of request: PendingRequest, into actions: inout Actions) {
         returnCredit(of: HeldRequestBody(body: request.body), of: request.id, into: &actions)
     }
 
     /// What the client sent of a body held for its exchange's start: never forwarded.
-    private mutating func returnCredit(of held: HeldRequestBody, of id: ClientExchangeID, into actions: inout [Action]) {
+    private mutating func returnCredit(of held: HeldRequestBody, of id: ClientExchangeID, into actions: inout Actions) {
         for bytes in held.body {
             actions += deliver(ledger.returnedUnforwarded(.request, sourceID: id.rawValue, bytes: bytes.readableBytes))
         }
@@ -769,7 +774,7 @@ struct TunnelRouterState {
     /// write are credited back to the client (the verdict pools no connection with any
     /// outstanding), and credit for response bytes still on their way to the client has no
     /// connection to go back to (the next one's exchange ids start again).
-    private mutating func leaveForNewConnection(connectionBlocker: UpstreamNotPooledReason?, into actions: inout [Action]) {
+    private mutating func leaveForNewConnection(connectionBlocker: UpstreamNotPooledReason?, into actions: inout Actions) {
         actions.append(.leaveUpstream(reuseVerdict(connectionBlocker: connectionBlocker)))
         actions.append(.dropUpstream)
         upstream = .none
@@ -778,7 +783,7 @@ struct TunnelRouterState {
     }
 
     /// Opens a new upstream connection for the waiting requests, unless one is being opened.
-    private mutating func startReconnect(_ dial: TunnelRouter.UpstreamDial, into actions: inout [Action]) {
+    private mutating func startReconnect(_ dial: TunnelRouter.UpstreamDial, into actions: inout Actions) {
         guard !reconnecting, !ended, canReconnect else { return }
         reconnecting = true
         upstreamIsPrivate = dial == .privateHTTP1
@@ -788,11 +793,11 @@ struct TunnelRouterState {
     /// The new upstream connection is up (attached already), or was refused: the waiting
     /// requests go to it in order, or are each answered with the refusal.
     mutating func reconnected(_ result: TunnelRouter.UpstreamReconnect,
-                                      upstream facts: (any UpstreamConnectionFacts)?) -> [Action] {
+                                      upstream facts: (any UpstreamConnectionFacts)?) -> Actions {
         reconnecting = false
         let waiting = pending
         pending = []
-        var actions: [Action] = []
+        var actions: Actions = []
         switch result {
         case .connected:
             if let idleSince = facts?.idleSince, canReconnect, !ended,
@@ -853,7 +858,7 @@ struct TunnelRouterState {
 
     /// A response head arrived for upstream exchange `upstreamID`. Its framing toward the
     /// client is decided here, once (`ResponseBodyFraming`), and its body held to it.
-    mutating func responseHead(_ upstreamID: UpstreamExchangeID, _ head: ExchangeResponseHead, endStream: Bool) -> [Action] {
+    mutating func responseHead(_ upstreamID: UpstreamExchangeID, _ head: ExchangeResponseHead, endStream: Bool) -> Actions {
         guard let (id, exchange) = clientExchange(for: upstreamID) else { return [] }
         var head = head
         switch ResponseBodyFraming.decide(requestMethod: exchange.method, head: head, endStream: endStream) {
@@ -869,7 +874,7 @@ struct TunnelRouterState {
             exchange.status = head.status
             exchange.responseMeter = BodyLengthMeter(head.framing.expected)
         }
-        var actions: [Action] = [.sendResponseHead(id, head, endStream: endStream)]
+        var actions: Actions = [.sendResponseHead(id, head, endStream: endStream)]
         if let idle = exchange.sentAfterIdle {
             // The connection was still good after that long: its origin keeps at least this.
             exchange.sentAfterIdle = nil
@@ -883,7 +888,7 @@ struct TunnelRouterState {
     }
 
     /// Response body bytes arrived for upstream exchange `upstreamID`.
-    mutating func responseBody(_ upstreamID: UpstreamExchangeID, _ bytes: ByteBuffer) -> [Action] {
+    mutating func responseBody(_ upstreamID: UpstreamExchangeID, _ bytes: ByteBuffer) -> Actions {
         let count = bytes.readableBytes
         guard let (id, exchange) = clientExchange(for: upstreamID) else {
             return deliver(ledger.returnedUnforwarded(.response, sourceID: upstreamID.rawValue, bytes: count))
@@ -903,13 +908,13 @@ struct TunnelRouterState {
     private static let bodyBeforeFinalHead = "body bytes arrived before the answer's final head"
 
     /// The response of upstream exchange `upstreamID` ended.
-    mutating func responseEnd(_ upstreamID: UpstreamExchangeID, trailers: HTTPHeaders?) -> [Action] {
+    mutating func responseEnd(_ upstreamID: UpstreamExchangeID, trailers: HTTPHeaders?) -> Actions {
         guard let (id, exchange) = clientExchange(for: upstreamID) else { return [] }
         if let problem = exchange.responseMeter == nil ? Self.bodyBeforeFinalHead : exchange.responseMeter?.end() {
             return abandonResponse(id, exchange, detail: problem)
         }
         exchange.responseEnded = true
-        var actions: [Action] = [.endResponse(id, trailers: trailers)]
+        var actions: Actions = [.endResponse(id, trailers: trailers)]
         finishIfDone(id, into: &actions)
         return actions
     }
@@ -919,7 +924,7 @@ struct TunnelRouterState {
     /// `upstream-protocol-error`; an answer under way is cut. The upstream's half is
     /// abandoned, which closes an HTTP/1.1 connection: its next bytes cannot be trusted to
     /// start the next answer.
-    private mutating func abandonResponse(_ id: ClientExchangeID, _ exchange: ExchangeRecord, detail: String) -> [Action] {
+    private mutating func abandonResponse(_ id: ClientExchangeID, _ exchange: ExchangeRecord, detail: String) -> Actions {
         abandon(id, exchange, status: 502, reason: .upstreamProtocolError, cut: .upstreamProtocolError, detail: detail)
     }
 
@@ -931,19 +936,19 @@ struct TunnelRouterState {
     /// (`carryUnprocessed`), or answers the 502 of `responseFailed`.
     /// - Parameter facts: the upstream side in use, asked what it says against reuse.
     mutating func responseNotProcessed(_ upstreamID: UpstreamExchangeID,
-                                       upstream facts: (any UpstreamConnectionFacts)?) -> [Action] {
+                                       upstream facts: (any UpstreamConnectionFacts)?) -> Actions {
         let detail = "the upstream did not process the request"
         guard let (id, exchange) = clientExchange(for: upstreamID), exchange.status == nil else {
             return responseFailed(upstreamID, detail: detail)
         }
         guard clientRefusesUnprocessedStreams else {
-            var actions: [Action] = []
+            var actions: Actions = []
             if carryUnprocessed(exchange, facts: facts, into: &actions) { return actions }
             return responseFailed(upstreamID, detail: detail)
         }
         exchange.refusal = .upstreamUnreachable
         exchange.responseEnded = true
-        var actions: [Action] = [
+        var actions: Actions = [
             .refuseUnprocessed(id),
             .observe(.refused(.upstreamUnreachable, authority: exchange.authority,
                               detail: "\(detail) (refused as not processed: the client may retry it)")),
@@ -961,7 +966,7 @@ struct TunnelRouterState {
     /// other exchange of the tunnel is on this connection (an HTTP/1.1 client has one at a
     /// time). False when it cannot be carried.
     private mutating func carryUnprocessed(_ exchange: ExchangeRecord, facts: (any UpstreamConnectionFacts)?,
-                                           into actions: inout [Action]) -> Bool {
+                                           into actions: inout Actions) -> Bool {
         guard reconnectsWhenUpstreamCloses(switchedProtocols: false), !reconnecting, upstream != .none,
               !exchange.retried, let request = exchange.unsent, request.endStream || exchange.bytesUp == 0,
               !exchanges.values.contains(where: { $0 !== exchange && !$0.responseEnded && ($0.upstreamID != nil || $0.starting) })
@@ -985,14 +990,14 @@ struct TunnelRouterState {
     /// client's request with a body is answered as not processed instead: the client retries
     /// it itself (RFC 9113 §8.7). So is any request of a tunnel that cannot reconnect.
     mutating func requestNotSent(_ upstreamID: UpstreamExchangeID, queued: HeldRequestBody,
-                                 switchedProtocols: Bool) -> [Action] {
+                                 switchedProtocols: Bool) -> Actions {
         guard reconnectsWhenUpstreamCloses(switchedProtocols: switchedProtocols),
               let (_, exchange) = clientExchange(for: upstreamID), exchange.status == nil, var request = exchange.unsent,
               request.endStream || !clientRefusesUnprocessedStreams else {
             // Its connection is closing: nothing can be carried from it but by the close.
             return responseNotProcessed(upstreamID, upstream: nil)
         }
-        var actions: [Action] = []
+        var actions: Actions = []
         let bytes = queued.body.reduce(0) { $0 + $1.readableBytes }
         if bytes > 0 {
             ledger.takenBack(.request, sinkID: upstreamID.rawValue, bytes: bytes)
@@ -1015,9 +1020,9 @@ struct TunnelRouterState {
     /// The upstream's answer to exchange `upstreamID` cannot be passed on (`detail` says
     /// why): a 502 under `reason` when nothing was answered yet, else a cut.
     mutating func responseFailed(_ upstreamID: UpstreamExchangeID, reason: RequestRefusal = .upstreamUnreachable,
-                                         detail: String) -> [Action] {
+                                         detail: String) -> Actions {
         guard let (id, exchange) = clientExchange(for: upstreamID) else { return [] }
-        var actions: [Action] = []
+        var actions: Actions = []
         if exchange.status == nil {
             // Nothing was answered yet: the client hears why, as it would from a proxy.
             exchange.status = 502
@@ -1035,18 +1040,18 @@ struct TunnelRouterState {
     }
 
     /// The upstream side wrote `bytes` of exchange `upstreamID`'s request body.
-    mutating func requestBodyWritten(_ upstreamID: UpstreamExchangeID, bytes: Int, writable: Bool) -> [Action] {
+    mutating func requestBodyWritten(_ upstreamID: UpstreamExchangeID, bytes: Int, writable: Bool) -> Actions {
         deliver(ledger.wrote(.request, sinkID: upstreamID.rawValue, bytes: bytes, writable: writable))
     }
 
     /// The upstream side dropped `bytes` of exchange `upstreamID`'s request body.
-    mutating func requestBodyDiscarded(_ upstreamID: UpstreamExchangeID, bytes: Int) -> [Action] {
+    mutating func requestBodyDiscarded(_ upstreamID: UpstreamExchangeID, bytes: Int) -> Actions {
         deliver(ledger.discarded(.request, sinkID: upstreamID.rawValue, bytes: bytes))
     }
 
     /// `bytes` of exchange `upstreamID`'s request body wait at the upstream side behind
     /// another exchange: the client may use that much of its connection window elsewhere.
-    mutating func requestBodyQueued(_ upstreamID: UpstreamExchangeID, bytes: Int) -> [Action] {
+    mutating func requestBodyQueued(_ upstreamID: UpstreamExchangeID, bytes: Int) -> Actions {
         guard let id = clientIDByUpstreamID[upstreamID] else { return [.observe(.creditUnplaced(bytes))] }
         return [.requestBodyQueued(id, bytes: bytes)]
     }
@@ -1054,19 +1059,21 @@ struct TunnelRouterState {
     /// Exchange `upstreamID`'s request, its body still coming, is the one its connection
     /// sends now. One that ended meanwhile needs nothing (the side's report may come a turn
     /// late), so it is not an impossible input.
-    func requestOnWire(_ upstreamID: UpstreamExchangeID) -> [Action] {
+    func requestOnWire(_ upstreamID: UpstreamExchangeID) -> Actions {
         guard let id = clientIDByUpstreamID[upstreamID] else { return [] }
         return [.openRequestWindow(id)]
     }
 
     /// The upstream's channel is writable again.
-    mutating func upstreamDrained() -> [Action] {
-        ledger.drained(.request).flatMap { deliver($0) }
+    mutating func upstreamDrained() -> Actions {
+        var actions = Actions()
+        for credit in ledger.drained(.request) { actions += deliver(credit) }
+        return actions
     }
 
     /// Gives `credit` back to the leg that spent it; counts what the ledger could not place.
-    private mutating func deliver(_ credit: CreditLedger.Credit?) -> [Action] {
-        var actions: [Action] = []
+    private mutating func deliver(_ credit: CreditLedger.Credit?) -> Actions {
+        var actions: Actions = []
         if ledger.unplaced != reportedUnplaced {
             actions.append(.observe(.creditUnplaced(ledger.unplaced - reportedUnplaced)))
             reportedUnplaced = ledger.unplaced
@@ -1084,8 +1091,8 @@ struct TunnelRouterState {
     /// goes too, once every response already passed on has reached it. After
     /// `upstreamFailed` the client stays until it was answered.
     /// - Parameter switchedProtocols: the connection carried the tunnel as a byte relay.
-    mutating func upstreamClosed(switchedProtocols: Bool) -> [Action] {
-        var actions: [Action] = []
+    mutating func upstreamClosed(switchedProtocols: Bool) -> Actions {
+        var actions: Actions = []
         // Request bytes handed to the upstream side will never be written: the client gets
         // their credit (its connection may be draining responses still).
         for credit in ledger.sinkGone(.request) { actions += deliver(credit) }
@@ -1127,7 +1134,7 @@ struct TunnelRouterState {
     /// The upstream connection of a tunnel that reconnects went: what it had not started
     /// answering and may be repeated waits for a new connection (a retry, once); every other
     /// unfinished response is cut. The client's connection stays.
-    private mutating func upstreamClosedReconnecting(into actions: inout [Action]) {
+    private mutating func upstreamClosedReconnecting(into actions: inout Actions) {
         upstream = .none
         actions.append(.dropUpstream)
         // Response bytes of the old connection still on their way to the client: their
@@ -1156,7 +1163,7 @@ struct TunnelRouterState {
     /// The upstream connection failed before it could carry a request: each request the
     /// client sends from here on is answered `status` with `reason` and `detail`, then the
     /// client's connection ends (`Action.closeClientForUpstreamFailure`).
-    mutating func upstreamFailed(status: Int, reason: RequestRefusal, detail: String) -> [Action] {
+    mutating func upstreamFailed(status: Int, reason: RequestRefusal, detail: String) -> Actions {
         guard !ended, upstreamFailure == nil else { return [] }
         upstreamFailure = UpstreamFailure(status: status, reason: reason, detail: detail)
         return [.closeUpstream]
@@ -1165,14 +1172,14 @@ struct TunnelRouterState {
     // MARK: bookkeeping
 
     /// An exchange is finished (and logged) once its response has ended.
-    private mutating func finishIfDone(_ id: ClientExchangeID, into actions: inout [Action]) {
+    private mutating func finishIfDone(_ id: ClientExchangeID, into actions: inout Actions) {
         guard let exchange = exchanges[id], exchange.responseEnded else { return }
         // A response that ended on the upstream connection: it has carried an exchange.
         if exchange.upstreamID != nil && exchange.refusal == nil { upstreamReused = true }
         finish(id, into: &actions)
     }
 
-    private mutating func finish(_ id: ClientExchangeID, into actions: inout [Action]) {
+    private mutating func finish(_ id: ClientExchangeID, into actions: inout Actions) {
         guard let exchange = exchanges.removeValue(forKey: id) else { return }
         // No more is forwarded either way; each account closes once its sink has written
         // or dropped what it took.
@@ -1190,7 +1197,7 @@ struct TunnelRouterState {
 
     /// Ends every exchange still open (each is logged as it stood). An upstream failure no
     /// request was refused with is counted here, once, for the tunnel as a whole.
-    private mutating func end(into actions: inout [Action]) {
+    private mutating func end(into actions: inout Actions) {
         guard !ended else { return }
         ended = true
         for id in exchanges.keys.sorted() { finish(id, into: &actions) }

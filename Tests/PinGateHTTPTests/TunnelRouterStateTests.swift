@@ -98,7 +98,7 @@ struct TunnelRouterStateTests {
             state.upstreamReused = generations > 1
         }
 
-        mutating func run(_ actions: [TunnelRouterState.Action]) {
+        mutating func run(_ actions: TunnelRouterState.Actions) {
             for action in actions { perform(action) }
         }
 
