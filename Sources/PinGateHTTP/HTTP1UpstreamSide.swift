@@ -176,6 +176,9 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             return startTranslated(id, head, authority: authority)
         }
         var headers = HTTPHeaders()
+        // Room for all at once: Host, the fields, and up to three the gate adds (upgrade,
+        // framing), so the array is allocated once, not grown.
+        headers.reserveCapacity(head.headers.count + 4)
         // Host first (RFC 9112 §3.2), from the checked authority, never the client's text.
         headers.add(name: "host", value: authority.headerValue)
         headers.add(contentsOf: head.headers)
@@ -194,16 +197,16 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
         // frames what these fields say, and writes a body raw when they say nothing.
         head.framing.applyHTTP1(to: &headers, method: head.method)
         let requestHead = HTTPRequestHead(version: .http1_1, method: HTTPMethod(rawValue: head.method), uri: head.path, headers: headers)
-        let parts: [Part] = endStream ? [.head(requestHead), .end(nil)] : [.head(requestHead)]
         if mayStartNow {
             activate(id)
-            for part in parts { write(part, id: id) }
+            write(.head(requestHead), id: id)
+            if endStream { write(.end(nil), id: id) }
             if !endStream, router?.clientHasRequestWindows == true {
                 // Heard a turn later, once the router has paired the id this returns.
                 context?.eventLoop.assumeIsolated().execute { [weak self] in self?.router?.requestOnWire(id) }
             }
         } else {
-            waiting.append((id, parts, endStream))
+            waiting.append((id, endStream ? [.head(requestHead), .end(nil)] : [.head(requestHead)], endStream))
         }
         return id
     }

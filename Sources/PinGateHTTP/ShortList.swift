@@ -7,7 +7,7 @@
 /// seven allocations per request (issue 32's malloc profile: array storage for each input's
 /// steps, and regrowth when a fourth came). Only a rare input that asks for more (a
 /// tunnel's end, a reconnect) allocates now.
-struct ShortList<Element>: RandomAccessCollection, ExpressibleByArrayLiteral {
+struct ShortList<Element>: RandomAccessCollection {
     private enum Storage {
         case none
         case one(Element)
@@ -21,9 +21,20 @@ struct ShortList<Element>: RandomAccessCollection, ExpressibleByArrayLiteral {
     /// Empty.
     init() {}
 
-    /// `elements`, in order.
-    init(arrayLiteral elements: Element...) {
-        self.init(elements)
+    /// `first` alone. (No array literal: its elements would arrive as a variadic array,
+    /// the allocation this type is for avoiding.)
+    init(_ first: Element) {
+        storage = .one(first)
+    }
+
+    /// `first`, then `second`.
+    init(_ first: Element, _ second: Element) {
+        storage = .two(first, second)
+    }
+
+    /// `first`, `second`, then `third`.
+    init(_ first: Element, _ second: Element, _ third: Element) {
+        storage = .three(first, second, third)
     }
 
     /// `elements`, in order.

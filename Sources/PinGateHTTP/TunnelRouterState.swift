@@ -325,8 +325,8 @@ struct TunnelRouterState {
     /// - Parameter upstream: the upstream side in use, asked what it can carry.
     mutating func requestHead(_ id: ClientExchangeID, _ head: ExchangeRequestHead, endStream: Bool,
                                       upstream facts: (any UpstreamConnectionFacts)?) -> Actions {
-        guard !ended else { return [] }
-        var actions: Actions = []
+        guard !ended else { return Actions() }
+        var actions = Actions()
         let exchange = ExchangeRecord(started: now(), startedTick: .now(), method: head.method, path: head.path,
                                       authority: head.authority ?? "-")
         if let failure = upstreamFailure {
@@ -480,15 +480,15 @@ struct TunnelRouterState {
             // The exchange ended while its start was being carried out (a side that called
             // back inside `startRequest`): nothing pairs with it, and its upstream half goes.
             impossible += 1
-            return [.cancelUpstreamExchange(upstreamID)]
+            return Actions(.cancelUpstreamExchange(upstreamID))
         }
         exchange.starting = false
         exchange.upstreamID = upstreamID
         clientIDByUpstreamID[upstreamID] = id
-        guard !exchange.held.isEmpty else { return [] }
+        guard !exchange.held.isEmpty else { return Actions() }
         let held = exchange.held
         exchange.held = HeldRequestBody()
-        var actions: Actions = []
+        var actions = Actions()
         for bytes in held.body { actions += requestBody(id, bytes) }
         if held.ended { actions += requestEnd(id, trailers: held.trailers) }
         return actions
@@ -499,10 +499,10 @@ struct TunnelRouterState {
     mutating func startFailed(_ id: ClientExchangeID) -> Actions {
         guard let exchange = exchanges[id], exchange.starting else {
             impossible += 1
-            return []
+            return Actions()
         }
         exchange.starting = false
-        var actions: Actions = []
+        var actions = Actions()
         returnCredit(of: exchange.held, of: id, into: &actions)
         exchange.held = HeldRequestBody()
         refuse(id, exchange, status: 502, reason: .upstreamUnreachable, detail: "the tunnel's upstream connection is gone",
@@ -535,8 +535,8 @@ struct TunnelRouterState {
     /// The client side refused request `id` itself before asking for a decision (a request
     /// target the gate does not relay): answered 400 `malformed-request` with `detail`.
     mutating func requestRefused(_ id: ClientExchangeID, method: String, path: String, detail: String) -> Actions {
-        guard !ended else { return [] }
-        var actions: Actions = []
+        guard !ended else { return Actions() }
+        var actions = Actions()
         let exchange = ExchangeRecord(started: now(), startedTick: .now(), method: method, path: path, authority: "-")
         refuse(id, exchange, status: 400, reason: .malformedRequest, detail: detail, into: &actions)
         return actions
@@ -560,7 +560,7 @@ struct TunnelRouterState {
         if !pending.isEmpty, let index = pending.firstIndex(where: { $0.id == id }) {
             // Held with its request; its credit is given when it is written to the new upstream.
             pending[index].body.append(bytes)
-            return []
+            return Actions()
         }
         guard let exchange = exchanges[id] else {
             // A refused request's body, or one whose exchange already ended: dropped, and
@@ -570,7 +570,7 @@ struct TunnelRouterState {
         if exchange.starting {
             // Its start is being carried out: the body follows once it is paired.
             exchange.held.body.append(bytes)
-            return []
+            return Actions()
         }
         guard let upstreamID = exchange.upstreamID else {
             return deliver(ledger.returnedUnforwarded(.request, sourceID: id.rawValue, bytes: count))
@@ -582,7 +582,7 @@ struct TunnelRouterState {
         }
         exchange.bytesUp += count
         ledger.forwarded(.request, sourceID: id.rawValue, sinkID: upstreamID.rawValue, bytes: count)
-        return [.observe(.relayed(up: count, down: 0)), .sendRequestBody(upstreamID, bytes)]
+        return Actions(.observe(.relayed(up: count, down: 0)), .sendRequestBody(upstreamID, bytes))
     }
 
     /// The request of exchange `id` ended.
@@ -590,19 +590,19 @@ struct TunnelRouterState {
         if !pending.isEmpty, let index = pending.firstIndex(where: { $0.id == id }) {
             pending[index].ended = true
             pending[index].trailers = trailers
-            return []
+            return Actions()
         }
-        guard let exchange = exchanges[id] else { return [] }
+        guard let exchange = exchanges[id] else { return Actions() }
         if exchange.starting {
             exchange.held.ended = true
             exchange.held.trailers = trailers
-            return []
+            return Actions()
         }
-        guard let upstreamID = exchange.upstreamID else { return [] }
+        guard let upstreamID = exchange.upstreamID else { return Actions() }
         if let problem = exchange.meter?.end() {
             return abandonRequest(id, detail: problem)
         }
-        return [.endRequest(upstreamID, trailers: trailers)]
+        return Actions(.endRequest(upstreamID, trailers: trailers))
     }
 
     /// The request of exchange `id` broke its framing after its head went upstream (`detail`
@@ -610,7 +610,7 @@ struct TunnelRouterState {
     /// `malformed-request` if nothing of the response was sent, else its exchange is cut.
     /// Empty when no such exchange is open (a refused request's body, or one already answered).
     mutating func abandonRequest(_ id: ClientExchangeID, detail: String) -> Actions {
-        guard let exchange = exchanges[id] else { return [] }
+        guard let exchange = exchanges[id] else { return Actions() }
         return abandon(id, exchange, status: 400, reason: .malformedRequest, cut: nil, detail: detail)
     }
 
@@ -619,7 +619,7 @@ struct TunnelRouterState {
     /// `cut` (or as refused under `reason`, when nil). The upstream's half is abandoned last.
     private mutating func abandon(_ id: ClientExchangeID, _ exchange: ExchangeRecord, status: Int, reason: RequestRefusal,
                                   cut: TunnelRouter.ExchangeCut?, detail: String) -> Actions {
-        var actions: Actions = []
+        var actions = Actions()
         dropPending(id, into: &actions)
         // Detached first: cancelling an HTTP/1.1 upstream closes its connection, whose
         // going (reported at once) must not answer this exchange with a 502 of its own.
@@ -645,8 +645,8 @@ struct TunnelRouterState {
 
     /// The client abandoned exchange `id` (HTTP/2 RST_STREAM).
     mutating func requestCancelled(_ id: ClientExchangeID) -> Actions {
-        guard let exchange = exchanges[id] else { return [] }
-        var actions: Actions = []
+        guard let exchange = exchanges[id] else { return Actions() }
+        var actions = Actions()
         dropPending(id, into: &actions)
         // Counted as what it is, the client's own choice: not a refusal, not the upstream's
         // failure.
@@ -662,7 +662,7 @@ struct TunnelRouterState {
     /// GOAWAY, which would otherwise claim the streams below its last id as processed
     /// (issue 31). The upstream's half of each is abandoned too.
     mutating func cutOpenExchangesForIdleTimeout() -> Actions {
-        var actions: Actions = []
+        var actions = Actions()
         for id in exchanges.keys.sorted() {
             guard let exchange = exchanges[id], !exchange.responseEnded else { continue }
             dropPending(id, into: &actions)
@@ -692,8 +692,8 @@ struct TunnelRouterState {
     /// `count` requests refused by the client's protocol layer in one read burst, the last
     /// with `detail`: each is counted, the log says it once.
     func protocolErrors(_ count: Int, detail: String) -> Actions {
-        var actions: Actions = [.observe(.refused(.malformedRequest, authority: "-",
-                                                   detail: count == 1 ? detail : "\(detail) (and \(count - 1) more in the same read)"))]
+        var actions = Actions(.observe(.refused(.malformedRequest, authority: "-",
+                                                  detail: count == 1 ? detail : "\(detail) (and \(count - 1) more in the same read)")))
         for _ in 1..<max(1, count) { actions.append(.observe(.refusedQuietly(.malformedRequest))) }
         return actions
     }
@@ -701,7 +701,7 @@ struct TunnelRouterState {
     /// The client's bytes are not HTTP at all: the tunnel is refused as a whole; the caller
     /// closes the client, and the upstream goes with it.
     mutating func refuseConnection(detail: String) -> Actions {
-        var actions: Actions = [.observe(.refused(.notHTTP, authority: "-", detail: detail))]
+        var actions = Actions(.observe(.refused(.notHTTP, authority: "-", detail: detail)))
         end(into: &actions)
         actions.append(.closeUpstream)
         return actions
@@ -735,7 +735,7 @@ struct TunnelRouterState {
     /// is left (pooled, or its lane given up) or closed, as `reuseVerdict` says.
     /// - Parameter upstream: the upstream side in use, asked what it says against reuse.
     mutating func clientClosed(upstream facts: (any UpstreamConnectionFacts)?) -> Actions {
-        var actions: Actions = []
+        var actions = Actions()
         for request in pending { dropPending(request.id, into: &actions) }
         end(into: &actions)
         // Nothing handed to the client side will be written: its credit goes back (the
@@ -797,7 +797,7 @@ struct TunnelRouterState {
         reconnecting = false
         let waiting = pending
         pending = []
-        var actions: Actions = []
+        var actions = Actions()
         switch result {
         case .connected:
             if let idleSince = facts?.idleSince, canReconnect, !ended,
@@ -859,7 +859,7 @@ struct TunnelRouterState {
     /// A response head arrived for upstream exchange `upstreamID`. Its framing toward the
     /// client is decided here, once (`ResponseBodyFraming`), and its body held to it.
     mutating func responseHead(_ upstreamID: UpstreamExchangeID, _ head: ExchangeResponseHead, endStream: Bool) -> Actions {
-        guard let (id, exchange) = clientExchange(for: upstreamID) else { return [] }
+        guard let (id, exchange) = clientExchange(for: upstreamID) else { return Actions() }
         var head = head
         switch ResponseBodyFraming.decide(requestMethod: exchange.method, head: head, endStream: endStream) {
         case .success(let framing):
@@ -874,7 +874,7 @@ struct TunnelRouterState {
             exchange.status = head.status
             exchange.responseMeter = BodyLengthMeter(head.framing.expected)
         }
-        var actions: Actions = [.sendResponseHead(id, head, endStream: endStream)]
+        var actions = Actions(.sendResponseHead(id, head, endStream: endStream))
         if let idle = exchange.sentAfterIdle {
             // The connection was still good after that long: its origin keeps at least this.
             exchange.sentAfterIdle = nil
@@ -900,7 +900,7 @@ struct TunnelRouterState {
         }
         exchange.bytesDown += count
         ledger.forwarded(.response, sourceID: upstreamID.rawValue, sinkID: id.rawValue, bytes: count)
-        return [.observe(.relayed(up: 0, down: count)), .sendResponseBody(id, bytes)]
+        return Actions(.observe(.relayed(up: 0, down: count)), .sendResponseBody(id, bytes))
     }
 
     /// What is wrong with body bytes that came before any final head: both parsers make
@@ -909,12 +909,12 @@ struct TunnelRouterState {
 
     /// The response of upstream exchange `upstreamID` ended.
     mutating func responseEnd(_ upstreamID: UpstreamExchangeID, trailers: HTTPHeaders?) -> Actions {
-        guard let (id, exchange) = clientExchange(for: upstreamID) else { return [] }
+        guard let (id, exchange) = clientExchange(for: upstreamID) else { return Actions() }
         if let problem = exchange.responseMeter == nil ? Self.bodyBeforeFinalHead : exchange.responseMeter?.end() {
             return abandonResponse(id, exchange, detail: problem)
         }
         exchange.responseEnded = true
-        var actions: Actions = [.endResponse(id, trailers: trailers)]
+        var actions = Actions(.endResponse(id, trailers: trailers))
         finishIfDone(id, into: &actions)
         return actions
     }
@@ -942,17 +942,16 @@ struct TunnelRouterState {
             return responseFailed(upstreamID, detail: detail)
         }
         guard clientRefusesUnprocessedStreams else {
-            var actions: Actions = []
+            var actions = Actions()
             if carryUnprocessed(exchange, facts: facts, into: &actions) { return actions }
             return responseFailed(upstreamID, detail: detail)
         }
         exchange.refusal = .upstreamUnreachable
         exchange.responseEnded = true
-        var actions: Actions = [
+        var actions = Actions(
             .refuseUnprocessed(id),
             .observe(.refused(.upstreamUnreachable, authority: exchange.authority,
-                              detail: "\(detail) (refused as not processed: the client may retry it)")),
-        ]
+                              detail: "\(detail) (refused as not processed: the client may retry it)")))
         finishIfDone(id, into: &actions)
         return actions
     }
@@ -997,7 +996,7 @@ struct TunnelRouterState {
             // Its connection is closing: nothing can be carried from it but by the close.
             return responseNotProcessed(upstreamID, upstream: nil)
         }
-        var actions: Actions = []
+        var actions = Actions()
         let bytes = queued.body.reduce(0) { $0 + $1.readableBytes }
         if bytes > 0 {
             ledger.takenBack(.request, sinkID: upstreamID.rawValue, bytes: bytes)
@@ -1021,8 +1020,8 @@ struct TunnelRouterState {
     /// why): a 502 under `reason` when nothing was answered yet, else a cut.
     mutating func responseFailed(_ upstreamID: UpstreamExchangeID, reason: RequestRefusal = .upstreamUnreachable,
                                          detail: String) -> Actions {
-        guard let (id, exchange) = clientExchange(for: upstreamID) else { return [] }
-        var actions: Actions = []
+        guard let (id, exchange) = clientExchange(for: upstreamID) else { return Actions() }
+        var actions = Actions()
         if exchange.status == nil {
             // Nothing was answered yet: the client hears why, as it would from a proxy.
             exchange.status = 502
@@ -1052,16 +1051,16 @@ struct TunnelRouterState {
     /// `bytes` of exchange `upstreamID`'s request body wait at the upstream side behind
     /// another exchange: the client may use that much of its connection window elsewhere.
     mutating func requestBodyQueued(_ upstreamID: UpstreamExchangeID, bytes: Int) -> Actions {
-        guard let id = clientIDByUpstreamID[upstreamID] else { return [.observe(.creditUnplaced(bytes))] }
-        return [.requestBodyQueued(id, bytes: bytes)]
+        guard let id = clientIDByUpstreamID[upstreamID] else { return Actions(.observe(.creditUnplaced(bytes))) }
+        return Actions(.requestBodyQueued(id, bytes: bytes))
     }
 
     /// Exchange `upstreamID`'s request, its body still coming, is the one its connection
     /// sends now. One that ended meanwhile needs nothing (the side's report may come a turn
     /// late), so it is not an impossible input.
     func requestOnWire(_ upstreamID: UpstreamExchangeID) -> Actions {
-        guard let id = clientIDByUpstreamID[upstreamID] else { return [] }
-        return [.openRequestWindow(id)]
+        guard let id = clientIDByUpstreamID[upstreamID] else { return Actions() }
+        return Actions(.openRequestWindow(id))
     }
 
     /// The upstream's channel is writable again.
@@ -1073,7 +1072,7 @@ struct TunnelRouterState {
 
     /// Gives `credit` back to the leg that spent it; counts what the ledger could not place.
     private mutating func deliver(_ credit: CreditLedger.Credit?) -> Actions {
-        var actions: Actions = []
+        var actions = Actions()
         if ledger.unplaced != reportedUnplaced {
             actions.append(.observe(.creditUnplaced(ledger.unplaced - reportedUnplaced)))
             reportedUnplaced = ledger.unplaced
@@ -1092,7 +1091,7 @@ struct TunnelRouterState {
     /// `upstreamFailed` the client stays until it was answered.
     /// - Parameter switchedProtocols: the connection carried the tunnel as a byte relay.
     mutating func upstreamClosed(switchedProtocols: Bool) -> Actions {
-        var actions: Actions = []
+        var actions = Actions()
         // Request bytes handed to the upstream side will never be written: the client gets
         // their credit (its connection may be draining responses still).
         for credit in ledger.sinkGone(.request) { actions += deliver(credit) }
@@ -1164,9 +1163,9 @@ struct TunnelRouterState {
     /// client sends from here on is answered `status` with `reason` and `detail`, then the
     /// client's connection ends (`Action.closeClientForUpstreamFailure`).
     mutating func upstreamFailed(status: Int, reason: RequestRefusal, detail: String) -> Actions {
-        guard !ended, upstreamFailure == nil else { return [] }
+        guard !ended, upstreamFailure == nil else { return Actions() }
         upstreamFailure = UpstreamFailure(status: status, reason: reason, detail: detail)
-        return [.closeUpstream]
+        return Actions(.closeUpstream)
     }
 
     // MARK: bookkeeping

@@ -15,7 +15,7 @@ struct CreditLedgerTests {
         #expect(ledger.wrote(.response, sinkID: 3, bytes: 60, writable: false) == nil)
         #expect(ledger.outstanding(.response) == 60)
         #expect(ledger.drained(.request).isEmpty)
-        #expect(ledger.drained(.response) == [Credit(direction: .response, sourceID: 7, bytes: 60)])
+        #expect(Array(ledger.drained(.response)) == [Credit(direction: .response, sourceID: 7, bytes: 60)])
         #expect(ledger.outstanding(.response) == 0)
         #expect(ledger.unplaced == 0)
     }
@@ -28,7 +28,7 @@ struct CreditLedgerTests {
         #expect(ledger.openAccounts == 1)
         #expect(ledger.wrote(.response, sinkID: 1, bytes: 50, writable: false) == nil)
         #expect(ledger.openAccounts == 1)
-        #expect(ledger.drained(.response) == [Credit(direction: .response, sourceID: 1, bytes: 50)])
+        #expect(Array(ledger.drained(.response)) == [Credit(direction: .response, sourceID: 1, bytes: 50)])
         #expect(ledger.openAccounts == 0)
         #expect(ledger.unplaced == 0)
     }

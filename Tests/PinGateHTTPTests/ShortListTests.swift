@@ -33,13 +33,14 @@ struct ShortListTests {
         }
     }
 
-    @Test("literals of zero to five elements keep their order")
-    func literals() {
-        let empty: ShortList<String> = []
-        #expect(empty.isEmpty)
-        let three: ShortList<String> = ["a", "b", "c"]
-        #expect(Array(three) == ["a", "b", "c"])
-        let five: ShortList<String> = ["a", "b", "c", "d", "e"]
-        #expect(Array(five) == ["a", "b", "c", "d", "e"] && five.last == "e")
+    @Test("one, two or three given at once keep their order, and a fourth appended follows them")
+    func givenAtOnce() {
+        #expect(ShortList<String>().isEmpty)
+        #expect(Array(ShortList("a")) == ["a"])
+        #expect(Array(ShortList("a", "b")) == ["a", "b"])
+        var list = ShortList("a", "b", "c")
+        #expect(Array(list) == ["a", "b", "c"])
+        list.append("d")
+        #expect(Array(list) == ["a", "b", "c", "d"] && list.last == "d" && list.count == 4)
     }
 }

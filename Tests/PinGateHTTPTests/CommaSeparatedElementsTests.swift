@@ -1,0 +1,25 @@
+import PropertyBased
+import Testing
+@testable import PinGateHTTP
+
+/// Field values read as comma-separated lists in place: the same elements `split` gives,
+/// empty ones included, so a `Content-Length: 5,,5` or `Host: a,` reads as before.
+@Suite("Comma-separated field elements")
+struct CommaSeparatedElementsTests {
+    @Test("property: for any text of commas, spaces, letters and digits, the elements are split's, empty ones included, in order")
+    func sameAsSplit() async {
+        let character = Gen.int(in: 0...5).map { [",", " ", "a", "7", "\t", ","][$0] }
+        await propertyCheck(count: 500, input: character.array(of: 0...24)) { characters in
+            let value = characters.joined()
+            let elements = Array(CommaSeparatedElements(value))
+            #expect(elements == value.split(separator: ",", omittingEmptySubsequences: false), "\(value)")
+        }
+    }
+
+    @Test("a value with no comma is one element; an empty value is one empty element")
+    func edges() {
+        #expect(Array(CommaSeparatedElements("42")) == ["42"])
+        #expect(Array(CommaSeparatedElements("")) == [""])
+        #expect(Array(CommaSeparatedElements("5, 5")) == ["5", " 5"])
+    }
+}
