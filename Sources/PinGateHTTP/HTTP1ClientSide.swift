@@ -5,9 +5,8 @@ import NIOHTTP1
 ///
 /// Pipeline (client channel, behind the TLS handler): NIO's `HTTPResponseEncoder` and
 /// `HTTPRequestDecoder` (llhttp, strict: `Content-Length` with `Transfer-Encoding`,
-/// duplicate `Content-Length`, bare LF and bad header bytes are parse errors), NIO's
-/// `NIOHTTPResponseHeadersValidator`, then this handler (`addCodecs`). It turns parts into
-/// router calls and router calls into parts.
+/// duplicate `Content-Length`, bare LF and bad header bytes are parse errors), then this
+/// handler (`addCodecs`). It turns parts into router calls and router calls into parts.
 ///
 /// Pipelining: a request that arrives while the previous response is still going out waits
 /// here, parts and all, and reading stops until it has been handed on, so responses leave in
@@ -582,11 +581,16 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     }
 
     /// The HTTP/1.1 server codecs this side works behind, added at `position`: NIO's response
-    /// encoder, its request decoder (llhttp), paired by NIO so that answers to `HEAD` carry no
-    /// body, and its response header validator (no CR, LF or NUL reaches the client in a
-    /// field, whatever an upstream sent). Bytes the decoder holds when it stops, after an
-    /// upgrade request, are handed on as it leaves: to fresh codecs when no switch came, to
-    /// the relay after a `101`. No pipelining handler: this side orders pipelined requests
+    /// encoder and its request decoder (llhttp), paired by NIO so that answers to `HEAD` carry
+    /// no body. No response header validator (NIO's `NIOHTTPResponseHeadersValidator`, one
+    /// more handler every response part passed through, scanning every field byte): every
+    /// field an answer carries was read by a validating parser (llhttp strict from an
+    /// HTTP/1.1 upstream, which refuses a CR, LF, NUL or control byte in a field and
+    /// obs-fold; nghttp2 from an `h2` one, which refuses what RFC 9113 §8.2.1 does) or is the
+    /// gate's own (constant names, numbers, and tokens those parsers read).
+    ///
+    /// Bytes the decoder holds when it stops, after an upgrade request, are handed on as it
+    /// leaves: to fresh codecs when no switch came, to the relay after a `101`. No pipelining handler: this side orders pipelined requests
     /// itself.
     static func addCodecs(to pipeline: ChannelPipeline.SynchronousOperations, position: ChannelPipeline.SynchronousOperations.Position) throws {
         // An upgrade configuration with no upgraders is how NIO's request decoder is made to
@@ -601,7 +605,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         try pipeline.configureHTTPServerPipeline(
             position: position, withPipeliningAssistance: false,
             withServerUpgrade: (upgraders: [], completionHandler: { _ in }), withErrorHandling: false,
-            withOutboundHeaderValidation: true, withEncoderConfiguration: encoder)
+            withOutboundHeaderValidation: false, withEncoderConfiguration: encoder)
     }
 
     /// The handlers `addCodecs` added, to take out.
@@ -609,7 +613,6 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         [
             try pipeline.handler(type: HTTPResponseEncoder.self),
             try pipeline.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self),
-            try pipeline.handler(type: NIOHTTPResponseHeadersValidator.self),
         ]
     }
 }

@@ -401,7 +401,12 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             let boundaryGuard = HTTP1ResponseBoundaryHandler(events: .init(
                 unsolicited: { [weak self] in self?.unsolicitedBytes() },
                 boundaryReached: { [weak self] in self?.boundaryReached() }))
-            try context.pipeline.syncOperations.addHandlers([HTTPRequestEncoder(), boundaryGuard, decoder], position: .before(self))
+            // The gate frames every request itself (`RequestBodyFraming.applyHTTP1`): NIO's
+            // automatic framing would only scan the fields again and agree.
+            var encoder = HTTPRequestEncoder.Configuration()
+            encoder.automaticallySetFramingHeaders = false
+            try context.pipeline.syncOperations.addHandlers([HTTPRequestEncoder(configuration: encoder), boundaryGuard, decoder],
+                                                            position: .before(self))
             self.boundaryGuard = boundaryGuard
         } catch {
             close()

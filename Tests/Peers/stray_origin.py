@@ -46,6 +46,18 @@ from urllib.parse import parse_qs, urlsplit
 LOCK = threading.Lock()
 CONNECTIONS = itertools.count(1)
 
+# /bad-field/<kind>: an answer whose head carries a field no parser should pass on; the
+# injected name "x-injected" must never reach a client as a field of its own.
+BAD_FIELDS = {
+    "cr": b"X-Bad: a\rX-Injected: 1\r\n",
+    "lf": b"X-Bad: a\nX-Injected: 1\r\n",
+    "nul": b"X-Bad: a\x00X-Injected: 1\r\n",
+    "ctl": b"X-Bad: a\x01b\r\n",
+    "obs-fold": b"X-Bad: a\r\n X-Injected: 1\r\n",
+    "space-in-name": b"X Injected: 1\r\n",
+    "colon-less": b"X-Injected\r\n",
+}
+
 STRAYS = {
     "H": b"H",
     "status": b"HTTP/1.1 200 OK\r\n",
@@ -106,6 +118,10 @@ def serve(connection, number):
                 while connection.recv(4096):
                     pass
                 return
+            if url.path.startswith("/bad-field/"):
+                field = BAD_FIELDS[url.path[len("/bad-field/"):]]
+                connection.sendall(b"HTTP/1.1 200 OK\r\n" + field + b"Content-Length: %d\r\n\r\n" % len(answer) + answer)
+                continue
             if kind == "late-body":
                 response = b"HTTP/1.1 204 No Content\r\n\r\n"
             else:

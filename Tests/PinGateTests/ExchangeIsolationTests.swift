@@ -128,6 +128,24 @@ struct ExchangeIsolationTests {
         }
     }
 
+    @Test("an answer whose head carries a field with a bare CR, a bare LF, a NUL, a control byte, an obs-fold, a space in a name, or no colon never reaches the client: 502 upstream-protocol-error, no field of it passed on, and the client's next request gets its own answer",
+          arguments: ["cr", "lf", "nul", "ctl", "obs-fold", "space-in-name", "colon-less"])
+    func badFieldInAnswer(kind: String) async throws {
+        try await Self.withStrayOrigin { gate, origin in
+            let path = "/bad-field/\(kind)"
+            let result = try await curlThroughGate(gate, urls: [Self.url(origin, path), Self.url(origin, "/after")])
+            #expect(result.httpCode == "502", "\(result.transfers) \(result.stderr)")
+            #expect(result.transfers.last?.hasPrefix("200 ") == true, "\(result.transfers)")
+            // curl -v prints every field it received, one per line prefixed "< ".
+            let received = result.stderr.split(separator: "\n").filter { $0.hasPrefix("< ") }
+            #expect(!received.contains { $0.lowercased().contains("x-injected") || $0.lowercased().contains("x-bad") }, "\(received)")
+            let text = String(decoding: result.body, as: UTF8.self)
+            #expect(!text.contains("answer to \(path)"), "\(text)")
+            #expect(text.hasSuffix("answer to /after on connection 2\n"), "\(text)")
+            #expect(gate.statistics.requestsRefused(.upstreamProtocolError) == 1)
+        }
+    }
+
     @Test("a stray behind an answer inside one tunnel does not answer the client's next request: it goes on a new connection, and the client's connection stays")
     func strayInsideOneTunnel() async throws {
         try await Self.withStrayOrigin(configure: { $0.upstreamPoolEnabled = false }) { gate, origin in
