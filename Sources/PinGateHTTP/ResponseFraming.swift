@@ -64,32 +64,67 @@ enum ResponseBodyFraming: Equatable, Sendable {
     ///   body to an HTTP/1.0 client, which knows no chunking): the answer must say
     ///   `Connection: close`, and the connection must close after it.
     func applyHTTP1(to headers: inout HTTPHeaders, version: HTTPVersion) -> Bool {
-        headers.removeIfPresent(name: "content-length")
-        headers.removeIfPresent(name: "transfer-encoding")
+        let length: Int?
         switch self {
         case .none(let advertised):
-            if let advertised { headers.add(name: "content-length", value: String(advertised)) }
+            length = advertised
         case .length(let count):
-            headers.add(name: "content-length", value: String(count))
+            length = count
         case .open:
+            headers.removeIfPresent(name: "content-length")
+            headers.removeIfPresent(name: "transfer-encoding")
             guard version.major == 1 && version.minor >= 1 else { return true }
             headers.add(name: "transfer-encoding", value: "chunked")
+            return false
         case .switched:
-            break
+            headers.removeIfPresent(name: "content-length")
+            headers.removeIfPresent(name: "transfer-encoding")
+            return false
         }
+        Self.frame(&headers, length: length, transferEncodingToo: true)
         return false
     }
 
     /// Writes the framing field of an HTTP/2 answer into `headers`: `content-length` for a
     /// known length (RFC 9113 §8.1.1), none otherwise, DATA and END_STREAM delimit the body.
     func applyHTTP2(to headers: inout HTTPHeaders) {
-        headers.removeIfPresent(name: "content-length")
         switch self {
         case .none(advertisedLength: let advertised?), .length(let advertised):
-            headers.add(name: "content-length", value: String(advertised))
+            Self.frame(&headers, length: advertised, transferEncodingToo: false)
         default:
-            break
+            Self.frame(&headers, length: nil, transferEncodingToo: false)
         }
+    }
+
+    /// Leaves `headers` with `content-length: length` as their one length field (none when
+    /// nil) and, with `transferEncodingToo`, no `transfer-encoding`.
+    ///
+    /// When they already say exactly that (an origin's one `Content-Length`, which its
+    /// parser checked and the router measured the body against, the usual case) they are
+    /// left as they are: the head's fields are shared with the router's step that carried
+    /// them, and taking a field out and putting its twin back copied the whole list, twice
+    /// per keep-alive response (issue 32's malloc profile).
+    private static func frame(_ headers: inout HTTPHeaders, length: Int?, transferEncodingToo: Bool) {
+        let wanted = length.map { String($0) }
+        var lengthFields = 0
+        var lengthMatches = false
+        var codingFields = 0
+        for (name, value) in headers {
+            switch name.utf8.count {
+            case 14 where HTTP1HeadFields.equalsLowercased(name[...], "content-length"):
+                lengthFields += 1
+                lengthMatches = value == wanted
+            case 17 where transferEncodingToo && HTTP1HeadFields.equalsLowercased(name[...], "transfer-encoding"):
+                codingFields += 1
+            default:
+                break
+            }
+        }
+        let alreadySo = codingFields == 0 && (wanted == nil ? lengthFields == 0 : lengthFields == 1 && lengthMatches)
+        guard !alreadySo else { return }
+        if lengthFields > 0 { headers.remove(name: "content-length") }
+        if codingFields > 0 { headers.remove(name: "transfer-encoding") }
+        if let wanted { headers.add(name: "content-length", value: wanted) }
     }
 }
 

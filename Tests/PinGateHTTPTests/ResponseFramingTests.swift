@@ -70,6 +70,47 @@ struct ResponseFramingTests {
         #expect(h2.isEmpty)
     }
 
+    @Test("property: whatever framing fields an answer's head held (none, one matching, one other, repeated, any case, with transfer-encoding), the gate's framing leaves exactly its own, the other fields as they were and in order, and a head that already said exactly that unchanged")
+    func framingFieldsProperty() async {
+        // Each field: 0-3 another field, 4 content-length 5, 5 content-length 7, 6 Content-Length 5, 7 transfer-encoding.
+        let fields = Gen.int(in: 0...7).array(of: 0...6)
+        await propertyCheck(count: 400, input: fields, Gen.int(in: 0...6)) { codes, framingCode in
+            let given = HTTPHeaders(codes.enumerated().map { index, code -> (String, String) in
+                switch code {
+                case 4: ("content-length", "5")
+                case 5: ("content-length", "7")
+                case 6: ("Content-Length", "5")
+                case 7: ("transfer-encoding", "chunked")
+                default: ("x-\(code)", "\(index)")
+                }
+            })
+            let framing: ResponseBodyFraming = [.length(5), .length(7), .none(advertisedLength: nil), .none(advertisedLength: 5),
+                                                 .open, .switched, .length(0)][framingCode]
+            let others = given.filter { !["content-length", "transfer-encoding"].contains($0.name.lowercased()) }.map { "\($0.name)=\($0.value)" }
+            for version in [HTTPVersion.http1_1, .http2] {
+                var headers = given
+                if version == .http2 { framing.applyHTTP2(to: &headers) } else { _ = framing.applyHTTP1(to: &headers, version: version) }
+                let kept = headers.filter { !["content-length", "transfer-encoding"].contains($0.name.lowercased()) }.map { "\($0.name)=\($0.value)" }
+                #expect(kept == others, "\(given) \(framing) \(version) → \(headers)")
+                let lengths = headers[canonicalForm: "content-length"].map(String.init)
+                let codings = headers[canonicalForm: "transfer-encoding"].map(String.init)
+                let wanted: [String] = switch framing {
+                case .length(let count), .none(advertisedLength: let count?): ["\(count)"]
+                default: []
+                }
+                #expect(lengths == wanted, "\(given) \(framing) \(version) → \(headers)")
+                if version == .http1_1 {
+                    #expect(codings == (framing == .open ? ["chunked"] : []), "\(given) \(framing) → \(headers)")
+                    let givenCodings = given[canonicalForm: "transfer-encoding"].count
+                    let givenLengths = given[canonicalForm: "content-length"].map(String.init)
+                    if givenCodings == 0 && givenLengths == wanted && framing != .open {
+                        #expect(headers == given, "a head that already said \(framing) was rewritten: \(given) → \(headers)")
+                    }
+                }
+            }
+        }
+    }
+
     /// One answer as an upstream gave it: the request's method, the status, what the
     /// upstream declared, and the body in the chunks it came in.
     struct Answer: CustomStringConvertible {
