@@ -99,6 +99,11 @@ package struct RequestAuthority: Equatable, Sendable, CustomStringConvertible {
     package let port: Int
     /// Whether the request spelled the port out (it is then kept when forwarding).
     let portWasExplicit: Bool
+    /// The authority as forwarded upstream: the host, with the port only if the request
+    /// gave one (servers compare `Host` literally, and most expect no default port).
+    /// Made once, here: it was built anew for every request it was asked of, and when the
+    /// request's own text already spells it (the usual case) that text is used as it is.
+    let headerValue: String
 
     /// Parses `host`, `host:port`, `[v6]` or `[v6]:port`; nil for anything else
     /// (userinfo, empty host, a bad port, characters a host cannot have). The text is
@@ -112,6 +117,29 @@ package struct RequestAuthority: Equatable, Sendable, CustomStringConvertible {
         self.host = parsed.host
         self.port = parsed.port
         self.portWasExplicit = hasPort
+        let isIPv6 = parsed.host.utf8.contains(UInt8(ascii: ":"))
+        if !isIPv6 && (hasPort ? Self.spells(text, host: parsed.host, port: parsed.port) : text == parsed.host) {
+            headerValue = text
+        } else {
+            let shownHost = isIPv6 ? "[\(parsed.host)]" : parsed.host
+            headerValue = hasPort ? "\(shownHost):\(parsed.port)" : shownHost
+        }
+    }
+
+    /// `text` is exactly `host:port`, the port in decimal without leading zeros.
+    private static func spells(_ text: String, host: String, port: Int) -> Bool {
+        let bytes = text.utf8
+        guard bytes.starts(with: host.utf8) else { return false }
+        let rest = bytes.dropFirst(host.utf8.count)
+        guard rest.first == UInt8(ascii: ":") else { return false }
+        let digits = rest.dropFirst()
+        guard let first = digits.first, first != UInt8(ascii: "0") || digits.count == 1, digits.count <= 5 else { return false }
+        var value = 0
+        for byte in digits {
+            guard byte >= UInt8(ascii: "0") && byte <= UInt8(ascii: "9") else { return false }
+            value = value * 10 + Int(byte - UInt8(ascii: "0"))
+        }
+        return value == port
     }
 
     /// A host with a colon can only be an IPv6 literal (byte search: no Foundation).
@@ -120,10 +148,4 @@ package struct RequestAuthority: Equatable, Sendable, CustomStringConvertible {
     /// `host:port` with IPv6 bracketed: how logs and refusals name it.
     package var description: String { isIPv6 ? "[\(host)]:\(port)" : "\(host):\(port)" }
 
-    /// The authority as forwarded upstream: the host, with the port only if the request
-    /// gave one (servers compare `Host` literally, and most expect no default port).
-    var headerValue: String {
-        let shownHost = isIPv6 ? "[\(host)]" : host
-        return portWasExplicit ? "\(shownHost):\(port)" : shownHost
-    }
 }

@@ -77,7 +77,7 @@ struct HTTP1HeadFields {
     /// `te: trailers` was asked for (HTTP/2 carries it on).
     var wantsTrailers = false
     /// The `Host` fields, as sent (RFC 9112 §3.2: exactly one is valid).
-    var hosts: [String] = []
+    var hosts = ShortList<String>()
 
     /// True when the message has a body by its framing fields (a request without either
     /// has none, RFC 9112 §6.3).
@@ -116,11 +116,11 @@ struct HTTP1HeadFields {
                     wantsTrailers = true
                 }
             case .host:
-                // `Host: a, b` is two authorities as much as two fields are.
-                if value.utf8.contains(UInt8(ascii: ",")) {
-                    hosts.append(contentsOf: value.split(separator: ",", omittingEmptySubsequences: false).map { String($0.trimmingASCIISpaces()) })
-                } else {
-                    hosts.append(String(value[...].trimmingASCIISpaces()))
+                // `Host: a, b` is two authorities as much as two fields are. A value that
+                // needs no trimming is kept as it is, not copied.
+                for element in CommaSeparatedElements(value) {
+                    let trimmed = element.trimmingASCIISpaces()
+                    hosts.append(trimmed.startIndex == value.startIndex && trimmed.endIndex == value.endIndex ? value : String(trimmed))
                 }
             case .otherConnectionSpecific:
                 break

@@ -202,7 +202,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     ///   route it by the name in it, which the authority binding never saw;
     /// - `*` only with `OPTIONS` (asterisk form), its authority from `Host`;
     /// - authority form only with `CONNECT` (the router refuses a classic CONNECT with 405).
-    static func target(method: HTTPMethod, uri: String, hosts: [String]) -> Target {
+    static func target(method: HTTPMethod, uri: String, hosts: some Collection<String>) -> Target {
         // Origin form (`/path`), the common case, is told by its first byte alone.
         let first = uri.utf8.first
         if first != UInt8(ascii: "/") {

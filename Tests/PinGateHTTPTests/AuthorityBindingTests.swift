@@ -1,3 +1,4 @@
+import PropertyBased
 import Testing
 @testable import PinGateHTTP
 
@@ -87,6 +88,23 @@ struct AuthorityBindingTests {
         guard case .pass = v4.decide(authority: "127.0.0.1") else {
             Issue.record("127.0.0.1 did not pass")
             return
+        }
+    }
+
+    @Test("property: the Host value forwarded is the normalized host (lower case, no trailing dot, IPv6 bracketed) with the port only when the request gave one, whether or not the request's text already spelled it so")
+    func headerValueProperty() async {
+        let hosts = ["pay.example.test", "PAY.Example.test", "pay.example.test.", "10.0.0.1", "[::1]", "[2001:DB8::1]"]
+        let ports = ["", ":443", ":8443", ":0443", ":1", ":65535"]
+        await propertyCheck(count: 200, input: Gen.int(in: 0..<hosts.count), Gen.int(in: 0..<ports.count)) { hostIndex, portIndex in
+            let text = hosts[hostIndex] + ports[portIndex]
+            guard let authority = RequestAuthority(parsing: text, defaultPort: 443) else {
+                Issue.record("\(text) did not parse")
+                return
+            }
+            let shown = authority.host.contains(":") ? "[\(authority.host)]" : authority.host
+            let expected = ports[portIndex].isEmpty ? shown : "\(shown):\(authority.port)"
+            #expect(authority.headerValue == expected, "\(text)")
+            #expect(authority.host == authority.host.lowercased() && !authority.host.hasSuffix("."), "\(text)")
         }
     }
 }

@@ -17,7 +17,7 @@ struct HTTP1HeadFieldsTests {
         #expect(fields.wantsTrailers)
         #expect(fields.transferEncoding)
         #expect(fields.hasBody)
-        #expect(fields.hosts == ["pay.example.test"])
+        #expect(Array(fields.hosts) == ["pay.example.test"])
         #expect(fields.upgrade == nil)
     }
 
@@ -37,7 +37,7 @@ struct HTTP1HeadFieldsTests {
 
     @Test("Host: every authority it names counts (two fields, or a list in one, is not one Host)")
     func hosts() {
-        #expect(HTTP1HeadFields(HTTPHeaders([("Host", "a.test, b.test")])).hosts == ["a.test", "b.test"])
+        #expect(Array(HTTP1HeadFields(HTTPHeaders([("Host", "a.test, b.test")])).hosts) == ["a.test", "b.test"])
         #expect(HTTP1HeadFields(HTTPHeaders([("Host", "a.test"), ("host", "b.test")])).hosts.count == 2)
         #expect(HTTP1HeadFields(HTTPHeaders([("Accept", "*/*")])).hosts.isEmpty)
         #expect(HTTP1ClientSide.target(method: .GET, uri: "/x", hosts: ["a.test", "b.test"]) == .noAuthority)
