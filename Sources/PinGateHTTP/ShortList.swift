@@ -8,15 +8,16 @@
 /// steps, and regrowth when a fourth came). Only a rare input that asks for more (a
 /// tunnel's end, a reconnect) allocates now.
 struct ShortList<Element>: RandomAccessCollection {
-    private enum Storage {
-        case none
-        case one(Element)
-        case two(Element, Element)
-        case three(Element, Element, Element)
-        case many([Element])
-    }
-
-    private var storage = Storage.none
+    // Each element in a slot of its own, so appending writes one slot and reading one
+    // copies only that one. (Kept first as an enum of one, two or three payloads, every
+    // append re-wrapped and every read switched over a copy of all of them, with a retain
+    // and release per payload: fewer allocations, but more CPU per request than the arrays.)
+    private var first: Element?
+    private var second: Element?
+    private var third: Element?
+    private var rest: [Element] = []
+    /// How many elements there are.
+    private(set) var count = 0
 
     /// Empty.
     init() {}
@@ -24,17 +25,23 @@ struct ShortList<Element>: RandomAccessCollection {
     /// `first` alone. (No array literal: its elements would arrive as a variadic array,
     /// the allocation this type is for avoiding.)
     init(_ first: Element) {
-        storage = .one(first)
+        self.first = first
+        count = 1
     }
 
     /// `first`, then `second`.
     init(_ first: Element, _ second: Element) {
-        storage = .two(first, second)
+        self.first = first
+        self.second = second
+        count = 2
     }
 
     /// `first`, `second`, then `third`.
     init(_ first: Element, _ second: Element, _ third: Element) {
-        storage = .three(first, second, third)
+        self.first = first
+        self.second = second
+        self.third = third
+        count = 3
     }
 
     /// `elements`, in order.
@@ -44,46 +51,32 @@ struct ShortList<Element>: RandomAccessCollection {
 
     var startIndex: Int { 0 }
 
-    var endIndex: Int {
-        switch storage {
-        case .none: 0
-        case .one: 1
-        case .two: 2
-        case .three: 3
-        case .many(let all): all.count
-        }
-    }
+    var endIndex: Int { count }
 
     subscript(position: Int) -> Element {
-        switch (storage, position) {
-        case (.one(let first), 0), (.two(let first, _), 0), (.three(let first, _, _), 0): first
-        case (.two(_, let second), 1), (.three(_, let second, _), 1): second
-        case (.three(_, _, let third), 2): third
-        case (.many(let all), _): all[position]
-        default: preconditionFailure("element \(position) of \(count): out of range")
+        precondition(position >= 0 && position < count, "element \(position) of \(count): out of range")
+        let slot: Element?
+        switch position {
+        case 0: slot = first
+        case 1: slot = second
+        case 2: slot = third
+        default: return rest[position - 3]
         }
+        guard let element = slot else { preconditionFailure("element \(position) of \(count): an empty slot") }
+        return element
     }
 
     /// Adds `element` after the others.
     mutating func append(_ element: Element) {
-        switch storage {
-        case .none:
-            storage = .one(element)
-        case .one(let first):
-            storage = .two(first, element)
-        case .two(let first, let second):
-            storage = .three(first, second, element)
-        case .three(let first, let second, let third):
-            var all: [Element] = []
-            all.reserveCapacity(8)
-            all.append(contentsOf: [first, second, third, element])
-            storage = .many(all)
-        case .many(var all):
-            // Out of the enum first, so the array is not shared and grows in place.
-            storage = .none
-            all.append(element)
-            storage = .many(all)
+        switch count {
+        case 0: first = element
+        case 1: second = element
+        case 2: third = element
+        default:
+            if rest.isEmpty { rest.reserveCapacity(5) }
+            rest.append(element)
         }
+        count += 1
     }
 
     /// Adds `others` after these, in their order.

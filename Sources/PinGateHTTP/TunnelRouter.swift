@@ -186,7 +186,9 @@ package final class TunnelRouter {
     /// Carries out `actions` in order. An action may make a side call back in; that call
     /// sees the state already updated and carries out its own actions first.
     private func run(_ actions: TunnelRouterState.Actions) {
-        for action in actions { perform(action) }
+        // By index: an iterator would hold its own copy of the list, one more retain and
+        // release of every step's payload.
+        for index in actions.indices { perform(actions[index]) }
     }
 
     private func perform(_ action: TunnelRouterState.Action) {

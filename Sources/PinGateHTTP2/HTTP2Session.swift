@@ -210,6 +210,10 @@ public final class HTTP2Session {
     /// Body bytes queued with `sendBody` that will never be sent: their stream closed first
     /// (reset by either peer). The owner gives their credit back to the other leg.
     private var discardedBodyBytes: [Int32: Int] = [:]
+    /// Room for one header block's names, values and pairs as nghttp2 takes them
+    /// (`withNameValues`), kept between blocks up to `NameValueScratch.keptBytes`: two
+    /// allocations per header block fewer (issue 32), a few hundred bytes per session.
+    private var nameValueScratch = NameValueScratch()
 
     private struct OutgoingBody {
         var bytes: [UInt8] = []
@@ -291,6 +295,7 @@ public final class HTTP2Session {
     }
 
     deinit {
+        nameValueScratch.release()
         nghttp2_session_del(session)
         // What the session freed last waits in the allocator's small-block lists.
         pg_nghttp2_release_cache(allocator)
@@ -677,14 +682,24 @@ public final class HTTP2Session {
 
     /// Calls `body` with `fields` as nghttp2 name/value pairs. nghttp2 copies names and
     /// values during submit (no NO_COPY flags), so one buffer that lives for this call
-    /// holds them all.
+    /// holds them all: the session's scratch, or, when that is in use (a submit from inside
+    /// nghttp2's callbacks while another is running) or too small to keep, one of its own.
     private func withNameValues<Result>(_ fields: [HTTP2HeaderField], _ body: (UnsafePointer<nghttp2_nv>, Int) -> Result) -> Result {
         let total = fields.reduce(0) { $0 + $1.name.utf8.count + $1.value.utf8.count }
+        if !nameValueScratch.inUse, let (bytes, pairs) = nameValueScratch.claim(bytes: total, pairs: fields.count) {
+            defer { nameValueScratch.inUse = false }
+            return Self.fill(fields, bytes: bytes, pairs: pairs, body)
+        }
         // At least one element each, so even an empty list has valid addresses.
         let bytes = UnsafeMutablePointer<UInt8>.allocate(capacity: max(1, total))
         defer { bytes.deallocate() }
         let pairs = UnsafeMutablePointer<nghttp2_nv>.allocate(capacity: max(1, fields.count))
         defer { pairs.deallocate() }
+        return Self.fill(fields, bytes: bytes, pairs: pairs, body)
+    }
+
+    private static func fill<Result>(_ fields: [HTTP2HeaderField], bytes: UnsafeMutablePointer<UInt8>, pairs: UnsafeMutablePointer<nghttp2_nv>,
+                                     _ body: (UnsafePointer<nghttp2_nv>, Int) -> Result) -> Result {
         var offset = 0
         for (index, field) in fields.enumerated() {
             let name = bytes + offset
@@ -905,4 +920,60 @@ struct RecentStreamIDs {
     }
 
     func contains(_ id: Int32) -> Bool { ids.contains(id) }
+}
+
+/// The buffers one header block is laid out in for nghttp2, kept by a session between
+/// blocks (`HTTP2Session.withNameValues`). Grown to fit a block up to `keptBytes` of
+/// names and values and `keptPairs` pairs; a larger block gets buffers of its own, so a
+/// session never keeps more than about 3 KiB for this.
+struct NameValueScratch {
+    /// The most name and value bytes kept between blocks.
+    static let keptBytes = 2048
+    /// The most pairs kept between blocks.
+    static let keptPairs = 32
+    private var bytes: UnsafeMutablePointer<UInt8>?
+    private var byteCapacity = 0
+    private var pairs: UnsafeMutablePointer<nghttp2_nv>?
+    private var pairCapacity = 0
+    /// Set while a block is laid out in it.
+    var inUse = false
+
+    /// Room for `bytes` and `pairs`, marked in use; nil when the block is larger than what
+    /// is kept (the caller allocates its own).
+    mutating func claim(bytes needed: Int, pairs neededPairs: Int) -> (UnsafeMutablePointer<UInt8>, UnsafeMutablePointer<nghttp2_nv>)? {
+        guard needed <= Self.keptBytes, neededPairs <= Self.keptPairs else { return nil }
+        if byteCapacity < max(1, needed) {
+            bytes?.deallocate()
+            // Grown in steps, so a session whose blocks grow a little at a time does not
+            // reallocate for each.
+            byteCapacity = min(Self.keptBytes, max(256, needed.nextPowerOfTwo))
+            bytes = .allocate(capacity: byteCapacity)
+        }
+        if pairCapacity < max(1, neededPairs) {
+            pairs?.deallocate()
+            pairCapacity = min(Self.keptPairs, max(8, neededPairs.nextPowerOfTwo))
+            pairs = .allocate(capacity: pairCapacity)
+        }
+        guard let bytes, let pairs else { return nil }
+        inUse = true
+        return (bytes, pairs)
+    }
+
+    /// Frees what is kept.
+    mutating func release() {
+        bytes?.deallocate()
+        pairs?.deallocate()
+        bytes = nil
+        pairs = nil
+        byteCapacity = 0
+        pairCapacity = 0
+    }
+}
+
+extension Int {
+    /// The least power of two at least this (1 for 0 and below).
+    fileprivate var nextPowerOfTwo: Int {
+        guard self > 1 else { return 1 }
+        return 1 << (Int.bitWidth - (self - 1).leadingZeroBitCount)
+    }
 }

@@ -82,6 +82,35 @@ struct HTTP2SessionTests {
         #expect(second.client.contains(.streamClosed(streamID: 1, errorCode: 0)))
     }
 
+    @Test("header blocks laid out in the session's kept scratch, one after another, small, growing, larger than it keeps, and empty-valued, each arrive exactly as submitted")
+    func headerBlocksThroughScratch() throws {
+        let client = try HTTP2Session(role: .client)
+        let server = try HTTP2Session(role: .server)
+        var submitted: [(Int32, [HTTP2HeaderField])] = []
+        // Fields from a few bytes to past NameValueScratch.keptBytes, and past keptPairs.
+        for (index, size) in [10, 300, 40, 1_500, 5_000, 20, 0].enumerated() {
+            var fields = Self.request + [HTTP2HeaderField("x-size", String(repeating: "v", count: size)), HTTP2HeaderField("x-index", "\(index)")]
+            if index == 4 { fields += (0..<40).map { HTTP2HeaderField("x-many-\($0)", "\($0)") } }
+            let stream = try client.submitRequest(fields, endStream: true)
+            submitted.append((stream, fields))
+            let events = try Self.exchange(client, server).server
+            #expect(events.contains(.headers(streamID: stream, fields: fields, endStream: true)), "block \(index)")
+        }
+        #expect(submitted.map(\.0) == [1, 3, 5, 7, 9, 11, 13])
+    }
+
+    @Test("the scratch keeps what fits (growing in steps) and declines a block larger than it keeps")
+    func scratchBounds() {
+        var scratch = NameValueScratch()
+        defer { scratch.release() }
+        #expect(scratch.claim(bytes: 100, pairs: 5) != nil && scratch.inUse)
+        scratch.inUse = false
+        #expect(scratch.claim(bytes: NameValueScratch.keptBytes, pairs: NameValueScratch.keptPairs) != nil)
+        scratch.inUse = false
+        #expect(scratch.claim(bytes: NameValueScratch.keptBytes + 1, pairs: 1) == nil && !scratch.inUse)
+        #expect(scratch.claim(bytes: 1, pairs: NameValueScratch.keptPairs + 1) == nil && !scratch.inUse)
+    }
+
     @Test("flow control is the owner's: the peer sends no more than the window until bytes are consumed")
     func flowControlFollowsConsumption() throws {
         var limits = HTTP2Session.Limits()
