@@ -17,6 +17,14 @@ struct TLSHandlerWriteBufferTests {
     @Test("over real TLS on loopback: a 256 KiB write, and 256 writes of 1 KiB in one flush, go out with no ciphertext copied and none left in the engine",
           arguments: [1, 256])
     func burstSealedInPlace(writes: Int) async throws {
+        try await Self.withLoopbackTLS { loop, serverContext, clientContext in
+            try await Self.burst(writes: writes, loop: loop, serverContext: serverContext, clientContext: clientContext)
+        }
+    }
+
+    /// A server and a client TLS context for `burst.test`, minted for the test, and one event
+    /// loop for both ends.
+    private static func withLoopbackTLS(_ body: (any EventLoop, TLSContext, TLSContext) async throws -> Void) async throws {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
         let pki = try TestPKI(directory: directory)
@@ -25,7 +33,7 @@ struct TLSHandlerWriteBufferTests {
         let clientContext = try TLSContext.client(trustRoots: .pemFiles([pki.originCA.certificatePath]))
         try await withResource(start: { MultiThreadedEventLoopGroup(numberOfThreads: 1) },
                                stop: { try? await $0.shutdownGracefully() }) { group in
-            try await Self.burst(writes: writes, loop: group.next(), serverContext: serverContext, clientContext: clientContext)
+            try await body(group.next(), serverContext, clientContext)
         }
     }
 
@@ -85,15 +93,7 @@ struct TLSHandlerWriteBufferTests {
 
     @Test("over real TLS on loopback: 300 exchanges one after another (as keep-alive requests go) come back byte-exact, and the loop's TLS handlers read and seal them into buffers taken again from its recycler, not new ones")
     func exchangesReuseBuffers() async throws {
-        let directory = try TemporaryDirectory()
-        defer { directory.remove() }
-        let pki = try TestPKI(directory: directory)
-        let leaf = try pki.leaf([.dns("burst.test")], issuer: pki.originCA, file: "burst")
-        let serverContext = try TLSContext.server(certificate: leaf.certificate, key: leaf.key)
-        let clientContext = try TLSContext.client(trustRoots: .pemFiles([pki.originCA.certificatePath]))
-        try await withResource(start: { MultiThreadedEventLoopGroup(numberOfThreads: 1) },
-                               stop: { try? await $0.shutdownGracefully() }) { group in
-            let loop = group.next()
+        try await Self.withLoopbackTLS { loop, serverContext, clientContext in
             let server = try await ServerBootstrap(group: loop)
                 .childChannelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
