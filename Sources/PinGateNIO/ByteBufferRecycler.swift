@@ -74,6 +74,12 @@ public final class ByteBufferRecycler {
     /// nothing else holds (the most recently given first, a large enough one preferred;
     /// else a smaller one grown, which realloc may do in place), or a new one from `allocator`.
     public func take(minimumCapacity: Int, allocator: ByteBufferAllocator) -> ByteBuffer {
+        // Larger than is ever kept: growing a kept buffer to it would only lose that buffer
+        // when it comes back (`give` lets it go).
+        guard minimumCapacity <= largestKept else {
+            counts.allocated += 1
+            return allocator.buffer(capacity: minimumCapacity)
+        }
         var smaller: Int?
         for index in kept.indices.reversed() {
             // Free when this array holds the storage's only reference.

@@ -49,6 +49,19 @@ import h2.settings
 PRINT_LOCK = threading.Lock()
 
 
+# /bad-field/<kind>: a field no parser should pass on (in the head, or in trailers for the
+# -trailer kinds); "x-injected" must never reach a client as a field of its own.
+BAD_FIELDS = {
+    "cr": ("x-bad", "a\rx-injected: 1"),
+    "lf": ("x-bad", "a\nx-injected: 1"),
+    "nul": ("x-bad", "a\x00x-injected"),
+    "ctl": ("x-bad", "a\x01b"),
+    "upper-name": ("X-Injected", "1"),
+    "space-in-name": ("x injected", "1"),
+    "cr-trailer": ("x-bad", "a\rx-injected: 1"),
+}
+
+
 def emit(record):
     """One JSON line on stdout, whole even when connections finish at the same time."""
     with PRINT_LOCK:
@@ -135,7 +148,10 @@ class EchoConnection:
         self.served = []
         self.connect_protocol = connect_protocol
         self.settings_after_preface = settings_after_preface
-        config = h2.config.H2Configuration(client_side=False, header_encoding="utf-8")
+        # Outbound validation and normalisation off: /bad-field/<kind> answers with fields no HTTP/2 peer may
+        # send, to see that they never reach a client (every other answer here is valid).
+        config = h2.config.H2Configuration(client_side=False, header_encoding="utf-8", validate_outbound_headers=False,
+                                           normalize_outbound_headers=False)
         self.conn = h2.connection.H2Connection(config=config)
         if connect_protocol:
             # In the first SETTINGS frame, as RFC 8441 §3 has a server do it.
@@ -273,6 +289,17 @@ class EchoConnection:
                 stream.mode = "websocket"
                 stream.status = 200
                 self.conn.send_headers(stream.id, [(":status", "200")])
+        elif stream.path.startswith("/bad-field/") and stream.path[len("/bad-field/"):] in BAD_FIELDS:
+            stream.mode = "refused"
+            stream.status = 200
+            field = BAD_FIELDS[stream.path[len("/bad-field/"):]]
+            body = b"answer with a bad field\n"
+            trailer = stream.path.endswith("-trailer")
+            self.conn.send_headers(stream.id, [(":status", "200"), ("content-type", "text/plain")]
+                                   + ([] if trailer else [field]) + [("content-length", str(len(body)))])
+            self.conn.send_data(stream.id, body, end_stream=not trailer)
+            if trailer:
+                self.conn.send_headers(stream.id, [field], end_stream=True)
         elif stream.path != "/echo":
             self.refuse(stream, 404, "no such path\n")
         elif stream.method != "POST" or not content_type.startswith("application/grpc") \

@@ -76,6 +76,11 @@ struct ByteBufferRecyclerTests {
         #expect(Self.storage(last) == storages[2] && Self.storage(middle) == storages[1])
         _ = recycler.take(minimumCapacity: 100, allocator: Self.allocator)
         #expect(recycler.counts == .init(reused: 2, allocated: 1, released: 2))
+        // Larger than is kept: allocated, and the kept (free) one is not grown and lost.
+        recycler.give(Self.allocator.buffer(capacity: 1024))
+        let large = recycler.take(minimumCapacity: 8192, allocator: Self.allocator)
+        #expect(large.capacity >= 8192 && recycler.keptCount == 1)
+        #expect(recycler.counts == .init(reused: 2, allocated: 2, released: 2))
     }
 
     @Test("property: over random takes, writes, slices held and dropped, and gives, no buffer handed out shares storage with one still held, held bytes never change, a free kept buffer is always taken before a new one is allocated, and every take is counted once")
@@ -109,7 +114,9 @@ struct ByteBufferRecyclerTests {
                 let size = sizes[step % sizes.count]
                 // With no slice out, nothing outside holds a kept buffer: one must be taken
                 // again (grown if need be) rather than a new one allocated.
-                let mustReuse = slices.isEmpty && recycler.keptCount > 0
+                // (A size larger than is ever kept is allocated: growing a kept one to it
+                // would only lose it when it comes back.)
+                let mustReuse = slices.isEmpty && recycler.keptCount > 0 && size <= recycler.largestKept
                 let reusedBefore = recycler.counts.reused
                 var buffer = recycler.take(minimumCapacity: size, allocator: allocator)
                 takes += 1

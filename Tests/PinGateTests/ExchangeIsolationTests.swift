@@ -137,7 +137,7 @@ struct ExchangeIsolationTests {
             #expect(result.httpCode == "502", "\(result.transfers) \(result.stderr)")
             #expect(result.transfers.last?.hasPrefix("200 ") == true, "\(result.transfers)")
             // curl -v prints every field it received, one per line prefixed "< ".
-            let received = result.stderr.split(separator: "\n").filter { $0.hasPrefix("< ") }
+            let received = result.stderr.split(whereSeparator: \.isNewline).filter { $0.hasPrefix("< ") }
             #expect(!received.contains { $0.lowercased().contains("x-injected") || $0.lowercased().contains("x-bad") }, "\(received)")
             let text = String(decoding: result.body, as: UTF8.self)
             #expect(!text.contains("answer to \(path)"), "\(text)")

@@ -98,6 +98,24 @@ struct ExtendedConnectTests {
 
     // MARK: 1. HTTP/2 client, HTTP/2 upstream
 
+    @Test("an h2 origin's answer with a CR, LF, NUL or control byte in a field value, an upper-case or spaced field name, or a CR in a trailer never reaches an HTTP/1.1 client: the field is dropped or the answer refused (502), and the next request gets its own answer",
+          arguments: ["cr", "lf", "nul", "ctl", "upper-name", "space-in-name", "cr-trailer"])
+    func badFieldFromH2Origin(kind: String) async throws {
+        try await Self.withH2Origin(connectProtocol: false) { gate, origin in
+            let result = try await curlThroughGate(gate, urls: ["https://\(Self.host):\(origin.port)/bad-field/\(kind)",
+                                                                "https://\(Self.host):\(origin.port)/bad-field/ctl-unknown"],
+                                                   ["--http1.1", "--raw"])
+            let first = result.transfers.first ?? ""
+            #expect(first.hasPrefix("200 ") || first.hasPrefix("502 "), "\(result.transfers) \(result.stderr)")
+            // curl -v prints every field it received, one per line prefixed "< ".
+            let received = result.stderr.split(whereSeparator: \.isNewline).filter { $0.hasPrefix("< ") }
+            #expect(!received.contains { $0.lowercased().contains("x-injected") || $0.lowercased().contains("x-bad") }, "\(received)")
+            #expect(!String(decoding: result.body, as: UTF8.self).lowercased().contains("x-injected"), "\(String(decoding: result.body, as: UTF8.self))")
+            // The next request on the same client connection is answered as usual (404 from the echo origin).
+            #expect(result.transfers.last?.hasPrefix("404 ") == true, "\(result.transfers)")
+        }
+    }
+
     @Test("h2 ↔ h2: the gate offers ENABLE_CONNECT_PROTOCOL, a WebSocket extended CONNECT is forwarded as one and 1 MB of random bytes (past every window) echo back exactly; another :authority gets 421 and a plain CONNECT 405, neither reaching the origin")
     func http2BothLegs() async throws {
         try await Self.withH2Origin(connectProtocol: true) { gate, origin in
