@@ -71,15 +71,12 @@ enum ResponseBodyFraming: Equatable, Sendable {
         case .length(let count):
             length = count
         case .open:
-            headers.removeIfPresent(name: "content-length")
-            headers.removeIfPresent(name: "transfer-encoding")
+            Self.frame(&headers, length: nil, transferEncodingToo: true)
             guard version.major == 1 && version.minor >= 1 else { return true }
             headers.add(name: "transfer-encoding", value: "chunked")
             return false
         case .switched:
-            headers.removeIfPresent(name: "content-length")
-            headers.removeIfPresent(name: "transfer-encoding")
-            return false
+            length = nil
         }
         Self.frame(&headers, length: length, transferEncodingToo: true)
         return false

@@ -69,13 +69,10 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private var sentCloseNotify: Bool { closeNotifyWrite != .notSent }
     private var firedInputClosed = false
     private var producedPlaintext = false
-    /// A read buffer that came back empty, reused by the next read of the same burst.
-    /// Given back to the thread's recycler when the burst ends: kept per connection across
-    /// bursts it would pin 16 KiB per idle connection, 32 KiB per idle tunnel (issue 12
-    /// measured 82 KiB per idle tunnel with it).
-    private var spareBuffer: ByteBuffer?
     /// Where read and sealed buffers come from and go back to: a few per thread, shared by
-    /// the connections of this loop (`ByteBufferRecycler`). Reached on the loop's thread.
+    /// the connections of this loop (`ByteBufferRecycler`), never one kept per connection
+    /// (16 KiB per idle connection; issue 12 measured 82 KiB per idle tunnel with one).
+    /// Reached on the loop's thread.
     private lazy var recycler = ByteBufferRecycler.forCurrentThread()
     /// Client, TLS 1.3, certificate requested: the handshake is complete but its promise
     /// waits for the server's verdict on the missing certificate (see `init`).
@@ -143,10 +140,6 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     public func channelReadComplete(context: ChannelHandlerContext) {
-        if let spare = spareBuffer {
-            spareBuffer = nil
-            recycler.give(spare)
-        }
         if producedPlaintext {
             producedPlaintext = false
             context.fireChannelReadComplete()
@@ -367,10 +360,9 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
                 return
             }
             var outcome = TLSReadOutcome.needsMoreInput
-            // Reuse the last buffer when it came back empty: most calls end with one
-            // read that finds no whole record, and that should not cost an allocation.
-            var buffer = spareBuffer ?? recycler.take(minimumCapacity: Self.readChunk, allocator: context.channel.allocator)
-            spareBuffer = nil
+            // Most calls end with one read that finds no whole record: its buffer goes
+            // straight back to the recycler, and the next read takes it again.
+            var buffer = recycler.take(minimumCapacity: Self.readChunk, allocator: context.channel.allocator)
             _ = buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: Self.readChunk) { space in
                 outcome = connection.readPlaintext(into: space)
                 if case .bytes(let count) = outcome { return count }
@@ -383,8 +375,7 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
                 // Free again once the handlers behind let go of it (they may keep slices).
                 recycler.give(buffer)
             case .bytes, .needsMoreInput:
-                buffer.clear()
-                spareBuffer = buffer
+                recycler.give(buffer)
                 return
             case .closeNotify:
                 receivedCloseNotify = true
