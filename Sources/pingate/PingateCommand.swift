@@ -1,9 +1,28 @@
 import ArgumentParser
+import Foundation
 import PinGate
 import PinGateTLS
 
-/// The `pingate` command: a certificate-pinning gate for apps that use `HTTPS_PROXY`.
+/// The process's entry point: the `pingate` command, run on the global executor while the
+/// main thread runs the main run loop.
+///
+/// Why not `@main` on the async command itself: Swift's async main on Linux ends the main
+/// thread inside libdispatch's `dispatch_main` (a `pthread_exit`), and valgrind 3.19
+/// crashes on that, so `scripts/bench` could not count the gate's instructions under
+/// callgrind (issue 32's deterministic figure). The main run loop drains the main queue as
+/// `dispatch_main` would; nothing in the gate runs on the main actor.
 @main
+enum PingateMain {
+    static func main() {
+        Task {
+            await PingateCommand.main(nil)
+            exit(0)
+        }
+        RunLoop.main.run()
+    }
+}
+
+/// The `pingate` command: a certificate-pinning gate for apps that use `HTTPS_PROXY`.
 struct PingateCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "pingate",
