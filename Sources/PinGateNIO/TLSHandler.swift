@@ -90,6 +90,11 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     /// address the channel is connected to; the connector offers a kept session there
     /// (it is chosen by that address, which is only known once TCP is up).
     private var willStartClientHandshake: ((SocketAddress?) -> Void)?
+    /// Silence on the connection, counted by reads and writes (`IdleWatch`); nil when no
+    /// idle timeout was asked for. The count is bumped on every read and write of the
+    /// connection, and nothing calls out while it is: no runtime exclusivity check is needed.
+    @exclusivity(unchecked) private var idleWatch: IdleWatch?
+    private var idleCheck: Scheduled<Void>?
 
     /// Wraps `connection`; `handshakePromise` completes with the peer summary or the failure.
     ///
@@ -103,9 +108,15 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     ///
     /// `closeLinger`: how long a full close waits for what was written before it to reach
     /// the socket (see `close(context:mode:promise:)`).
+    ///
+    /// `idleTimeout`: once the connection has read and written nothing for this long (and
+    /// again after each further such silence), the handler sends
+    /// `IdleStateHandler.IdleStateEvent.all` to the handlers behind it, which decide what
+    /// idleness means. Seen between the timeout and a quarter more (`IdleWatch`). Nil: never.
     public init(connection: TLSConnection, handshakePromise: EventLoopPromise<TLSPeerSummary>?, clientHelloResponder: ClientHelloResponder? = nil,
                 certificateRequestWait: TimeAmount? = nil, willStartClientHandshake: ((SocketAddress?) -> Void)? = nil,
-                closeLinger: TimeAmount = TLSHandler.defaultCloseLinger) {
+                closeLinger: TimeAmount = TLSHandler.defaultCloseLinger, idleTimeout: TimeAmount? = nil) {
+        self.idleWatch = idleTimeout.map { IdleWatch(timeout: $0) }
         self.willStartClientHandshake = willStartClientHandshake
         self.closeLinger = closeLinger
         self.connection = connection
@@ -121,15 +132,22 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     public var serverRequestedCertificate: Bool { connection.serverRequestedCertificate }
 
     public func handlerAdded(context: ChannelHandlerContext) {
+        if context.channel.isActive { startIdleChecks(context: context) }
         if connection.role == .client && context.channel.isActive { advance(context: context) }
     }
 
+    public func handlerRemoved(context: ChannelHandlerContext) {
+        stopIdleChecks()
+    }
+
     public func channelActive(context: ChannelHandlerContext) {
+        startIdleChecks(context: context)
         context.fireChannelActive()
         if connection.role == .client { advance(context: context) }
     }
 
     public func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        idleWatch?.noteActivity()
         let ciphertext = unwrapInboundIn(data)
         guard state != .closed else { return }
         // OpenSSL reads the received bytes in place while the handshake and the plaintext
@@ -174,6 +192,7 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
         }
         handshakePromise = nil
         state = .closed
+        stopIdleChecks()
         failBufferedWrites(ChannelError.ioOnClosedChannel)
         if let lingering = lingeringClose {
             // Closed while the close waited (the peer reset, or someone closed below us).
@@ -193,6 +212,9 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
     // MARK: outbound
 
     public func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        // A write is activity when issued, not when it completes: a peer that stopped
+        // reading stops being written to (backpressure), so the count stops all the same.
+        idleWatch?.noteActivity()
         let plaintext = unwrapOutboundIn(data)
         switch state {
         case .handshaking, .pausedAtClientHello, .active:
@@ -488,6 +510,24 @@ public final class TLSHandler: ChannelDuplexHandler, RemovableChannelHandler {
             wrote = true
         }
         return wrote
+    }
+
+    /// One timer per connection, at a quarter of the idle timeout; activity only counts.
+    private func startIdleChecks(context: ChannelHandlerContext) {
+        guard let watch = idleWatch, idleCheck == nil, state != .closed else { return }
+        idleCheck = context.eventLoop.assumeIsolated().scheduleTask(in: watch.checkInterval) { [weak self] in
+            guard let self else { return }
+            self.idleCheck = nil
+            guard self.state != .closed, context.channel.isActive else { return }
+            let silent = self.idleWatch?.check() ?? false
+            self.startIdleChecks(context: context)
+            if silent { context.fireUserInboundEventTriggered(IdleStateHandler.IdleStateEvent.all) }
+        }
+    }
+
+    private func stopIdleChecks() {
+        idleCheck?.cancel()
+        idleCheck = nil
     }
 
     private func fireInputClosedOnce(context: ChannelHandlerContext) {

@@ -404,15 +404,15 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
                     ? .init(preferredALPN: clientALPN.preferred, pauseWhenPreferredALPNMissing: false,
                             fallbackALPN: clientALPN.fallback)
                     : .init(preferredALPN: upstream.peer.alpn, pauseWhenPreferredALPNMissing: true))
-            let tls = TLSHandler(connection: serverConnection, handshakePromise: handshake) { offer in
+            let tls = TLSHandler(connection: serverConnection, handshakePromise: handshake, clientHelloResponder: { offer in
                 // Paused at the ClientHello: the client did not offer the upstream's protocol.
                 let promise = context.eventLoop.makePromise(of: String?.self)
                 self.pausedClientHello = promise
                 self.perform(self.machine.clientOfferNeedsNewUpstream(offer), context: context)
                 return promise.futureResult
-            }
+            }, idleTimeout: environment.configuration.idleTimeout)
             let clientGlue = GlueHandler(countRelayed: tunnelBytes.counter(clientSide: true))
-            var handlers: [ChannelHandler] = [IdleTimeoutHandler(timeout: environment.configuration.idleTimeout), tls]
+            var handlers: [ChannelHandler] = [tls]
             handlers.append(contentsOf: environment.decisionPolicy.makeTunnelInspectors(target: request.authority))
             handlers.append(clientGlue)
             try context.pipeline.syncOperations.addHandlers(handlers, position: .last)
