@@ -17,17 +17,21 @@ internal import COpenSSL
 ///
 /// Owned by its `TLSConnection`; the BIO holds it unretained, and the `SSL` (which owns the
 /// BIO) is freed in the connection's `deinit`, before the outbox goes.
+///
+/// Its stored properties carry no runtime exclusivity check, for the reason
+/// `CiphertextInbox` gives: plain reads and assignments, memory copies, and nothing called
+/// out while an access lasts.
 final class CiphertextOutbox {
     /// Ciphertext not yet taken, from `backlogStart` on.
-    private var backlog: [UInt8] = []
-    private var backlogStart = 0
+    @exclusivity(unchecked) private var backlog: [UInt8] = []
+    @exclusivity(unchecked) private var backlogStart = 0
     /// The caller's buffer, writable only during `withWindow`; `windowUsed` is how much of
     /// it OpenSSL has filled.
-    private var window: UnsafeMutableRawBufferPointer?
-    private var windowUsed = 0
+    @exclusivity(unchecked) private var window: UnsafeMutableRawBufferPointer?
+    @exclusivity(unchecked) private var windowUsed = 0
     /// Every ciphertext byte that went through the backlog (a copy in and a copy out),
     /// for tests and for deciding how big a window must be.
-    private(set) var backlogBytesTotal = 0
+    @exclusivity(unchecked) private(set) var backlogBytesTotal = 0
 
     /// Ciphertext waiting in the backlog.
     var count: Int { backlog.count - backlogStart }
