@@ -1,12 +1,14 @@
 import NIOCore
 import NIOHTTP1
+import PinGateNIO
 
 /// The client side of a request-aware tunnel when the client speaks HTTP/1.x.
 ///
-/// Pipeline (client channel, behind the TLS handler): NIO's `HTTPResponseEncoder` and
-/// `HTTPRequestDecoder` (llhttp, strict: `Content-Length` with `Transfer-Encoding`,
-/// duplicate `Content-Length`, bare LF and bad header bytes are parse errors), then this
-/// handler (`addCodecs`). It turns parts into router calls and router calls into parts.
+/// Pipeline (client channel, behind the TLS handler): NIO's `HTTPRequestDecoder` (llhttp,
+/// strict: `Content-Length` with `Transfer-Encoding`, duplicate `Content-Length`, bare LF
+/// and bad header bytes are parse errors), then this handler (`addCodecs`). It turns
+/// request parts into router calls, and router calls into the answer's bytes, which it
+/// encodes itself (`HTTP1ResponseWriter`) and writes to the TLS handler.
 ///
 /// Pipelining: a request that arrives while the previous response is still going out waits
 /// here, parts and all, and reading stops until it has been handed on, so responses leave in
@@ -22,7 +24,7 @@ import NIOHTTP1
 final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     typealias InboundIn = HTTPServerRequestPart
     typealias OutboundIn = Never
-    typealias OutboundOut = HTTPServerResponsePart
+    typealias OutboundOut = ByteBuffer
 
     private let router: TunnelRouter
     private var context: ChannelHandlerContext?
@@ -39,6 +41,11 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     /// start handing them on a second time).
     private var handingOnQueued = false
     private var nextID = 1
+    /// How the answer being written is framed on the wire.
+    private var responseWriter = HTTP1ResponseWriter()
+    /// Where head buffers come from: the loop's recycler, which hands a buffer out again
+    /// only once the TLS handler has sealed it and let go. Reached on the loop's thread.
+    private lazy var recycler = ByteBufferRecycler.forCurrentThread()
     private var flow = BodyFlowControl()
     private var closing = false
     /// The client half-closed: no request will follow the one in flight.
@@ -287,9 +294,11 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         headers.add(name: "content-length", value: "\(body.utf8.count)")
         headers.add(name: "pingate-refusal", value: RequestRefusal.malformedRequest.rawValue)
         headers.add(name: "connection", value: "close")
-        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .badRequest, headers: headers))), promise: nil)
-        context.write(wrapOutboundOut(.body(.byteBuffer(context.channel.allocator.buffer(string: body)))), promise: nil)
-        context.writeAndFlush(wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in context.close(promise: nil) }
+        writeHead(version: .http1_1, status: 400, headers: headers, requestMethod: nil, context: context)
+        writeBody(context.channel.allocator.buffer(string: body), context: context)
+        writeEnd(trailers: nil, context: context)
+        context.flush()
+        context.close(promise: nil)
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
@@ -371,8 +380,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         } else if (!current.keepAlive || drainRequested) && head.status >= 200 {
             headers.add(name: "connection", value: "close")
         }
-        let status = HTTPResponseStatus(statusCode: head.status)
-        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: current.version, status: status, headers: headers))), promise: nil)
+        writeHead(version: current.version, status: head.status, headers: headers, requestMethod: current.method, context: context)
         if endStream && head.status >= 200 { endResponse(id, trailers: nil) }
     }
 
@@ -384,8 +392,8 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
             router.responseBodyDiscarded(id, bytes: count)
             return
         }
-        // Relayed: the codecs are gone, the bytes are the WebSocket's own.
-        context.write(relaying == id ? NIOAny(bytes) : wrapOutboundOut(.body(.byteBuffer(bytes))), promise: nil)
+        // Relayed: the decoder is gone, the bytes are the WebSocket's own.
+        if relaying == id { context.write(wrapOutboundOut(bytes), promise: nil) } else { writeBody(bytes, context: context) }
         // Held until flushed (`flush`, `endResponse`): writability means something only once
         // the bytes have gone through the TLS handler to the socket's queue.
         router.responseBodyWritten(id, bytes: count, writable: false)
@@ -400,7 +408,8 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
             return
         }
         answering = nil
-        context.writeAndFlush(wrapOutboundOut(.end(trailers)), promise: nil)
+        writeEnd(trailers: trailers, context: context)
+        context.flush()
         creditIfWritable(context)
         if !finished.keepAlive || failing || drainRequested || (inputEnded && queued.isEmpty && pendingParseError == nil) {
             close()
@@ -419,16 +428,15 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         let body = "pingate: \(detail)\n"
         var headers = HTTPHeaders()
         headers.add(name: "content-type", value: "text/plain; charset=utf-8")
-        // NIO's encoder writes no body for an answer to HEAD or CONNECT (it pairs each answer
-        // with its request's method): a HEAD answer states the length a GET's would have, a
-        // CONNECT's refusal says 0, which is what it carries (without a length, only the
-        // connection's close would end it, RFC 9112 §6.3, and the connection stays).
+        // No body goes with an answer to HEAD or CONNECT (`HTTP1ResponseWriter`): a HEAD
+        // answer states the length a GET's would have, a CONNECT's refusal says 0, which is
+        // what it carries (without a length, only the connection's close would end it,
+        // RFC 9112 §6.3, and the connection stays).
         headers.add(name: "content-length", value: answered.method == .CONNECT ? "0" : "\(body.utf8.count)")
         headers.add(name: "pingate-refusal", value: refusal)
         if !answered.keepAlive || failing || drainRequested { headers.add(name: "connection", value: "close") }
-        let head = HTTPResponseHead(version: answered.version, status: HTTPResponseStatus(statusCode: status), headers: headers)
-        context.write(wrapOutboundOut(.head(head)), promise: nil)
-        context.write(wrapOutboundOut(.body(.byteBuffer(context.channel.allocator.buffer(string: body)))), promise: nil)
+        writeHead(version: answered.version, status: status, headers: headers, requestMethod: answered.method, context: context)
+        writeBody(context.channel.allocator.buffer(string: body), context: context)
         // The refused request's body may still be arriving; it is read and dropped by the
         // router, and the next pipelined request is handed over once this answer ended.
         endResponse(id, trailers: nil)
@@ -543,8 +551,9 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         headers.add(name: "upgrade", value: WebSocketHandshake.token)
         headers.add(name: "sec-websocket-accept", value: WebSocketHandshake.accept(forKey: key))
         let version = answering?.version ?? .http1_1
-        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: version, status: .switchingProtocols, headers: headers))), promise: nil)
-        context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+        writeHead(version: version, status: 101, headers: headers, requestMethod: answering?.method, context: context)
+        writeEnd(trailers: nil, context: context)
+        context.flush()
         upgraded = true
         upgradeAsked = nil
         relaying = id
@@ -564,6 +573,49 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         router.requestBody(id, bytes)
     }
 
+    /// Ends the `101` answer written last (it has no bytes of its own past its head) and
+    /// sends it: the connection is about to become a byte relay.
+    func endSwitchingAnswer() {
+        guard let context else { return }
+        writeEnd(trailers: nil, context: context)
+        context.flush()
+    }
+
+    // MARK: the answer's bytes
+
+    /// Writes an answer's head, encoded into a buffer from the loop's recycler.
+    private func writeHead(version: HTTPVersion, status: Int, headers: HTTPHeaders, requestMethod: HTTPMethod?,
+                           context: ChannelHandlerContext) {
+        var buffer = recycler.take(minimumCapacity: Self.headBufferSize, allocator: context.channel.allocator)
+        responseWriter.writeHead(version: version, status: status, headers: headers, requestMethod: requestMethod, into: &buffer)
+        context.write(wrapOutboundOut(buffer), promise: nil)
+        recycler.give(buffer)
+    }
+
+    /// Writes body bytes as the answer's framing says: as they are, between a chunk's size
+    /// line and its CRLF, or not at all for an answer to HEAD or CONNECT (which carries none).
+    private func writeBody(_ bytes: ByteBuffer, context: ChannelHandlerContext) {
+        guard !responseWriter.bodySuppressed else { return }
+        if let chunkHead = responseWriter.chunkHead(count: bytes.readableBytes, allocator: context.channel.allocator) {
+            context.write(wrapOutboundOut(chunkHead), promise: nil)
+            context.write(wrapOutboundOut(bytes), promise: nil)
+            context.write(wrapOutboundOut(HTTP1ResponseWriter.chunkEnd), promise: nil)
+        } else if bytes.readableBytes > 0 {
+            context.write(wrapOutboundOut(bytes), promise: nil)
+        }
+    }
+
+    /// Writes the answer's end (the last chunk and trailers, when chunked).
+    private func writeEnd(trailers: HTTPHeaders?, context: ChannelHandlerContext) {
+        guard responseWriter.endAnswer() else { return }
+        var buffer = context.channel.allocator.buffer(capacity: 64)
+        HTTP1ResponseWriter.writeLastChunk(trailers: trailers, into: &buffer)
+        context.write(wrapOutboundOut(buffer), promise: nil)
+    }
+
+    /// A head buffer's first size: most answers' heads fit (a larger one grows).
+    private static let headBufferSize = 512
+
     /// After a `101`, this handler only passes raw bytes on (to the byte relay behind it).
     func becomeByteRelay() {
         upgraded = true
@@ -580,39 +632,26 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         }
     }
 
-    /// The HTTP/1.1 server codecs this side works behind, added at `position`: NIO's response
-    /// encoder and its request decoder (llhttp), paired by NIO so that answers to `HEAD` carry
-    /// no body. No response header validator (NIO's `NIOHTTPResponseHeadersValidator`, one
-    /// more handler every response part passed through, scanning every field byte): every
-    /// field an answer carries was read by a validating parser (llhttp strict from an
-    /// HTTP/1.1 upstream, which refuses a CR, LF, NUL or control byte in a field and
-    /// obs-fold; nghttp2 from an `h2` one, which refuses what RFC 9113 §8.2.1 does) or is the
-    /// gate's own (constant names, numbers, and tokens those parsers read).
+    /// The HTTP/1.1 server codec this side works behind, added at `position`: NIO's request
+    /// decoder (llhttp). Answers are encoded by this side itself (`HTTP1ResponseWriter`),
+    /// with no response header validator (NIO's `NIOHTTPResponseHeadersValidator` scanned
+    /// every field byte again): every field an answer carries was read by a validating
+    /// parser (llhttp strict from an HTTP/1.1 upstream, which refuses a CR, LF, NUL or
+    /// control byte in a field and obs-fold; nghttp2 from an `h2` one, which refuses what
+    /// RFC 9113 §8.2.1 does) or is the gate's own (constant names, numbers, and tokens those
+    /// parsers read).
     ///
     /// Bytes the decoder holds when it stops, after an upgrade request, are handed on as it
-    /// leaves: to fresh codecs when no switch came, to the relay after a `101`. No pipelining handler: this side orders pipelined requests
-    /// itself.
+    /// leaves (`.forwardBytes`; NIO's default drops them): to fresh codecs when no switch
+    /// came, so a request pipelined behind an upgrade answered without one is not lost, and
+    /// to the relay after a `101`. No pipelining handler: this side orders pipelined
+    /// requests itself.
     static func addCodecs(to pipeline: ChannelPipeline.SynchronousOperations, position: ChannelPipeline.SynchronousOperations.Position) throws {
-        // An upgrade configuration with no upgraders is how NIO's request decoder is made to
-        // hand on, when it leaves, the bytes it held past a request that asked for an upgrade
-        // (`.forwardBytes`; without one it drops them): a request pipelined behind an upgrade
-        // that was answered without a switch reaches the fresh decoder instead of vanishing.
-        // Its handler finds no upgrader for any request and leaves after the first one.
-        // The gate frames every answer itself (`ResponseBodyFraming`): NIO's automatic
-        // framing would add chunking or keep a length by the fields alone.
-        var encoder = HTTPResponseEncoder.Configuration()
-        encoder.automaticallySetFramingHeaders = false
-        try pipeline.configureHTTPServerPipeline(
-            position: position, withPipeliningAssistance: false,
-            withServerUpgrade: (upgraders: [], completionHandler: { _ in }), withErrorHandling: false,
-            withOutboundHeaderValidation: false, withEncoderConfiguration: encoder)
+        try pipeline.addHandler(ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .forwardBytes)), position: position)
     }
 
     /// The handlers `addCodecs` added, to take out.
     static func codecs(in pipeline: ChannelPipeline.SynchronousOperations) throws -> [RemovableChannelHandler] {
-        [
-            try pipeline.handler(type: HTTPResponseEncoder.self),
-            try pipeline.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self),
-        ]
+        [try pipeline.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self)]
     }
 }

@@ -266,8 +266,8 @@ package enum RequestAwareTunnel {
                                           upstreamSide: HTTP1UpstreamSide, makeGlue: (_ clientSide: Bool) -> GlueHandler) {
         let clientPipeline = client.pipeline.syncOperations
         let upstreamPipeline = upstream.pipeline.syncOperations
-        // The 101 head is written; its end completes the response for the encoder.
-        _ = try? clientPipeline.context(handlerType: HTTP1ClientSide.self).writeAndFlush(NIOAny(HTTPServerResponsePart.end(nil)))
+        // The 101 head is written; its end completes it.
+        clientSide.endSwitchingAnswer()
         clientSide.becomeByteRelay()
         let clientRelay = makeGlue(true)
         let upstreamRelay = makeGlue(false)
