@@ -43,6 +43,21 @@ struct CreditLedger {
         case response
     }
 
+    /// A count per direction: two fields, no hashing (the ledger counts on every body
+    /// chunk, and a dictionary keyed by direction hashed each time).
+    struct PerDirection: Equatable, Sendable {
+        /// The request direction's count.
+        var request = 0
+        /// The response direction's count.
+        var response = 0
+
+        /// The count of `direction`.
+        subscript(direction: Direction) -> Int {
+            get { direction == .request ? request : response }
+            set { if direction == .request { request = newValue } else { response = newValue } }
+        }
+    }
+
     /// Credit to give back to the source leg of `direction`: `bytes` of its exchange
     /// `sourceID` may now be read again (a WINDOW_UPDATE, or reading resumed).
     struct Credit: Equatable, Sendable {
@@ -87,8 +102,18 @@ struct CreditLedger {
     private(set) var givenToGoneSource = 0
     /// Body bytes taken and given back over the ledger's life, per direction (for tests
     /// and the soak: at quiescence the two are equal).
-    private(set) var taken: [Direction: Int] = [.request: 0, .response: 0]
-    private(set) var given: [Direction: Int] = [.request: 0, .response: 0]
+    private(set) var taken = PerDirection()
+    private(set) var given = PerDirection()
+    /// Bytes held per direction (the sum of the accounts' `held`): a drain with nothing held
+    /// has nothing to settle and skips the pass over the accounts, which runs at every
+    /// flush of a sink.
+    private(set) var heldTotal = PerDirection()
+
+    /// The sum of the accounts' held bytes in `direction`, counted afresh (tests hold
+    /// `heldTotal` to it).
+    func heldByAccounts(_ direction: Direction) -> Int {
+        accounts.reduce(0) { $0 + ($1.key.direction == direction ? $1.value.held : 0) }
+    }
 
     /// How many accounts are open (exchanges with credit still to give back).
     var openAccounts: Int { accounts.count }
@@ -108,15 +133,15 @@ struct CreditLedger {
         // A sink that said it was done and is handed more (it should not be) still gives
         // them back: it will never write them.
         accounts[key] = account
-        taken[direction, default: 0] += bytes
+        taken[direction] += bytes
     }
 
     /// `bytes` the source read could not be forwarded (a refused request's body, an
     /// exchange that had already ended): given back at once.
     mutating func returnedUnforwarded(_ direction: Direction, sourceID: Int, bytes: Int) -> Credit? {
         guard bytes > 0 else { return nil }
-        taken[direction, default: 0] += bytes
-        given[direction, default: 0] += bytes
+        taken[direction] += bytes
+        given[direction] += bytes
         return Credit(direction: direction, sourceID: sourceID, bytes: bytes)
     }
 
@@ -128,6 +153,7 @@ struct CreditLedger {
         var account = found
         if !writable {
             account.held += counted
+            heldTotal[direction] += counted
             accounts[key] = account
             return nil
         }
@@ -137,6 +163,8 @@ struct CreditLedger {
     /// The sink of `direction` drained (its channel is writable again): everything held
     /// for it is given back.
     mutating func drained(_ direction: Direction) -> ShortList<Credit> {
+        guard heldTotal[direction] > 0 else { return ShortList() }
+        heldTotal[direction] = 0
         // The accounts to settle first, then settled: changing the dictionary while
         // iterating it copied all of it, once per drain (issue 32's malloc profile).
         var holding = ShortList<(key: Key, account: Account)>()
@@ -171,7 +199,7 @@ struct CreditLedger {
         guard let (key, found, counted) = placed(direction, sinkID: sinkID, bytes: bytes) else { return }
         var account = found
         account.outstanding -= counted
-        taken[direction, default: 0] -= counted
+        taken[direction] -= counted
         if account.sinkDone && account.outstanding == 0 {
             accounts[key] = nil
         } else {
@@ -217,6 +245,7 @@ struct CreditLedger {
     /// Every account of `direction` gives back all it has outstanding, and closes.
     mutating func sinkGone(_ direction: Direction) -> [Credit] {
         goneSinks.insert(direction)
+        heldTotal[direction] = 0
         var credits: [Credit] = []
         for (key, account) in accounts where key.direction == direction {
             var account = account
@@ -256,7 +285,7 @@ struct CreditLedger {
             accounts[key] = account
         }
         guard bytes > 0 else { return nil }
-        given[key.direction, default: 0] += bytes
+        given[key.direction] += bytes
         if account.sourceGone {
             givenToGoneSource += bytes
             return nil

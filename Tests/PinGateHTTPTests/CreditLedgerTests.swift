@@ -144,6 +144,9 @@ struct CreditLedgerTests {
                 }
                 // Never more given back than taken, at any point.
                 #expect(returned.values.reduce(0, +) <= taken)
+                // The running total of held bytes (which lets a drain skip its pass when it
+                // is 0) is the accounts' sum, after every step.
+                #expect(ledger.heldTotal[.response] == ledger.heldByAccounts(.response))
             }
             // Quiescence: the sink writes what it holds, its channel drains.
             for exchange in 0..<4 where queued[exchange] > 0 {

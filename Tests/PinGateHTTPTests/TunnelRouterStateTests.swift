@@ -391,6 +391,9 @@ struct TunnelRouterStateTests {
                 #expect(model.creditedUp[id] ?? 0 == sent, "\(id): \(sent) bytes sent, \(model.creditedUp[id] ?? 0) credited — \(model.log)")
             }
             #expect(model.state.ledger.taken[.request] == model.state.ledger.given[.request])
+            for direction in CreditLedger.Direction.allCases {
+                #expect(model.state.ledger.heldTotal[direction] == model.state.ledger.heldByAccounts(direction))
+            }
         }
     }
 
