@@ -15,7 +15,8 @@ import NIOHTTP1
 /// The rules are NIO's, which the tests hold it to byte for byte: a body is chunked when the
 /// head's first `Transfer-Encoding` field says exactly `chunked` on HTTP/1.1; an answer to
 /// `HEAD` or `CONNECT` carries no body and no last chunk, whatever its head says; an interim
-/// `1xx` other than `101` leaves the state to the final answer that follows.
+/// `1xx` other than `101` leaves the state to the final answer that follows. One rule is
+/// stricter than NIO's: a `101` is never chunked (what follows it is the switched protocol).
 struct HTTP1ResponseWriter {
     /// The answer being written is chunked.
     private(set) var chunked = false
@@ -32,7 +33,9 @@ struct HTTP1ResponseWriter {
                             into buffer: inout ByteBuffer) {
         if !(100..<200).contains(status) || status == 101 {
             bodySuppressed = requestMethod == .HEAD || requestMethod == .CONNECT
-            chunked = !bodySuppressed && version.major == 1 && version.minor >= 1
+            // After a 101 the connection carries another protocol: never a last chunk of
+            // ours in its bytes, whatever the head said (the gate's framing drops the field).
+            chunked = !bodySuppressed && status != 101 && version.major == 1 && version.minor >= 1
                 && headers.first(name: "transfer-encoding") == "chunked"
         }
         let reason = HTTPResponseStatus(statusCode: status).reasonPhrase
@@ -96,13 +99,14 @@ struct HTTP1ResponseWriter {
     }
 
     /// The bytes `name: value\r\n` take for every field.
-    private static func fieldsSize(_ headers: HTTPHeaders) -> Int {
+    static func fieldsSize(_ headers: HTTPHeaders) -> Int {
         var size = 0
         for (name, value) in headers { size += name.utf8.count + 2 + value.utf8.count + 2 }
         return size
     }
 
-    private static func copyFields(_ headers: HTTPHeaders, to space: UnsafeMutableRawBufferPointer, at start: Int) -> Int {
+    /// Copies every field as `name: value\r\n` to `space` at `start`; returns where they end.
+    static func copyFields(_ headers: HTTPHeaders, to space: UnsafeMutableRawBufferPointer, at start: Int) -> Int {
         var at = start
         for (name, value) in headers {
             at = copy(name, to: space, at: at)
@@ -114,14 +118,15 @@ struct HTTP1ResponseWriter {
         return at
     }
 
-    private static func crlf(_ space: UnsafeMutableRawBufferPointer, at: Int) -> Int {
+    /// Writes CRLF at `at`; returns where it ends.
+    static func crlf(_ space: UnsafeMutableRawBufferPointer, at: Int) -> Int {
         space[at] = UInt8(ascii: "\r")
         space[at + 1] = UInt8(ascii: "\n")
         return at + 2
     }
 
     /// Copies `text`'s UTF-8 bytes to `space` at `at`; returns where they end.
-    private static func copy(_ text: String, to space: UnsafeMutableRawBufferPointer, at: Int) -> Int {
+    static func copy(_ text: String, to space: UnsafeMutableRawBufferPointer, at: Int) -> Int {
         let count = text.utf8.count
         let target = UnsafeMutableRawBufferPointer(rebasing: space[at..<(at + count)])
         if text.utf8.withContiguousStorageIfAvailable({ target.copyMemory(from: UnsafeRawBufferPointer($0)) }) == nil {

@@ -3,8 +3,9 @@ import NIOHTTP1
 
 /// The upstream side of a request-aware tunnel when the upstream speaks HTTP/1.1.
 ///
-/// Pipeline (upstream channel, behind the TLS handler): NIO's `HTTPRequestEncoder`, its
-/// `HTTPResponseDecoder` (which watches the requests going out, so a response to `HEAD`
+/// Pipeline (upstream channel, behind the TLS handler): the gate's request encoder
+/// (`HTTP1RequestEncoderHandler`), NIO's `HTTPResponseDecoder` (which watches the requests
+/// going out, so a response to `HEAD`
 /// is read without a body; informational responses are passed on; bytes after a `101`
 /// are kept for the byte relay), then this handler. The codecs go in with the first
 /// request (`addCodecsIfNeeded`): until then the upstream has nothing to answer, and a
@@ -401,11 +402,9 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             let boundaryGuard = HTTP1ResponseBoundaryHandler(events: .init(
                 unsolicited: { [weak self] in self?.unsolicitedBytes() },
                 boundaryReached: { [weak self] in self?.boundaryReached() }))
-            // The gate frames every request itself (`RequestBodyFraming.applyHTTP1`): NIO's
-            // automatic framing would only scan the fields again and agree.
-            var encoder = HTTPRequestEncoder.Configuration()
-            encoder.automaticallySetFramingHeaders = false
-            try context.pipeline.syncOperations.addHandlers([HTTPRequestEncoder(configuration: encoder), boundaryGuard, decoder],
+            // The gate frames every request itself (`RequestBodyFraming.applyHTTP1`) and
+            // encodes it (`HTTP1RequestEncoderHandler`).
+            try context.pipeline.syncOperations.addHandlers([HTTP1RequestEncoderHandler(), boundaryGuard, decoder],
                                                             position: .before(self))
             self.boundaryGuard = boundaryGuard
         } catch {
@@ -634,7 +633,7 @@ final class HTTP1UpstreamSide: ChannelDuplexHandler, TunnelUpstreamSide {
             try pipeline.addHandler(RawBytesTap { [weak self] bytes in self?.relayed(bytes) }, position: .after(self))
             // The decoder's removal hands on what it holds past the 101 (`.forwardBytes`).
             pipeline.removeHandler(try pipeline.handler(type: ByteToMessageHandler<HTTPResponseDecoder>.self), promise: nil)
-            pipeline.removeHandler(try pipeline.handler(type: HTTPRequestEncoder.self), promise: nil)
+            pipeline.removeHandler(try pipeline.handler(type: HTTP1RequestEncoderHandler.self), promise: nil)
         } catch {
             close()
             return

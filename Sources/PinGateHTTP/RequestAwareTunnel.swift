@@ -278,7 +278,7 @@ package enum RequestAwareTunnel {
             // (`.forwardBytes` upstream; a WebSocket client sends nothing before the 101).
             for handler in try HTTP1ClientSide.codecs(in: clientPipeline) { clientPipeline.removeHandler(handler, promise: nil) }
             upstreamPipeline.removeHandler(try upstreamPipeline.handler(type: ByteToMessageHandler<HTTPResponseDecoder>.self), promise: nil)
-            upstreamPipeline.removeHandler(try upstreamPipeline.handler(type: HTTPRequestEncoder.self), promise: nil)
+            upstreamPipeline.removeHandler(try upstreamPipeline.handler(type: HTTP1RequestEncoderHandler.self), promise: nil)
             GlueHandler.join(clientRelay, upstreamRelay)
         } catch {
             client.close(promise: nil)
