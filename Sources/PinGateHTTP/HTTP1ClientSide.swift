@@ -247,10 +247,10 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
         // client has been told.
         guard !closing, pendingParseError == nil else { return }
         guard !upgraded else {
-            // After a switch the codecs are gone: an HTTP answer written now would reach the
-            // TLS handler as an HTTP part, which it cannot encode (a crash, not a refusal).
-            // The error is the relayed protocol's or the transport's (a TLS alert, bytes that
-            // are not TLS): the tunnel ends, as a byte relay's does.
+            // After a switch the connection carries the relayed protocol: an HTTP answer
+            // written now would land in the middle of its bytes. The error is the relayed
+            // protocol's or the transport's (a TLS alert, bytes that are not TLS): the tunnel
+            // ends, as a byte relay's does.
             close()
             return
         }
@@ -505,8 +505,7 @@ final class HTTP1ClientSide: ChannelDuplexHandler, TunnelClientSide {
     /// upstream, or the upstream answered it normally) the connection is still keep-alive
     /// HTTP/1.1, yet the client's next request would never be parsed: the tunnel hung until
     /// the idle timeout. So once such a request has been read to its end and answered, the
-    /// codecs are replaced by a fresh set configured as at install (the encoder goes with the
-    /// decoder: NIO pairs them so that answers to HEAD carry no body).
+    /// decoder is replaced by a fresh one configured as at install.
     ///
     /// The swap runs as an event-loop task: by then the old decoder has returned from delivering the request's `.end` (a refusal answers while the head
     /// is being delivered). NIO runs that task, and the old decoder's own deferred removal,

@@ -19,6 +19,9 @@ enum PingateMain {
             exit(0)
         }
         RunLoop.main.run()
+        // `run()` returns only if the run loop has no source at all, which the main queue
+        // always is: should that change, the main queue is drained as Swift's async main would.
+        dispatchMain()
     }
 }
 

@@ -91,6 +91,8 @@ struct HTTP1ResponseWriterTests {
             case 3: fields.insert(("transfer-encoding", "chunked"), at: 0)
             default: break
             }
+            // NIO would chunk a 101 that says so; the gate never does (tested apart).
+            if status == 101 { fields.removeAll { $0.0.lowercased() == "transfer-encoding" } }
             headers = HTTPHeaders(fields)
             body = (0..<(code(9) % 4)).map { ByteBuffer(repeating: UInt8(97 + $0), count: code(10 + $0) % 3000) }
             trailers = code(11) % 3 == 0 ? HTTPHeaders([("x-checksum", "abc"), ("grpc-status", "0")]) : nil
@@ -146,7 +148,7 @@ struct HTTP1ResponseWriterTests {
         #expect(writer.chunked && !writer.bodySuppressed)
     }
 
-    @Test("an interim 1xx leaves the framing to the final answer; a 101 is final")
+    @Test("an interim 1xx leaves the framing to the final answer; a 101 is final and never chunked")
     func interimAnswers() {
         var writer = HTTP1ResponseWriter()
         var wire = ByteBuffer()
@@ -156,8 +158,9 @@ struct HTTP1ResponseWriterTests {
         #expect(writer.bodySuppressed)
         #expect(String(buffer: wire) == "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n\r\n")
         var switching = HTTP1ResponseWriter()
-        switching.writeHead(version: .http1_1, status: 101, headers: ["upgrade": "websocket"], requestMethod: .GET, into: &wire)
-        #expect(!switching.chunked && !switching.endAnswer())
+        switching.writeHead(version: .http1_1, status: 101, headers: ["upgrade": "websocket", "transfer-encoding": "chunked"],
+                            requestMethod: .GET, into: &wire)
+        #expect(!switching.chunked && !switching.endAnswer(), "a 101 is never chunked: no last chunk lands in the relayed bytes")
     }
 
     @Test("a head larger than its buffer grows it; a field value with non-ASCII UTF-8 goes as its bytes")
