@@ -148,7 +148,7 @@ enum ConfigKeyTable {
         Key("refusal-log-size", .wholeNumber(unit: "refusals"), default: "100", range: 1...100_000,
             "How many recent refusals GET /refusals and the status page keep."),
         Key("idle-timeout-seconds", .wholeNumber(unit: "seconds"), default: "300",
-            "A tunnel with no traffic either way for this long is closed."),
+            "A tunnel with no traffic either way for this long is closed (it is noticed within a quarter of this time after)."),
         Key("client-handshake-timeout-seconds", .wholeNumber(unit: "seconds"), default: "10", flag: "--client-handshake-timeout",
             "After the 200, how long the client has to finish its TLS handshake with the gate; then both legs are closed."),
         Key("drain-timeout-seconds", .wholeNumber(unit: "seconds"), default: "30", flag: "--drain-timeout", range: 0...3600,
