@@ -66,7 +66,7 @@ struct CreditLedger {
         var bytes: Int
     }
 
-    private struct Key: Hashable {
+    private struct Key: Equatable {
         var direction: Direction
         var sinkID: Int
     }
@@ -88,7 +88,9 @@ struct CreditLedger {
         var sourceGone = false
     }
 
-    private var accounts: [Key: Account] = [:]
+    /// The open accounts, searched in order (`SmallTable`): a tunnel has an account or two
+    /// open at a time, and they are reached on every body chunk.
+    private var accounts = SmallTable<Key, Account>()
     /// Bytes reported to the ledger that no account had outstanding: always 0 unless a
     /// side miscounts. Exported as a metric and asserted in tests.
     private(set) var unplaced = 0

@@ -269,8 +269,10 @@ struct TunnelRouterState {
     /// Set once the tunnel's upstream is a private connection (`UpstreamDial.privateHTTP1`):
     /// it goes to no other tunnel.
     private var upstreamIsPrivate = false
-    private var exchanges: [ClientExchangeID: ExchangeRecord] = [:]
-    private var clientIDByUpstreamID: [UpstreamExchangeID: ClientExchangeID] = [:]
+    /// Open exchanges, and which one each upstream exchange belongs to: searched in order
+    /// (`SmallTable`), as there are few, and they are looked up on every response part.
+    private var exchanges = SmallTable<ClientExchangeID, ExchangeRecord>()
+    private var clientIDByUpstreamID = SmallTable<UpstreamExchangeID, ClientExchangeID>()
     /// Requests waiting, in arrival order, for the new upstream connection being opened.
     private var pending: [PendingRequest] = []
     private var reconnecting = false
@@ -522,7 +524,7 @@ struct TunnelRouterState {
                                                           endStream: Bool, connectionBlocker: UpstreamNotPooledReason?,
                                                           into actions: inout Actions) -> Bool {
         guard !clientUsesStreamIDs, upstream == .http2Lane, canReconnect, !reconnecting, !ended, pending.isEmpty,
-              exchanges.values.allSatisfy({ $0.responseEnded }), ledger.openAccounts == 0,
+              exchanges.allValues(satisfy: { $0.responseEnded }), ledger.openAccounts == 0,
               head.upgrade.map(WebSocketHandshake.isWebSocket) == true else { return false }
         // The lane leaves the shared connection, which stays with the other tunnels.
         leaveForNewConnection(connectionBlocker: connectionBlocker, into: &actions)
@@ -968,7 +970,7 @@ struct TunnelRouterState {
                                            into actions: inout Actions) -> Bool {
         guard reconnectsWhenUpstreamCloses(switchedProtocols: false), !reconnecting, upstream != .none,
               !exchange.retried, let request = exchange.unsent, request.endStream || exchange.bytesUp == 0,
-              !exchanges.values.contains(where: { $0 !== exchange && !$0.responseEnded && ($0.upstreamID != nil || $0.starting) })
+              !exchanges.containsValue(where: { $0 !== exchange && !$0.responseEnded && ($0.upstreamID != nil || $0.starting) })
         else { return false }
         detachFromUpstream(exchange)
         exchange.unsent = nil
