@@ -166,8 +166,11 @@ final class HTTP2Wire {
         fields.reserveCapacity(headers.count)
         for (name, value) in headers {
             let lower = name.lowercased()
-            if lower == "te" && value.lowercased() != "trailers" { continue }
-            if ConnectionSpecificHeaders.names.contains(lower) && lower != "te" { continue }
+            if lower == "te" {
+                if value.lowercased() != "trailers" { continue }
+            } else if HTTP1HeadFields.isConnectionSpecific(lower) {
+                continue
+            }
             fields.append(HTTP2HeaderField(lower, value))
         }
         return fields
@@ -176,21 +179,25 @@ final class HTTP2Wire {
     /// The regular (non-pseudo) fields of an HTTP/2 header block as HTTP/1.1 headers,
     /// end-to-end only. Split `cookie` fields are joined with "; " into one, as an
     /// HTTP/1.1 peer expects (RFC 9113 §8.2.3).
+    ///
+    /// The pairs go into an array that becomes the headers whole: `HTTPHeaders.add` scanned
+    /// every name for non-ASCII bytes, and nghttp2 has already refused any name that is not
+    /// a lower-case token (RFC 9113 §8.2.1).
     static func headers(_ fields: [HTTP2HeaderField]) -> HTTPHeaders {
-        var headers = HTTPHeaders()
-        headers.reserveCapacity(fields.count)
+        var pairs: [(String, String)] = []
+        pairs.reserveCapacity(fields.count)
         var cookies: [String] = []
         for field in fields where !field.name.hasPrefix(":") {
             if field.name == "cookie" {
                 cookies.append(field.value)
             } else if field.name == "te" {
-                if field.value.lowercased() == "trailers" { headers.add(name: "te", value: "trailers") }
-            } else if !ConnectionSpecificHeaders.names.contains(field.name) {
-                headers.add(name: field.name, value: field.value)
+                if field.value.lowercased() == "trailers" { pairs.append(("te", "trailers")) }
+            } else if !HTTP1HeadFields.isConnectionSpecific(field.name) {
+                pairs.append((field.name, field.value))
             }
         }
-        if !cookies.isEmpty { headers.add(name: "cookie", value: cookies.joined(separator: "; ")) }
-        return headers
+        if !cookies.isEmpty { pairs.append(("cookie", cookies.joined(separator: "; "))) }
+        return HTTPHeaders(pairs)
     }
 
     /// The value of pseudo-header `name` in `fields`, if present.

@@ -1,4 +1,5 @@
 import NIOHTTP1
+import PropertyBased
 import Testing
 @testable import PinGateHTTP
 
@@ -78,5 +79,46 @@ struct HTTP1HeadFieldsTests {
     func untouched() {
         let headers = HTTPHeaders([("Content-Type", "text/plain"), ("Content-Length", "6"), ("ETag", "\"1\"")])
         #expect(HTTP1HeadFields(headers).endToEnd == headers)
+    }
+
+    @Test("property: a name is connection-specific exactly when the listed names hold it lower-cased, whatever its case (names near and far from the list)")
+    func connectionSpecificAgreesWithTheList() async {
+        for name in ConnectionSpecificHeaders.names {
+            #expect(HTTP1HeadFields.isConnectionSpecific(name) && HTTP1HeadFields.isConnectionSpecific(name.uppercased()), "\(name)")
+        }
+        #expect(!HTTP1HeadFields.isConnectionSpecific("content-length"))
+        // Letters of the listed names, so that lengths and near misses both come up.
+        let character = Gen.element(of: Array("tehosupgradcniklv-2TEHOSPXé")).compactMap { $0 }
+        let listed = Gen.element(of: ConnectionSpecificHeaders.names.sorted()).compactMap { $0 }
+        await propertyCheck(count: 2000, input: character.string(of: 0...20), listed, Gen.int(in: 0...3)) { random, name, shape in
+            // Half the cases start from a listed name, one letter changed or its case flipped.
+            let candidate = switch shape {
+            case 0: random
+            case 1: name.uppercased()
+            case 2: String(name.dropLast()) + random.prefix(1)
+            default: name + random.prefix(1)
+            }
+            #expect(HTTP1HeadFields.isConnectionSpecific(candidate) == ConnectionSpecificHeaders.names.contains(candidate.lowercased()),
+                    "\(candidate.debugDescription)")
+        }
+    }
+
+    @Test("property: the in-place case-insensitive comparison agrees with comparing lower-cased copies, on slices of longer text too")
+    func equalsLowercasedAgreesWithLowercasing() async {
+        let character = Gen.element(of: Array("contel-gHTPSsCONTEé ")).compactMap { $0 }
+        let target = Gen.int(in: 0...3)
+        await propertyCheck(count: 2000, input: character.string(of: 0...18), target, Gen.int(in: 0...2)) { text, which, cut in
+            let targets: [StaticString] = ["content-length", "https", "http", "te"]
+            let lowercased = targets[which]
+            // From a listed word in random case, or random text; sliced from a longer string.
+            let base = cut == 0 ? text : String(describing: lowercased).uppercased()
+            let whole = "x" + base + "y"
+            let slice = whole.dropFirst().dropLast()
+            let expected = slice.lowercased() == String(describing: lowercased)
+            #expect(HTTP1HeadFields.equalsLowercased(slice, lowercased) == expected, "\(slice.debugDescription)")
+        }
+        #expect(HTTP1HeadFields.equalsLowercased("Content-Length", "content-length"))
+        #expect(!HTTP1HeadFields.equalsLowercased("Content-Lengths", "content-length"))
+        #expect(!HTTP1HeadFields.equalsLowercased("Content_Length", "content-length"))
     }
 }
