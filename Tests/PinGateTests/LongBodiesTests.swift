@@ -130,4 +130,26 @@ struct LongBodiesTests {
             }
         }
     }
+
+    @Test("an h2 client that offers only h2 uploads to an HTTP/1.1 origin within 3× the time an HTTP/1.1 client takes to the same origin, in the same run: 4 × 8 MiB each way, three rounds alternating (issue 32's upload row; the gate bridges the h2 upload onto HTTP/1.1)")
+    func bridgedUploadKeepsUp() async throws {
+        try await UpstreamCutTests.withOrigin(http2: false) { gate, origin in
+            var seconds: [String: [Double]] = ["h2": [], "http/1.1": []]
+            // Alternating, so that a slow moment of a busy machine falls on both clients.
+            for _ in 0..<3 {
+                for client in ["http/1.1", "h2"] {
+                    let report = try await Self.transfers(gate, port: origin.port, [
+                        "--protocol", client, "--count", "4", "--path", "/upload", "--upload", "\(Self.bodySize)"])
+                    let transfers = report.transfers ?? []
+                    #expect(transfers.count == 4 && transfers.allSatisfy { $0.error == nil && $0.status == 200
+                        && $0.text == "\($0.sent_sha256 ?? "-") \(Self.bodySize)\n" },
+                            "\(client): \(report.error ?? "") \(transfers.map { $0.error ?? "ok" })")
+                    seconds[client, default: []].append(try #require(report.elapsed_s))
+                }
+            }
+            // The fastest round of each: what each path costs when the machine lets it run.
+            let h2 = try #require(seconds["h2"]?.min()), http1 = try #require(seconds["http/1.1"]?.min())
+            #expect(h2 <= 3 * http1, "h2 \(seconds["h2"] ?? []) s against HTTP/1.1 \(seconds["http/1.1"] ?? []) s")
+        }
+    }
 }
