@@ -212,7 +212,7 @@ struct CommaSeparatedElements: Sequence, IteratorProtocol {
 
     mutating func next() -> Substring? {
         guard !done else { return nil }
-        guard let comma = rest.utf8.firstIndex(of: UInt8(ascii: ",")) else {
+        guard let comma = Self.firstComma(in: rest) else {
             done = true
             return rest
         }
@@ -220,14 +220,34 @@ struct CommaSeparatedElements: Sequence, IteratorProtocol {
         rest = rest[rest.index(after: comma)...]
         return element
     }
+
+    /// Where the first comma of `text` is, searched in its bytes (the generic search over
+    /// the UTF-8 view stepped a checked index per byte).
+    private static func firstComma(in text: Substring) -> String.Index? {
+        let offset = text.utf8.withContiguousStorageIfAvailable { $0.firstIndex(of: UInt8(ascii: ",")) }
+            ?? Array(text.utf8).firstIndex(of: UInt8(ascii: ","))
+        return offset.map { text.utf8.index(text.startIndex, offsetBy: $0) }
+    }
 }
 
 extension Substring {
     /// Without leading and trailing spaces and tabs (optional whitespace, RFC 9110 §5.6.3).
+    ///
+    /// Stepped over the bytes: optional whitespace is octets (RFC 9110 §5.6.3), and stepping
+    /// through `Character`s cost a grapheme breaking pass per step.
     func trimmingASCIISpaces() -> Substring {
-        let isSpace: (Character) -> Bool = { $0 == " " || $0 == "\t" }
-        guard let first = firstIndex(where: { !isSpace($0) }), let last = lastIndex(where: { !isSpace($0) }) else { return self[endIndex...] }
-        return self[first...last]
+        let bytes = utf8
+        var start = bytes.startIndex
+        var end = bytes.endIndex
+        while start < end, bytes[start] == UInt8(ascii: " ") || bytes[start] == UInt8(ascii: "\t") {
+            bytes.formIndex(after: &start)
+        }
+        while start < end {
+            let last = bytes.index(before: end)
+            guard bytes[last] == UInt8(ascii: " ") || bytes[last] == UInt8(ascii: "\t") else { break }
+            end = last
+        }
+        return self[start..<end]
     }
 }
 

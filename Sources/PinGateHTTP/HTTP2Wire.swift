@@ -187,7 +187,9 @@ final class HTTP2Wire {
         var pairs: [(String, String)] = []
         pairs.reserveCapacity(fields.count)
         var cookies: [String] = []
-        for field in fields where !field.name.hasPrefix(":") {
+        // A pseudo-field's name starts with a colon; a byte compare (`hasPrefix` was a
+        // generic string search per field).
+        for field in fields where field.name.utf8.first != UInt8(ascii: ":") {
             if field.name == "cookie" {
                 cookies.append(field.value)
             } else if field.name == "te" {
