@@ -167,7 +167,7 @@ struct CreditLedger {
     mutating func drained(_ direction: Direction) -> ShortList<Credit> {
         guard heldTotal[direction] > 0 else { return ShortList() }
         heldTotal[direction] = 0
-        // The accounts to settle first, then settled: changing the dictionary while
+        // The accounts to settle first, then settled: changing the table while
         // iterating it copied all of it, once per drain (issue 32's malloc profile).
         var holding = ShortList<(key: Key, account: Account)>()
         for (key, account) in accounts where key.direction == direction && account.held > 0 { holding.append((key, account)) }

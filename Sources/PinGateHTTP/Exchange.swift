@@ -217,7 +217,9 @@ struct CommaSeparatedElements: Sequence, IteratorProtocol {
             return rest
         }
         let element = rest[..<comma]
-        rest = rest[rest.index(after: comma)...]
+        // Past the comma's byte: `index(after:)` on the substring steps a whole
+        // `Character`, which would take a combining mark after the comma with it.
+        rest = rest[rest.utf8.index(after: comma)...]
         return element
     }
 
@@ -233,8 +235,10 @@ struct CommaSeparatedElements: Sequence, IteratorProtocol {
 extension Substring {
     /// Without leading and trailing spaces and tabs (optional whitespace, RFC 9110 §5.6.3).
     ///
-    /// Stepped over the bytes: optional whitespace is octets (RFC 9110 §5.6.3), and stepping
-    /// through `Character`s cost a grapheme breaking pass per step.
+    /// A rule over bytes, on purpose: optional whitespace is octets (RFC 9110 §5.6.3), so a
+    /// space before a combining mark is trimmed although the two make one `Character`
+    /// (stepping through `Character`s, as before, also cost a grapheme breaking pass per
+    /// step).
     func trimmingASCIISpaces() -> Substring {
         let bytes = utf8
         var start = bytes.startIndex

@@ -122,8 +122,10 @@ public final class HTTP2Session {
         public var initialWindowSize: UInt32 = 1024 * 1024
         /// The connection-level receive window.
         public var connectionWindowSize: Int32 = 2 << 20
-        /// SETTINGS_MAX_FRAME_SIZE: the largest frame payload the peer may send.
-        public var maxFrameSize: UInt32 = 1 << 18
+        /// SETTINGS_MAX_FRAME_SIZE: the largest frame payload the peer may send. The
+        /// protocol's own default (RFC 9113 §6.5.2); the client leg raises it for uploads
+        /// (`HTTP2ClientSide.clientFrameSize`).
+        public var maxFrameSize: UInt32 = 16_384
         /// Server role only: advertise SETTINGS_ENABLE_CONNECT_PROTOCOL = 1 (RFC 8441 §3),
         /// which is what lets the peer open extended CONNECT streams (`:method CONNECT`
         /// with `:protocol`, e.g. WebSocket over HTTP/2); nghttp2 refuses `:protocol` on a
@@ -282,8 +284,11 @@ public final class HTTP2Session {
             nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_HEADER_TABLE_SIZE.rawValue), value: limits.headerTableSize),
             nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue), value: limits.initialWindowSize),
             nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), value: 0),
-            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_FRAME_SIZE.rawValue), value: limits.maxFrameSize),
         ]
+        // Only when it is not the protocol's default, which needs no saying.
+        if limits.maxFrameSize != 16_384 {
+            settings.append(nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_FRAME_SIZE.rawValue), value: limits.maxFrameSize))
+        }
         // A client never sends it (RFC 8441 §3 defines it for the server's SETTINGS).
         if role == .server && limits.enableConnectProtocol {
             settings.append(nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_CONNECT_PROTOCOL.rawValue), value: 1))

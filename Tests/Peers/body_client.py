@@ -149,14 +149,14 @@ def http2(args):
         for _ in range(batch):
             stream_id = conn.get_next_available_stream_id()
             body = os.urandom(args.upload) if args.upload is not None else b""
-            # A view, so that taking each frame's bytes off the front copies nothing: a
-            # bytes slice copied the rest of the body per frame, which made the client, not
-            # the gate, what an 8 MiB upload waited for.
             headers = [(":method", "POST" if args.upload is not None else "GET"), (":scheme", "https"), (":authority", host),
                        (":path", args.path)]
             if args.upload is not None:
                 headers.append(("content-length", str(len(body))))
             conn.send_headers(stream_id, headers, end_stream=not body)
+            # "pending" is a view, so that taking each frame's bytes off the front copies
+            # nothing: a bytes slice copied the rest of the body per frame, which made the
+            # client, not the gate, what an 8 MiB upload waited for.
             streams[stream_id] = {"status": None, "length": 0, "digest": hashlib.sha256(), "ended": False,
                                   "error": None, "pending": memoryview(body), "sent_sha256": hashlib.sha256(body).hexdigest() if args.upload is not None else None,
                                   "max_window": 0}

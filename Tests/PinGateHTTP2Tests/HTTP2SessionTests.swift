@@ -262,6 +262,42 @@ struct HTTP2SessionTests {
         #expect(!frames.contains { $0.type == 7 }, "a stream error, not a connection error: the connection stays")
     }
 
+    @Test("SETTINGS_MAX_FRAME_SIZE: a session advertises its limit, takes a DATA frame of exactly that size once the client acknowledged it, and answers one byte more with GOAWAY FRAME_SIZE_ERROR; the default is the protocol's 16 KiB",
+          arguments: [16_384, 65_536])
+    func maxFrameSize(limit: Int) throws {
+        for extra in [0, 1] {
+            var limits = HTTP2Session.Limits()
+            limits.maxFrameSize = UInt32(limit)
+            let server = limit == 16_384 ? try HTTP2Session(role: .server) : try HTTP2Session(role: .server, limits: limits)
+            // The SETTINGS frame whole (`frames` keeps 8 bytes of each payload).
+            let opening = try server.takeOutput()
+            #expect(opening.count >= 9 && opening[3] == 4, "the session opens with its SETTINGS")
+            let settings = Array(opening[9..<9 + (Int(opening[0]) << 16 | Int(opening[1]) << 8 | Int(opening[2]))])
+            let advertised = stride(from: 0, to: settings.count - 5, by: 6).first { settings[$0] == 0 && settings[$0 + 1] == 5 }
+                .map { settings[$0 + 2 ..< $0 + 6].reduce(0) { $0 << 8 | Int($1) } }
+            #expect(advertised == (limit == 16_384 ? nil : limit), "16 KiB is the default, not sent")
+            // POST https://pay.example.test/ (HPACK: static :method POST, :scheme https,
+            // :path /, a literal :authority), then the body in one DATA frame.
+            let head: [UInt8] = [0x83, 0x87, 0x84, 0x01, 16] + Array("pay.example.test".utf8)
+            let wire = Self.rawClient([(type: 4, flags: 0x01, streamID: 0, payload: []), // SETTINGS ACK
+                                       (type: 1, flags: 0x04, streamID: 1, payload: head),
+                                       (type: 0, flags: 0x01, streamID: 1, payload: [UInt8](repeating: 0x61, count: limit + extra))])
+            let events = try wire.withUnsafeBytes { try server.receive($0) }
+            let received = events.reduce(0) { total, event in
+                if case .data(_, let bytes, _) = event, case .copied(let copied) = bytes { return total + copied.count }
+                if case .data(_, let bytes, _) = event, case .input(let range) = bytes { return total + range.count }
+                return total
+            }
+            let goAway = Self.frames(try server.takeOutput()).first { $0.type == 7 }
+            if extra == 0 {
+                #expect(received == limit && goAway == nil, "\(received) bytes, GOAWAY \(goAway.map { $0.payload } ?? [])")
+            } else {
+                #expect(received == 0)
+                #expect(goAway.map { Array($0.payload[4..<8]) } == [0, 0, 0, 6], "GOAWAY FRAME_SIZE_ERROR")
+            }
+        }
+    }
+
     @Test("an invalid frame (DATA on stream 0) is a connection error: GOAWAY with PROTOCOL_ERROR, then the session is done")
     func invalidFrame() throws {
         let server = try HTTP2Session(role: .server)
