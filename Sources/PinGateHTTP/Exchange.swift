@@ -47,19 +47,6 @@ struct ExchangeResponseHead: Equatable {
     var framing: ResponseBodyFraming = .none(advertisedLength: nil)
 }
 
-/// Header fields that describe one connection, not the message (RFC 9110 §7.6.1), and so
-/// are never carried from one leg to the other; plus `Host`, which each leg sets from
-/// the checked authority. `te` is handled apart: HTTP/2 allows only `te: trailers`.
-enum ConnectionSpecificHeaders {
-    static let names: Set<String> = [
-        "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "host", "te",
-        "proxy-authorization", "proxy-authenticate",
-        // h2c's upgrade settings (RFC 7540 §3.2.1): meaningful only with an `Upgrade: h2c`,
-        // which the gate never passes on.
-        "http2-settings",
-    ]
-}
-
 /// What one HTTP/1.1 head's fields say about framing and the connection, and its
 /// end-to-end fields, read in one pass over the fields instead of one lookup per
 /// question (each of NIO's `headers[canonicalForm:]` lookups scans every field and builds
@@ -188,8 +175,15 @@ struct HTTP1HeadFields {
         return Array(text.utf8).withUnsafeBufferPointer { matches($0, lowercased) }
     }
 
-    /// True for the names `ConnectionSpecificHeaders.names` lists, in any case, found
-    /// without hashing (a `Set<String>` lookup hashed every field of every head).
+    /// True for a field that describes one connection, not the message (RFC 9110 §7.6.1),
+    /// and so is never carried from one leg to the other: `Connection`, `Keep-Alive`,
+    /// `Proxy-Connection`, `Transfer-Encoding`, `Upgrade`, `TE` (HTTP/2 carries only
+    /// `te: trailers`, which its caller handles apart), `Proxy-Authorization`,
+    /// `Proxy-Authenticate`, h2c's `HTTP2-Settings` (RFC 7540 §3.2.1: meaningful only with an
+    /// `Upgrade: h2c`, which the gate never passes on); plus `Host`, which each leg sets from
+    /// the checked authority. In any case, found by length and bytes (`kind(of:)`, the one
+    /// list of these names) without hashing: a `Set<String>` lookup hashed every field of
+    /// every head.
     static func isConnectionSpecific(_ name: String) -> Bool {
         switch known(name) {
         case .te, .host, .upgrade, .connection, .transferEncoding, .otherConnectionSpecific: true

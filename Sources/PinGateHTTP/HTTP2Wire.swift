@@ -159,7 +159,7 @@ final class HTTP2Wire {
     // MARK: header mapping
 
     /// HTTP/2 header fields for end-to-end `headers`: names lower case (RFC 9113 §8.2.1),
-    /// connection-specific fields already gone (`ConnectionSpecificHeaders`), and `te`
+    /// connection-specific fields already gone (`HTTP1HeadFields.isConnectionSpecific`), and `te`
     /// kept only as `trailers` (§8.2.2).
     static func fields(_ headers: HTTPHeaders) -> [HTTP2HeaderField] {
         var fields: [HTTP2HeaderField] = []

@@ -1,11 +1,13 @@
 /// A few values keyed by an id, kept in one array and found by searching it in order.
 ///
-/// Why not a dictionary: a tunnel has one exchange open at a time on HTTP/1.1 and a few on
-/// HTTP/2 (never more than the 100 streams the gate lets a client open at once), and the
-/// router looks its exchanges up on every response part. Each dictionary lookup hashed its
-/// key with SipHash, about 5k instructions per keep-alive request for the router's two
-/// tables (issue 32, callgrind), where a search over one or two entries is a few
-/// comparisons; over 100 it costs about what one hash did.
+/// Why not a dictionary: a tunnel has one exchange open at a time on HTTP/1.1 (its
+/// pipelined requests reach the router one at a time) and a few on HTTP/2 (no more than
+/// the streams the gate lets a client open at once: 100 by default,
+/// `HTTP2Session.Limits.maxConcurrentStreams`), and the router looks its exchanges up on
+/// every response part. Each dictionary lookup hashed its key with SipHash, about 5k
+/// instructions per keep-alive request for the router's two tables (issue 32, callgrind),
+/// where a search over one or two entries is a few comparisons; over 100 it costs about
+/// what one hash did.
 ///
 /// Removal moves the last entry into the gap: the order of entries is not kept, as a
 /// dictionary's is not (callers that need an order sort). Storage is kept when entries
