@@ -142,27 +142,36 @@ public final class HTTP2Session {
     /// The limits given at creation.
     public let limits: Limits
     private let session: OpaquePointer
+    // Runtime exclusivity checks: the state below marked `@exclusivity(unchecked)` is
+    // touched only by this class, in accesses that call nothing out: standard-library
+    // collection and integer updates, and `PeerFrameScanner.scan`/`RecentStreamIDs`, which
+    // are plain value code. nghttp2's callbacks reach it only from inside `receive` and
+    // `takeOutput`, which hold no access to it while nghttp2 runs. The checks were about
+    // 1,500 instructions per keep-alive request (issue 32, callgrind: five per header field
+    // alone). `outgoing` keeps its check, as `sendBody`'s access spans the caller's
+    // `append`; so does `nameValueScratch`, which guards a submit made from inside
+    // nghttp2's callbacks.
     /// The session's allocator, which keeps its outbound frame buffer on pages of its own
     /// and the small blocks nghttp2 frees for its next exchange.
     private let allocator: UnsafeMutablePointer<pg_nghttp2_allocator>
     /// How far into the frame buffer frames may have been written since its pages were
     /// last given back. It starts at the whole buffer: memory from the heap may already
     /// be resident, whoever touched it.
-    private var frameBufferTouched = Int.max
+    @exclusivity(unchecked) private var frameBufferTouched = Int.max
     /// Streams open or about to be: the frame buffer is given back only when there are none.
-    private var activeStreams: Set<Int32> = []
+    @exclusivity(unchecked) private var activeStreams: Set<Int32> = []
     /// True when the last `takeOutput` ran until nghttp2 had nothing more: no frame is
     /// half taken, so the frame buffer holds nothing live. False before the first (the
     /// client preface waits in it).
-    private var outputDrained = false
+    @exclusivity(unchecked) private var outputDrained = false
     /// The buffer `receive` is reading, while it is: DATA chunks are named by their place in it.
-    private var receiving: UnsafeBufferPointer<UInt8>?
+    @exclusivity(unchecked) private var receiving: UnsafeBufferPointer<UInt8>?
     /// Events collected by the callbacks during one `receive`.
-    private var events: [HTTP2Event] = []
+    @exclusivity(unchecked) private var events: [HTTP2Event] = []
     /// The header block being received, if one is: HTTP/2 sends a block's frames back to
     /// back (HEADERS, then CONTINUATION on the same stream, RFC 9113 §6.10; nghttp2 treats
     /// anything else as a connection error), so there is at most one at a time.
-    private var headerBlock: HeaderBlock?
+    @exclusivity(unchecked) private var headerBlock: HeaderBlock?
     /// Body bytes queued to send, by stream, with whether the stream ends after them.
     private var outgoing: [Int32: OutgoingBody] = [:]
     /// The peer's streams closed lately, and of those the ones this side reset: nghttp2
@@ -170,37 +179,37 @@ public final class HTTP2Session {
     /// this record a HEADERS or DATA frame on a closed stream would be ignored, not answered
     /// with the connection error RFC 9113 §5.1 asks for (h2spec 5.1/8, 5.1/9, 5.1/11,
     /// 5.1/12, 5.1.1/2).
-    private var closedStreams = RecentStreamIDs(capacity: 32)
+    @exclusivity(unchecked) private var closedStreams = RecentStreamIDs(capacity: 32)
     /// Recorded as this side decides the reset (before its RST_STREAM goes out), and kept
     /// longer than the closes: a frame for one of them is never taken for an error.
-    private var streamsResetHere = RecentStreamIDs(capacity: 64)
+    @exclusivity(unchecked) private var streamsResetHere = RecentStreamIDs(capacity: 64)
     /// Ids the peer skipped when it opened a higher one (RFC 9113 §5.1.1: they are closed
     /// unused); a HEADERS on one of them opens no stream. Empty for ordinary clients.
-    private var skippedStreams: [ClosedRange<Int32>] = []
+    @exclusivity(unchecked) private var skippedStreams: [ClosedRange<Int32>] = []
     /// The frame headers of a server session's input, for DATA on a stream the client had
     /// ended, which nghttp2 skips unreported once it has forgotten the stream.
-    private var peerFrames = PeerFrameScanner()
+    @exclusivity(unchecked) private var peerFrames = PeerFrameScanner()
     /// The highest id of a stream the peer opened.
-    private var highestOpened: Int32 = -1
+    @exclusivity(unchecked) private var highestOpened: Int32 = -1
 
     /// The error code of the GOAWAY this session sent for a connection error (nghttp2 sends
     /// one by itself on an invalid frame, a flow-control or an HPACK failure); nil while it
     /// has sent none, or only a graceful one.
-    public private(set) var connectionErrorSent: UInt32?
+    @exclusivity(unchecked) public private(set) var connectionErrorSent: UInt32?
 
     /// True once the peer's first SETTINGS frame arrived (before it, `peerEnablesConnectProtocol`
     /// reports RFC 9113's defaults, not what the peer chose).
-    public private(set) var peerSettingsReceived = false
+    @exclusivity(unchecked) public private(set) var peerSettingsReceived = false
 
     /// How many SETTINGS acknowledgements (of this session's own SETTINGS) and PING
     /// acknowledgements (of its own PINGs) have arrived: the owner times the round trips
     /// between sending and these counts moving.
-    public private(set) var settingsAcknowledged = 0
+    @exclusivity(unchecked) public private(set) var settingsAcknowledged = 0
     /// See `settingsAcknowledged`.
-    public private(set) var pingsAcknowledged = 0
+    @exclusivity(unchecked) public private(set) var pingsAcknowledged = 0
     /// SETTINGS and PING frames the peer sent that ask for an acknowledgement: each costs
     /// this side a frame back, so a peer's flood of them is counted (`HTTP2AbuseGuard`).
-    public private(set) var controlFramesReceived = 0
+    @exclusivity(unchecked) public private(set) var controlFramesReceived = 0
 
     /// True when the peer advertised SETTINGS_ENABLE_CONNECT_PROTOCOL = 1 (RFC 8441 §3):
     /// only then may this client session open extended CONNECT streams toward it.
@@ -210,10 +219,10 @@ public final class HTTP2Session {
 
     /// Body bytes handed to nghttp2 for sending since the last `takeSentBodyBytes()`, by
     /// stream: what left the session (into `takeOutput()`), not what was queued.
-    private var sentBodyBytes: [Int32: Int] = [:]
+    @exclusivity(unchecked) private var sentBodyBytes: [Int32: Int] = [:]
     /// Body bytes queued with `sendBody` that will never be sent: their stream closed first
     /// (reset by either peer). The owner gives their credit back to the other leg.
-    private var discardedBodyBytes: [Int32: Int] = [:]
+    @exclusivity(unchecked) private var discardedBodyBytes: [Int32: Int] = [:]
     /// Room for one header block's names, values and pairs as nghttp2 takes them
     /// (`withNameValues`), kept between blocks up to `NameValueScratch.keptBytes`: two
     /// allocations per header block fewer (issue 32), a few hundred bytes per session.
