@@ -1,4 +1,5 @@
 import PinGateTestSupport
+import PropertyBased
 import Testing
 @testable import PinGate
 
@@ -124,6 +125,80 @@ struct ConnectRequestParserTests {
         #expect(!empty.contains("Pingate-Observed-Fingerprint"))
         #expect(Refusal.upstreamTimeout("x").status == 504)
         #expect(Refusal.upstreamUnreachable("x").status == 502)
+    }
+}
+
+/// The head's checks over bytes, held to the `Character` version they replaced.
+@Suite("CONNECT request parser, against its reference")
+struct ConnectRequestParserReferenceTests {
+    /// `parseHead` as written before it read bytes, kept as the reference.
+    static func referenceParseHead(_ head: ArraySlice<UInt8>) -> Result<ConnectRequest, HeadRejection> {
+        func isTokenCharacter(_ character: Character) -> Bool {
+            guard let ascii = character.asciiValue else { return false }
+            if (ascii >= 0x30 && ascii <= 0x39) || (ascii >= 0x41 && ascii <= 0x5A) || (ascii >= 0x61 && ascii <= 0x7A) { return true }
+            return "!#$%&'*+-.^_`|~".utf8.contains(ascii)
+        }
+        func bad(_ detail: String) -> HeadRejection { HeadRejection(status: 400, reason: .badRequest, detail: detail) }
+        var lines: [Substring] = []
+        for rawLine in head.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false) {
+            let line = rawLine.last == UInt8(ascii: "\r") ? rawLine.dropLast() : rawLine
+            guard let text = String(validating: line, as: UTF8.self) else { return .failure(bad("the request head is not valid UTF-8")) }
+            lines.append(Substring(text))
+        }
+        guard !lines.isEmpty else { return .failure(bad("empty request")) }
+        let requestLine = lines.removeFirst()
+        let parts = requestLine.split(separator: " ", omittingEmptySubsequences: false)
+        guard parts.count == 3, !parts[0].isEmpty, parts[0].allSatisfy(isTokenCharacter) else {
+            return .failure(bad("the request line must be `METHOD TARGET HTTP/1.1`"))
+        }
+        guard parts[2] == "HTTP/1.1" || parts[2] == "HTTP/1.0" else { return .failure(bad("unsupported protocol version \(parts[2])")) }
+        for line in lines where !line.isEmpty {
+            guard let colon = line.firstIndex(of: ":"), colon != line.startIndex, line[..<colon].allSatisfy(isTokenCharacter)
+            else { return .failure(bad("malformed header line")) }
+        }
+        let shownLine = HeadRejection.shown(method: parts[0], target: parts[1])
+        guard parts[0] == "CONNECT" else {
+            return .failure(HeadRejection(
+                status: 405, reason: .methodNotAllowed,
+                detail: "pingate forwards only HTTPS via CONNECT; plain HTTP (\(parts[0])) cannot be pinned, so it is refused",
+                requestLine: shownLine))
+        }
+        return ConnectRequestParser.parseAuthority(parts[1]).mapError {
+            HeadRejection(status: $0.status, reason: $0.reason, detail: $0.detail, requestLine: shownLine)
+        }
+    }
+
+    @Test("ASCII heads: the same outcome, refusal text and shown request line included, as the Character version (random heads built from methods, targets, versions, separators, header lines and line ends, valid and not)")
+    func asciiHeadsMatch() async {
+        let methods = ["CONNECT", "GET", "G?T", "", "connect", "CONNECT:"]
+        let targets = ["a.test:443", "[::1]:8443", "a.test", "", "A.Test.:443", "http://a.test/", "a.test:0", "a.test:+443", "1.2.3:443"]
+        let versions = ["HTTP/1.1", "HTTP/1.0", "HTTP/2", "http/1.1", "HTTP/1.1 ", "", "HTTP/1.1\r"]
+        let separators = [" ", " ", " ", "  ", "\t"]
+        let fields = ["Host: x", "X-Y:", ": x", "b(c: d", " folded: x", "", "NoColon", "Host:\u{0}", "Proxy-Authorization: Basic eA=="]
+        let ends = ["\r\n", "\n", "\r\n", "\r"]
+        await propertyCheck(count: 4000, input: Gen.int(in: 0...999).array(of: 12...12)) { picks in
+            var text = methods[picks[0] % methods.count] + separators[picks[1] % separators.count] + targets[picks[2] % targets.count]
+                + separators[picks[3] % separators.count] + versions[picks[4] % versions.count]
+            for index in 0..<(picks[5] % 4) {
+                text += ends[picks[6 + index] % ends.count] + fields[picks[9 + min(index, 2)] % fields.count]
+            }
+            let head = ArraySlice(Array(text.utf8))
+            #expect(ConnectRequestParser.parseHead(head) == Self.referenceParseHead(head), "\(text.debugDescription)")
+        }
+    }
+
+    @Test("any bytes: what the reference accepts is accepted the same; what is refused for invalid UTF-8 is refused for it; a header value's non-ASCII bytes are RFC 9110's obs-text, so a colon followed by a combining mark still ends a header name")
+    func anyBytes() async {
+        let byte = Gen.element(of: Array("CONNECT a.test:443 HTTP/1.1\r\nHost: x\r\n".utf8) + [0x3A, 0xCC, 0x81, 0xC3, 0xA9, 0xFF, 0x80, 0x20]).compactMap { $0 }
+        await propertyCheck(count: 3000, input: byte.array(of: 0...60)) { bytes in
+            let head = ArraySlice(bytes)
+            let reference = Self.referenceParseHead(head)
+            let parsed = ConnectRequestParser.parseHead(head)
+            if case .success = reference { #expect(parsed == reference, "\(bytes)") }
+            if case .failure(let refusal) = reference, refusal.detail.contains("UTF-8") { #expect(parsed == reference, "\(bytes)") }
+        }
+        let combining = ArraySlice(Array("CONNECT a.test:443 HTTP/1.1\r\nX-Mark:\u{301}value\r\n".utf8))
+        #expect(ConnectRequestParser.parseHead(combining) == .success(ConnectRequest(host: "a.test", port: 443, isIPLiteral: false)))
     }
 }
 

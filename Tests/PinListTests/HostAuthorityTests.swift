@@ -1,5 +1,6 @@
 import PropertyBased
 import Testing
+import PinGateTLS
 @testable import PinList
 
 /// The host-name rule CONNECT targets and request authorities share.
@@ -63,6 +64,57 @@ struct HostAuthorityTests {
                                                ("API.Example.COM.:443", "api.example.com", false), ("a1.2x:443", "a1.2x", false)]
         for (text, host, isIP) in cases {
             #expect(HostAuthority.parse(Substring(text)) == .success(HostAuthority(host: host, port: 443, isIPLiteral: isIP)), "\(text)")
+        }
+    }
+
+    /// `parse` as written before it read bytes: `Character`s, the port told by Unicode's
+    /// `isNumber`. Kept as the reference the byte version is held to.
+    static func referenceParse(_ authority: Substring) -> Result<HostAuthority, HostAuthority.ParseFailure> {
+        let host: Substring
+        let portText: Substring
+        if authority.hasPrefix("[") {
+            guard let close = authority.firstIndex(of: "]") else { return .failure(HostAuthority.ParseFailure("unterminated IPv6 literal")) }
+            host = authority[authority.index(after: authority.startIndex)..<close]
+            let rest = authority[authority.index(after: close)...]
+            guard rest.hasPrefix(":") else { return .failure(HostAuthority.ParseFailure("the CONNECT target needs a port")) }
+            portText = rest.dropFirst()
+            guard host.utf8.contains(UInt8(ascii: ":")), IPAddressText.isIPLiteral(String(host)) else {
+                return .failure(HostAuthority.ParseFailure("invalid IPv6 literal [\(host)]"))
+            }
+        } else {
+            guard let colon = authority.lastIndex(of: ":") else { return .failure(HostAuthority.ParseFailure("the CONNECT target needs a port")) }
+            host = authority[..<colon]
+            portText = authority[authority.index(after: colon)...]
+            guard !host.utf8.contains(UInt8(ascii: ":")) else { return .failure(HostAuthority.ParseFailure("IPv6 literals must be in brackets")) }
+        }
+        guard !portText.isEmpty, portText.count <= 5, portText.allSatisfy({ $0.isASCII && $0.isNumber }),
+              let port = Int(portText), (1...65535).contains(port)
+        else { return .failure(HostAuthority.ParseFailure("invalid port \"\(portText)\"")) }
+        let hostText = String(host)
+        if IPAddressText.isIPLiteral(hostText) {
+            return .success(HostAuthority(host: hostText.lowercased(), port: port, isIPLiteral: true))
+        }
+        let name = HostName.normalize(hostText)
+        guard HostAuthority.isValidHostName(name) else { return .failure(HostAuthority.ParseFailure("invalid host name \"\(hostText)\"")) }
+        return .success(HostAuthority(host: name, port: port, isIPLiteral: false))
+    }
+
+    @Test("parse over bytes gives what the Character version gave, failure text included, on random authorities from the characters that matter (brackets, colons, digits, signs, hex, dots, spaces); ports 0 to 99999 with and without leading zeros")
+    func byteParseMatchesReference() async {
+        let character = Gen.element(of: Array("[]::0123456789+-.aAfF ex")).compactMap { $0 }
+        await propertyCheck(count: 3000, input: character.string(of: 0...14)) { text in
+            #expect(HostAuthority.parse(Substring(text)) == Self.referenceParse(Substring(text)), "\(text.debugDescription)")
+        }
+        await propertyCheck(count: 500, input: Gen.int(in: 0...99_999), Gen.int(in: 0...2), Gen.int(in: 0...1)) { port, zeros, bracketed in
+            let text = (bracketed == 1 ? "[::1]" : "a.test") + ":" + String(repeating: "0", count: zeros) + String(port)
+            #expect(HostAuthority.parse(Substring(text)) == Self.referenceParse(Substring(text)), "\(text)")
+        }
+        // Outside ASCII only the failure text may differ (a combining mark joins the
+        // character before it, so the Character version saw no colon or bracket there):
+        // both refuse.
+        for text in ["a.test:\u{301}443", "[\u{301}::1]:443", "a.test\u{301}:443", "a.test:44\u{663}", "é.test:443"] {
+            if case .success = HostAuthority.parse(Substring(text)) { Issue.record("accepted \(text.debugDescription)") }
+            if case .success = Self.referenceParse(Substring(text)) { Issue.record("reference accepted \(text.debugDescription)") }
         }
     }
 }
