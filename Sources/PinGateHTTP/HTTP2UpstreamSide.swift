@@ -31,7 +31,7 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler {
     // Runtime exclusivity checks: the state below marked `@exclusivity(unchecked)` is read
     // and written in accesses that call nothing out (collection, flag and `StreamWindowTuner`
     // updates); the routers this class calls, which may call back into it, are called only
-    // between them. The checks were about 1,000 instructions per keep-alive request (issue
+    // between them. The checks were about 700 instructions per keep-alive request (issue
     // 32, callgrind).
 
     /// One stream of this connection, from the request's submission to the stream's close.
@@ -49,8 +49,11 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler {
 
     /// The tunnels on this connection.
     @exclusivity(unchecked) private var lanes: [HTTP2UpstreamLane] = []
-    /// The streams open on it, from the request's submission to the stream's close: one
-    /// record each, found with one lookup per event.
+    /// The streams open on it, from the request's submission to the stream's close (or the
+    /// connection's end: a request nghttp2 dropped unopened after the upstream's GOAWAY gets
+    /// no close), one record each. Emptied when the connection ends: a call that comes
+    /// after it (a router's, from inside `upstreamClosed`) finds no stream, so a body is
+    /// given back as discarded and an end does nothing.
     @exclusivity(unchecked) private var streams: [Int32: UpstreamStream] = [:]
     /// Set by the gate when the connection is shared through its pool, which keeps its idle
     /// timer (the pool's timers are all its own, per loop): `unused` runs when the last lane
@@ -190,7 +193,9 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler {
     /// Resets `lane`'s open streams (its tunnel is ending mid-exchange): the other lanes'
     /// streams go on.
     func resetStreams(of lane: HTTP2UpstreamLane) {
-        for (streamID, stream) in streams where stream.lane === lane { cancel(Int(streamID)) }
+        // The ids first: `cancel` updates the records, which would copy the table under a loop.
+        let ids = streams.compactMap { $0.value.lane === lane ? $0.key : nil }
+        for streamID in ids { cancel(Int(streamID)) }
     }
 
     private func router(_ streamID: Int32) -> TunnelRouter? { streams[streamID]?.lane?.router }
@@ -274,7 +279,8 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler {
             // The stream takes no more (reset, ended, or never opened): the bytes go nowhere,
             // and their credit back to the client.
             lane.router?.requestBodyDiscarded(id, bytes: bytes.readableBytes)
-            if sending { cancel(id) }
+            // Read again: giving the credit back may have cancelled the stream already.
+            if streams[streamID]?.sending == true { cancel(id) }
             return
         }
     }
@@ -388,7 +394,8 @@ final class HTTP2UpstreamSide: ChannelDuplexHandler {
         switch event {
         case .headers(let streamID, let fields, let endStream):
             let id = Int(streamID)
-            // nghttp2 delivers no HEADERS on a stream this client did not open.
+            // nghttp2 delivers no HEADERS on a stream this client did not open (push is off);
+            // a stream may be missing only once the connection ended in this read burst.
             let index = streams.index(forKey: streamID)
             let router = index.flatMap { streams.values[$0].lane?.router }
             if let index, streams.values[index].answered {

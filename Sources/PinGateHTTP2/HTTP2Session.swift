@@ -143,14 +143,14 @@ public final class HTTP2Session {
     public let limits: Limits
     private let session: OpaquePointer
     // Runtime exclusivity checks: the state below marked `@exclusivity(unchecked)` is
-    // touched only by this class, in accesses that call nothing out: standard-library
-    // collection and integer updates, and `PeerFrameScanner.scan`/`RecentStreamIDs`, which
-    // are plain value code. nghttp2's callbacks reach it only from inside `receive` and
-    // `takeOutput`, which hold no access to it while nghttp2 runs. The checks were about
-    // 1,500 instructions per keep-alive request (issue 32, callgrind: five per header field
-    // alone). `outgoing` keeps its check, as `sendBody`'s access spans the caller's
-    // `append`; so does `nameValueScratch`, which guards a submit made from inside
-    // nghttp2's callbacks.
+    // written only by this class (others read the public counters), in accesses that call
+    // nothing out: standard-library collection and integer updates, and
+    // `PeerFrameScanner.scan` and `RecentStreamIDs`, which are plain value code. nghttp2's
+    // callbacks reach it only from inside `receive` and `takeOutput`, which hold no access
+    // to it while nghttp2 runs. The checks cost about 4,000 instructions per keep-alive
+    // request (issue 32, callgrind; five per header field alone). `outgoing` keeps its
+    // check, as `sendBody`'s access spans the caller's `append`; `nameValueScratch` keeps
+    // its own too, touched once per header block, where the check costs little.
     /// The session's allocator, which keeps its outbound frame buffer on pages of its own
     /// and the small blocks nghttp2 frees for its next exchange.
     private let allocator: UnsafeMutablePointer<pg_nghttp2_allocator>

@@ -84,7 +84,7 @@ struct DepthPinTests {
                 #expect(stats.count(.pinMismatch) == 1)
                 let pinKey = "\(Self.host) depth-1 spki \(chains.intermediate.certificate.spkiSHA256)"
                 #expect(stats.trustedByPin[pinKey] == 2)
-                #expect(stats.lastMatchByPin[pinKey] == "depth-1 spki \(chains.intermediate.certificate.spkiSHA256)")
+                #expect(stats.lastMatchByPin[pinKey]?.description == "depth-1 spki \(chains.intermediate.certificate.spkiSHA256)")
                 let refusal = try #require(gate.server.refusals.entries.last)
                 #expect(refusal.reason == .pinMismatch)
                 #expect(refusal.observedChain.map(\.depth) == [0, 1, 2])
@@ -232,7 +232,7 @@ struct DepthPinTests {
                                        configure: { $0.upstreamTrust = .pemFiles([chains.trustPath]) }) { gate in
                 let result = try await curlThroughGate(gate, "https://\(Self.host):\(origin.port)/")
                 #expect(result.httpCode == "200", "\(result.stderr)")
-                #expect(gate.statistics.lastMatchByPin.values.first == "depth-2 spki \(chains.chain.root.certificate.spkiSHA256) (pin depth any)")
+                #expect(gate.statistics.lastMatchByPin.values.first?.description == "depth-2 spki \(chains.chain.root.certificate.spkiSHA256) (pin depth any)")
             }
         }
 

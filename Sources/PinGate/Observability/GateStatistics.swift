@@ -68,8 +68,9 @@ public final class GateStatistics: Sendable {
         /// Trusted verdicts by the pin that carried them (`PinMatch.statisticsKey`), so
         /// `/pins` can say which pin is doing the work (e.g. a depth-1 pin after a leaf rotation).
         public var trustedByPin: [String: Int] = [:]
-        /// The last pin match per pin key, e.g. `depth-1 spki …`.
-        public var lastMatchByPin: [String: String] = [:]
+        /// The last pin match per pin key (its `description`, e.g. `depth-1 spki …`, is made
+        /// when read, not on every CONNECT).
+        public var lastMatchByPin: [String: PinMatch] = [:]
 
         /// The count for one reason.
         public func count(_ reason: DecisionReason) -> Int { connectsByReason[reason.rawValue, default: 0] }
@@ -99,8 +100,9 @@ public final class GateStatistics: Sendable {
         state.withLock { state in
             state.connectsByReason[reason.rawValue, default: 0] += 1
             if let pin {
-                state.trustedByPin[pin.statisticsKey, default: 0] += 1
-                state.lastMatchByPin[pin.statisticsKey] = pin.description
+                let key = pin.statisticsKey
+                state.trustedByPin[key, default: 0] += 1
+                state.lastMatchByPin[key] = pin
             }
         }
         metrics.decision(allowed: reason.isAllowed, reason: reason.rawValue)

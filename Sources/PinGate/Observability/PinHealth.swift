@@ -165,11 +165,13 @@ public struct PinHealthBook: Sendable {
     public mutating func announcement(for host: String, list: PinList?, now: Date,
                                       warningDays: Int = defaultWarningDays) -> HostHealth? {
         guard let record = records[host] else { return nil }
-        let health = Self.judge(host, record, list: list, now: now, warningDays: warningDays)
         let last = announced[host]
+        // Said lately: nothing now, whatever the state (and no judging, which formats a date
+        // for an expiring pin: about 18k instructions on every CONNECT; issue 32).
+        if let last, now.timeIntervalSince(last.at) < Self.announcementInterval { return nil }
+        let health = Self.judge(host, record, list: list, now: now, warningDays: warningDays)
         if let last, last.state == health.state { return nil }
         if last == nil && health.state == .ok { return nil }
-        if let last, now.timeIntervalSince(last.at) < Self.announcementInterval { return nil }
         announced[host] = (health.state, now)
         if announced.count > Self.capacity, let oldest = announced.min(by: { $0.value.at < $1.value.at })?.key {
             announced[oldest] = nil
