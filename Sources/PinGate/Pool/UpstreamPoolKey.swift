@@ -1,5 +1,6 @@
 import NIOCore
 import PinGateHTTP
+import PinGateTLS
 
 /// What a pooled upstream connection must match to carry a new tunnel: everything that
 /// went into making it and into the verdict on it, but the list (each entry carries the
@@ -27,8 +28,10 @@ struct UpstreamPoolKey: Hashable, Sendable, CustomStringConvertible {
         if name.hasSuffix(".") { name.removeLast() }
         self.host = name
         self.port = port
-        // The connector sends no SNI for an IP literal; the name otherwise.
-        self.serverName = (try? SocketAddress(ipAddress: name, port: 0)) == nil ? name : nil
+        // The connector sends no SNI for an IP literal; the name otherwise. (Told by
+        // `inet_pton`, as `SocketAddress(ipAddress:)` does, without its two thrown errors
+        // for every name.)
+        self.serverName = IPAddressText.isIPLiteral(name) ? nil : name
         self.resolvedAddress = configuration.upstreamClientSettings.resolveOverride(host: host, port: port)
         self.parentProxy = configuration.upstreamProxy.map { "\($0)" }
         self.alpnOffer = alpnOffer
