@@ -25,12 +25,10 @@ public struct Authority: Sendable, Hashable, CustomStringConvertible {
     /// must be an IPv6 literal, and an unbracketed one must not contain a colon.
     public init(parsing text: some StringProtocol, ports: ClosedRange<Int> = 1...65535) throws(ParseError) {
         let invalid = ParseError(description: "expected HOST:PORT or [IPv6]:PORT, got \"\(text)\"")
-        // Digits only: `Int` alone would take "+443" or "0x1BB"-like forms no peer means.
         guard let colon = text.lastIndex(of: ":") else { throw invalid }
         let portText = text[text.index(after: colon)...]
-        guard (1...5).contains(portText.count), portText.allSatisfy({ $0.isASCII && $0.isNumber }), let port = Int(portText) else {
-            throw invalid
-        }
+        // The one port rule (`PortText`): one to five ASCII digits.
+        guard let port = PortText.value(portText.utf8) else { throw invalid }
         guard ports.contains(port) else {
             throw ParseError(description: "port \(port) in \"\(text)\" is out of range \(ports.lowerBound)-\(ports.upperBound)")
         }

@@ -564,6 +564,22 @@ enum ALPNWire {
     }
 }
 
+/// The port of a `host:port` text: one to five ASCII digits (leading zeros allowed), read
+/// as bytes. Digits only: `Int` alone would take "+443"; `Character.isNumber` would take
+/// other scripts' digits and cost a Unicode lookup per character. The caller checks the range.
+public enum PortText {
+    /// The digits' value, or nil when they are not one to five ASCII digits.
+    public static func value(_ digits: some Collection<UInt8>) -> Int? {
+        guard !digits.isEmpty, digits.count <= 5 else { return nil }
+        var value = 0
+        for byte in digits {
+            guard byte >= 0x30 && byte <= 0x39 else { return nil }
+            value = value * 10 + Int(byte - 0x30)
+        }
+        return value
+    }
+}
+
 /// Recognizes IP literals so they are verified as IP SANs and never sent as SNI.
 public enum IPAddressText {
     /// True for a textual IPv4 or IPv6 address (no brackets).

@@ -35,7 +35,9 @@ public struct HostAuthority: Sendable, Equatable {
             portText = authority[bytes.index(after: colon)...]
             guard !host.utf8.contains(UInt8(ascii: ":")) else { return .failure(ParseFailure("IPv6 literals must be in brackets")) }
         }
-        guard let port = decimalPort(portText.utf8) else { return .failure(ParseFailure("invalid port \"\(portText)\"")) }
+        guard let port = PortText.value(portText.utf8), (1...65535).contains(port) else {
+            return .failure(ParseFailure("invalid port \"\(portText)\""))
+        }
         let hostText = String(host)
         if IPAddressText.isIPLiteral(hostText) {
             return .success(HostAuthority(host: hostText.lowercased(), port: port, isIPLiteral: true))
@@ -43,17 +45,6 @@ public struct HostAuthority: Sendable, Equatable {
         let name = HostName.normalize(hostText)
         guard isValidHostName(name) else { return .failure(ParseFailure("invalid host name \"\(hostText)\"")) }
         return .success(HostAuthority(host: name, port: port, isIPLiteral: false))
-    }
-
-    /// One to five ASCII digits naming 1 to 65535 (leading zeros allowed), or nil.
-    static func decimalPort(_ digits: Substring.UTF8View) -> Int? {
-        guard !digits.isEmpty, digits.count <= 5 else { return nil }
-        var value = 0
-        for byte in digits {
-            guard byte >= 0x30 && byte <= 0x39 else { return nil }
-            value = value * 10 + Int(byte - 0x30)
-        }
-        return (1...65535).contains(value) ? value : nil
     }
 
     /// Letters, digits, `-` and `_`, in dot-separated labels of 1–63 characters, 253 in all;
