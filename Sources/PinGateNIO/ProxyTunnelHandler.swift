@@ -1,4 +1,5 @@
 import NIOCore
+import NIOHTTP1
 
 /// Why a parent proxy did not open the tunnel.
 public struct ParentProxyError: Error, CustomStringConvertible, Sendable, Equatable {
@@ -13,27 +14,57 @@ public struct ParentProxyError: Error, CustomStringConvertible, Sendable, Equata
 }
 
 /// Opens a tunnel through a parent HTTP proxy: sends `CONNECT target`, waits for a 2xx
-/// answer, then puts the real handlers (TLS first) in its place and hands them any bytes
-/// that followed the answer. The pin check still runs end to end, on the TLS inside.
+/// answer, then puts the real handlers (TLS first) in its place. The pin check still runs
+/// end to end, on the TLS inside.
+///
+/// The answer is read by NIOHTTP1 (llhttp): `add` puts its request encoder and response
+/// decoder in front of this handler. The decoder knows the request was a CONNECT, so a
+/// 2xx ends with its head (RFC 9110 §9.3.6). Nothing may follow it before the gate's
+/// ClientHello, since a TLS server speaks second; bytes that do are refused, as is an
+/// answer llhttp cannot read.
 final class ProxyTunnelHandler: ChannelInboundHandler, RemovableChannelHandler {
-    typealias InboundIn = ByteBuffer
-    typealias InboundOut = ByteBuffer
-    typealias OutboundOut = ByteBuffer
+    typealias InboundIn = HTTPClientResponsePart
+    typealias OutboundOut = HTTPClientRequestPart
 
+    /// The largest answer head taken from the parent (its status line and fields).
     private static let maximumHead = 16 * 1024
+
+    private enum State {
+        /// The CONNECT is out (or about to be); its answer has not ended.
+        case awaitingAnswer(status: Int?)
+        /// A 2xx ended: the codecs are leaving, then the real handlers take this place.
+        case opening
+        /// Opened, or failed: nothing more is done.
+        case finished
+    }
 
     private let target: String
     private let onFailure: (Error) -> Void
     private let makeHandlers: () throws -> [ChannelHandler]
-    private var received: [UInt8] = []
-    private var scanner = HTTPHeadScanner()
-    private var done = false
+    private var state = State.awaitingAnswer(status: nil)
+    private var sent = false
 
     /// `makeHandlers` builds what replaces this handler once the tunnel is open.
     init(target: String, onFailure: @escaping (Error) -> Void, makeHandlers: @escaping () throws -> [ChannelHandler]) {
         self.target = target
         self.onFailure = onFailure
         self.makeHandlers = makeHandlers
+    }
+
+    /// Adds the codecs and the handler to `pipeline`, which holds nothing else yet.
+    static func add(_ handler: ProxyTunnelHandler, to pipeline: ChannelPipeline.SynchronousOperations) throws {
+        var limits = NIOHTTPDecoderLimitConfiguration()
+        limits.maxHeaderListSize = maximumHead
+        limits.maxHeaderFieldSize = maximumHead
+        // The encoder writes the head as given: a CONNECT has no body to frame.
+        var encoding = HTTPRequestEncoder.Configuration()
+        encoding.automaticallySetFramingHeaders = false
+        let encoder = HTTPRequestEncoder(configuration: encoding)
+        // `.fireError`: bytes the decoder still holds as it leaves are the parent's, sent
+        // before the ClientHello, and refused.
+        let decoder = HTTPResponseDecoder(leftOverBytesStrategy: .fireError, informationalResponseStrategy: .drop,
+                                          limitConfiguration: limits)
+        try pipeline.addHandlers([encoder, ByteToMessageHandler(decoder), handler])
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -46,66 +77,99 @@ final class ProxyTunnelHandler: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     private func sendConnect(context: ChannelHandlerContext) {
-        var request = context.channel.allocator.buffer(capacity: 128)
-        request.writeString("CONNECT \(target) HTTP/1.1\r\nHost: \(target)\r\n\r\n")
-        context.writeAndFlush(wrapOutboundOut(request), promise: nil)
+        guard !sent else { return }
+        sent = true
+        var headers = HTTPHeaders()
+        headers.add(name: "host", value: target)
+        let head = HTTPRequestHead(version: .http1_1, method: .CONNECT, uri: target, headers: headers)
+        context.write(wrapOutboundOut(.head(head)), promise: nil)
+        context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard !done else { return }
-        received.append(contentsOf: unwrapInboundIn(data).readableBytesView)
-        guard let end = scanner.end(in: received)?.bodyStart else {
-            if received.count > Self.maximumHead { fail(context: context, "the parent proxy's answer head is over 16 KiB") }
-            return
-        }
-        let statusLine = String(decoding: received.prefix { $0 != UInt8(ascii: "\r") && $0 != UInt8(ascii: "\n") }, as: UTF8.self)
-        let parts = statusLine.split(separator: " ", maxSplits: 2)
-        guard parts.count >= 2, parts[0].hasPrefix("HTTP/1."), let status = Int(parts[1]) else {
-            fail(context: context, "the parent proxy answered something that is not HTTP: \(statusLine.prefix(80))")
-            return
-        }
-        guard (200..<300).contains(status) else {
-            var error = ParentProxyError(description: "the parent proxy refused CONNECT \(target): \(statusLine)", status: status)
-            let head = String(decoding: received[..<end], as: UTF8.self)
-            for line in head.split(whereSeparator: \.isNewline) {
-                let parts = line.split(separator: ":", maxSplits: 1)
-                guard parts.count == 2 else { continue }
-                let value = parts[1].trimmingCharacters(in: .whitespaces)
-                switch parts[0].lowercased() {
-                case "pingate-refusal": error.refusal = value
-                case "pingate-observed-fingerprint": error.observedFingerprint = value
-                default: break
-                }
-            }
-            done = true
+        switch (state, unwrapInboundIn(data)) {
+        case (.awaitingAnswer, .head(let head)) where head.status.code < 200:
+            // An interim answer (NIO drops 1xx but 101; a 101 opens nothing here).
+            fail(context: context, "the parent proxy answered CONNECT \(target) with \(head.status.code)")
+        case (.awaitingAnswer, .head(let head)) where !(200..<300).contains(head.status.code):
+            var error = ParentProxyError(description: "the parent proxy refused CONNECT \(target): \(head.status.code) \(head.status.reasonPhrase)",
+                                         status: Int(head.status.code))
+            error.refusal = head.headers.first(name: "pingate-refusal")
+            error.observedFingerprint = head.headers.first(name: "pingate-observed-fingerprint")
+            state = .finished
             onFailure(error)
             context.close(promise: nil)
+        case (.awaitingAnswer, .head(let head)):
+            state = .awaitingAnswer(status: Int(head.status.code))
+        case (.awaitingAnswer(let status?), .end):
+            open(context: context, status: status)
+        case (.awaitingAnswer, .body), (.awaitingAnswer, .end):
+            fail(context: context, "the parent proxy's answer to CONNECT \(target) was not HTTP")
+        case (.opening, _):
+            fail(context: context, "the parent proxy sent more after its answer to CONNECT \(target), before the TLS handshake")
+        case (.finished, _):
+            break
+        }
+    }
+
+    /// The parent opened the tunnel: the codecs leave (the decoder watches what is
+    /// written, and would take the TLS handler's records for requests), then the real
+    /// handlers take this handler's place.
+    private func open(context: ChannelHandlerContext, status: Int) {
+        state = .opening
+        let pipeline = context.pipeline.syncOperations
+        if let encoder = try? pipeline.handler(type: HTTPRequestEncoder.self) {
+            pipeline.removeHandler(encoder, promise: nil)
+        }
+        guard let decoder = try? pipeline.handler(type: ByteToMessageHandler<HTTPResponseDecoder>.self) else {
+            fail(context: context, "cannot set up the tunnel: the answer's decoder is gone")
             return
         }
-        done = true
-        let leftover = Array(received[end...])
-        received = []
-        do {
-            try context.pipeline.syncOperations.addHandlers(makeHandlers(), position: .after(self))
-        } catch {
-            fail(context: context, "cannot set up the tunnel: \(error)")
-            return
+        // NIO takes a decoder out on a later turn of the loop.
+        let removed = context.eventLoop.makePromise(of: Void.self)
+        pipeline.removeHandler(decoder, promise: removed)
+        removed.futureResult.assumeIsolated().whenComplete { result in
+            guard case .opening = self.state else { return }
+            do {
+                try result.get()
+                try pipeline.addHandlers(self.makeHandlers(), position: .after(self))
+            } catch {
+                self.fail(context: context, "cannot set up the tunnel: \(error)")
+                return
+            }
+            self.state = .finished
+            pipeline.removeHandler(context: context, promise: nil)
         }
-        if !leftover.isEmpty {
-            var buffer = context.channel.allocator.buffer(capacity: leftover.count)
-            buffer.writeBytes(leftover)
-            context.fireChannelRead(wrapInboundOut(buffer))
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: Error) {
+        switch state {
+        case .awaitingAnswer:
+            if case .headerOverflow? = error as? HTTPParserError {
+                fail(context: context, "the parent proxy's answer head is over 16 KiB")
+            } else {
+                fail(context: context, "the parent proxy answered something that is not HTTP (\(error))")
+            }
+        case .opening:
+            fail(context: context, "the parent proxy sent more after its answer to CONNECT \(target), before the TLS handshake (\(error))")
+        case .finished:
+            // Refused and closing (once opened, this handler is gone): a refusal's body is
+            // read as more answers (none to a CONNECT has one), which llhttp objects to.
+            break
         }
-        context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        if !done { onFailure(ParentProxyError(description: "the parent proxy closed the connection before answering CONNECT")) }
+        if case .finished = state {} else {
+            state = .finished
+            onFailure(ParentProxyError(description: "the parent proxy closed the connection before answering CONNECT"))
+        }
         context.fireChannelInactive()
     }
 
     private func fail(context: ChannelHandlerContext, _ message: String) {
-        done = true
+        if case .finished = state { return }
+        state = .finished
         onFailure(ParentProxyError(description: message))
         context.close(promise: nil)
     }

@@ -139,10 +139,10 @@ public struct TLSClientConnector: Sendable {
                 channel.eventLoop.makeCompletedFuture {
                     if parent != nil {
                         // Through a parent proxy: CONNECT first, TLS (and the rest) once it answers 200.
-                        try channel.pipeline.syncOperations.addHandler(ProxyTunnelHandler(
+                        try ProxyTunnelHandler.add(ProxyTunnelHandler(
                             target: target,
                             onFailure: { handshakePromise.fail($0) },
-                            makeHandlers: { [tls.value] + makeHandlers() }))
+                            makeHandlers: { [tls.value] + makeHandlers() }), to: channel.pipeline.syncOperations)
                     } else {
                         try channel.pipeline.syncOperations.addHandler(tls.value)
                         try channel.pipeline.syncOperations.addHandlers(makeHandlers())

@@ -1,4 +1,5 @@
 import PinGateTestSupport
+import NIOHTTP1
 import PinList
 import Testing
 @testable import PinGate
@@ -9,15 +10,17 @@ import Testing
 struct ConnectStateMachineTests {
     typealias Machine = ConnectStateMachine<Int>
 
-    static let head = Array("CONNECT pay.example.test:443 HTTP/1.1\r\nHost: pay.example.test:443\r\n\r\n".utf8)
+    static let head = HTTPRequestHead(version: .http1_1, method: .CONNECT, uri: "pay.example.test:443",
+                                      headers: ["Host": "pay.example.test:443"])
     static let request = ConnectRequest(host: "pay.example.test", port: 443, isIPLiteral: false)
     static let trusted = Verdict.trusted(fingerprint: "AAAA")
     static let mismatch = Verdict.untrusted(observed: "BBBB", expected: ["AAAA"])
 
     /// A machine that has parsed the head (with `early` after it) and been told the list is usable.
     static func connecting(early: [UInt8] = []) -> Machine {
-        var machine = Machine(maximumHeadBytes: 16 * 1024)
-        _ = machine.bytesReceived(head + early)
+        var machine = Machine()
+        _ = machine.headReceived(head)
+        if !early.isEmpty { _ = machine.bytesReceived(early) }
         _ = machine.checkedList(.usable(refusal: nil))
         return machine
     }
@@ -31,12 +34,13 @@ struct ConnectStateMachineTests {
 
     // MARK: reading the head
 
-    @Test("a head in pieces: nothing until it is complete, then the list is checked; bytes after it are kept")
-    func headInPieces() {
-        var machine = Machine(maximumHeadBytes: 16 * 1024)
-        #expect(machine.bytesReceived(Self.head.prefix(10)) == .none)
+    @Test("a CONNECT head goes on to the list check; bytes after it are kept")
+    func headThenEarlyBytes() {
+        var machine = Machine()
         #expect(machine.request == nil)
-        #expect(machine.bytesReceived(Self.head.dropFirst(10) + [0x16, 0x03]) == .checkList(Self.request))
+        #expect(machine.headReceived(Self.head) == .checkList(Self.request))
+        #expect(machine.bytesReceived([0x16, 0x03]) == .none)
+        #expect(machine.headReceived(Self.head) == .none, "one head per connection")
         guard case .checkingList(let request, let early) = machine.state else {
             Issue.record("expected checkingList, got \(machine.state)")
             return
@@ -45,34 +49,48 @@ struct ConnectStateMachineTests {
         #expect(early == [0x16, 0x03])
     }
 
-    @Test("a malformed head is refused 400 and the machine closes; later bytes do nothing")
-    func malformedHead() {
-        var machine = Machine(maximumHeadBytes: 16 * 1024)
-        let action = machine.bytesReceived(Array("GARBAGE\r\n\r\n".utf8))
+    @Test("a head the decoder could not read is refused as the decoder's error says, and the machine closes; later heads and bytes do nothing")
+    func unreadableHead() {
+        var machine = Machine()
+        let rejection = ConnectHeadCheck.rejection(for: HTTPParserError.invalidMethod, maximumHeadBytes: 1024)
+        #expect(rejection.status == 400 && rejection.detail.contains("llhttp"), "\(rejection.detail)")
+        #expect(machine.headUnreadable(rejection) == .refuse(.head(rejection), request: nil, upstream: nil))
+        #expect(machine.headReceived(Self.head) == .none)
+        #expect(machine.bytesReceived([1]) == .none)
+        #expect(machine.headTimedOut() == .none)
+        #expect(ConnectHeadCheck.rejection(for: HTTPParserError.headerOverflow, maximumHeadBytes: 64).status == 431)
+    }
+
+    @Test("a head that is not a CONNECT, or names no host:port, is refused (405, 400) before anything else")
+    func refusedHeads() {
+        var get = Machine()
+        let action = get.headReceived(HTTPRequestHead(version: .http1_1, method: .GET, uri: "http://a.test/"))
         guard case .refuse(.head(let rejection), nil, nil) = action else {
             Issue.record("expected a head refusal, got \(action)")
             return
         }
-        #expect(rejection.status == 400)
-        #expect(machine.bytesReceived(Self.head) == .none)
-        #expect(machine.headTimedOut() == .none)
-    }
-
-    @Test("a head over the limit is refused 431")
-    func oversizedHead() {
-        var machine = Machine(maximumHeadBytes: 64)
-        let action = machine.bytesReceived(Array(("CONNECT a.test:443 HTTP/1.1\r\nX: " + String(repeating: "z", count: 100)).utf8))
-        guard case .refuse(.head(let rejection), _, _) = action else {
-            Issue.record("expected a head refusal, got \(action)")
+        #expect(rejection.status == 405 && rejection.requestLine == "GET http://a.test/")
+        var noPort = Machine()
+        guard case .refuse(.head(let bad), nil, nil) = noPort.headReceived(HTTPRequestHead(version: .http1_1, method: .CONNECT, uri: "a.test")) else {
+            Issue.record("a target without a port was taken")
             return
         }
-        #expect(rejection.status == 431)
+        #expect(bad.status == 400)
+    }
+
+    @Test("bytes before a head (which the decoder never hands on) are refused, not taken for one")
+    func bytesBeforeTheHead() {
+        var machine = Machine()
+        guard case .refuse(.head(let rejection), nil, nil) = machine.bytesReceived([0x16]) else {
+            Issue.record("bytes before the head were taken")
+            return
+        }
+        #expect(rejection.status == 400)
     }
 
     @Test("the head timer refuses 408 while reading the head, and is ignored once the head is in")
     func headTimeout() {
-        var waiting = Machine(maximumHeadBytes: 1024, limits: .init(headTimeoutSeconds: 3))
-        _ = waiting.bytesReceived(Self.head.prefix(5))
+        var waiting = Machine(limits: .init(headTimeoutSeconds: 3))
         let action = waiting.headTimedOut()
         guard case .refuse(.head(let rejection), nil, nil) = action else {
             Issue.record("expected 408, got \(action)")
@@ -88,51 +106,51 @@ struct ConnectStateMachineTests {
 
     @Test("a usable list with no pin for the host: refused before any connection, no upstream to close")
     func refusedBeforeConnecting() {
-        var machine = Machine(maximumHeadBytes: 1024)
-        _ = machine.bytesReceived(Self.head)
+        var machine = Machine()
+        _ = machine.headReceived(Self.head)
         #expect(machine.checkedList(.usable(refusal: .empty)) == .refuse(.verdict(.empty), request: Self.request, upstream: nil))
         #expect(machine.upstreamConnected(1, verdict: Self.trusted) == .closeUpstream(1))
     }
 
     @Test("no usable list yet: wait for the update, then connect or refuse 503")
     func waitingForTheList() {
-        var arrives = Machine(maximumHeadBytes: 1024)
-        _ = arrives.bytesReceived(Self.head)
+        var arrives = Machine()
+        _ = arrives.headReceived(Self.head)
         #expect(arrives.checkedList(.updating) == .waitForList)
         #expect(arrives.bytesReceived([1, 2, 3]) == .none)
         #expect(arrives.listWaitEnded(.usable(refusal: nil)) == .connectUpstream(Self.request))
         #expect(arrives.upstreamConnected(4, verdict: Self.trusted)
             == .admit(Self.request, upstream: 4, verdict: Self.trusted, early: [1, 2, 3]))
 
-        var pinless = Machine(maximumHeadBytes: 1024)
-        _ = pinless.bytesReceived(Self.head)
+        var pinless = Machine()
+        _ = pinless.headReceived(Self.head)
         _ = pinless.checkedList(.updating)
         #expect(pinless.listWaitEnded(.usable(refusal: .empty)) == .refuse(.verdict(.empty), request: Self.request, upstream: nil))
 
-        var never = Machine(maximumHeadBytes: 1024)
-        _ = never.bytesReceived(Self.head)
+        var never = Machine()
+        _ = never.headReceived(Self.head)
         _ = never.checkedList(.updating)
         #expect(never.listWaitEnded(.unavailable("timeout")) == .refuse(.listUnavailable("timeout"), request: Self.request, upstream: nil))
     }
 
     @Test("a list in force that has expired as a whole: 503 list-expired at once, or after a wait that brought none")
     func expiredList() {
-        var atOnce = Machine(maximumHeadBytes: 1024)
-        _ = atOnce.bytesReceived(Self.head)
+        var atOnce = Machine()
+        _ = atOnce.headReceived(Self.head)
         #expect(atOnce.checkedList(.expired("all pins expired")) == .refuse(.listExpired("all pins expired"), request: Self.request, upstream: nil))
         #expect(Refusal.listExpired("x").status == 503)
         #expect(Refusal.listExpired("x").reason == .listExpired)
 
-        var afterWait = Machine(maximumHeadBytes: 1024)
-        _ = afterWait.bytesReceived(Self.head)
+        var afterWait = Machine()
+        _ = afterWait.headReceived(Self.head)
         _ = afterWait.checkedList(.updating)
         #expect(afterWait.listWaitEnded(.expired("stale")) == .refuse(.listExpired("stale"), request: Self.request, upstream: nil))
     }
 
     @Test("a client that leaves while the list is awaited: the late answer does nothing")
     func leavesWhileWaitingForTheList() {
-        var machine = Machine(maximumHeadBytes: 1024)
-        _ = machine.bytesReceived(Self.head)
+        var machine = Machine()
+        _ = machine.headReceived(Self.head)
         _ = machine.checkedList(.updating)
         #expect(machine.clientClosed() == .none)
         #expect(machine.listWaitEnded(.usable(refusal: nil)) == .none)
@@ -167,8 +185,9 @@ struct ConnectStateMachineTests {
 
     @Test("too many early bytes before the tunnel is up close the connection")
     func earlyBytesLimit() {
-        var machine = Machine(maximumHeadBytes: 1024, limits: .init(earlyBytes: 8))
-        _ = machine.bytesReceived(Self.head + [1, 2, 3, 4, 5])
+        var machine = Machine(limits: .init(earlyBytes: 8))
+        _ = machine.headReceived(Self.head)
+        #expect(machine.bytesReceived([1, 2, 3, 4, 5]) == .none)
         #expect(machine.bytesReceived([6, 7, 8]) == .none)
         #expect(machine.bytesReceived([9]) == .closeEarly(.tooManyEarlyBytes, upstream: nil))
         #expect(machine.checkedList(.usable(refusal: nil)) == .none)
@@ -250,7 +269,7 @@ struct ConnectStateMachineTests {
     func randomSequences() {
         var generator = SeededGenerator(seed: 0x5EED_CAFE)
         for _ in 0..<5_000 {
-            var machine = Machine(maximumHeadBytes: 1024, limits: .init(earlyBytes: 16))
+            var machine = Machine(limits: .init(earlyBytes: 16))
             var nextUpstream = 1
             var open: Set<Int> = []   // upstreams handed to the machine and not yet released
             var admitted = false
@@ -259,7 +278,7 @@ struct ConnectStateMachineTests {
                 let action: Machine.Action
                 var handed: Int?
                 switch generator.next() % 12 {
-                case 0: action = machine.bytesReceived(Self.head)
+                case 0: action = machine.headReceived(Self.head)
                 case 1: action = machine.bytesReceived([UInt8(truncatingIfNeeded: generator.next())])
                 case 2: action = machine.checkedList(generator.next() % 2 == 0 ? .usable(refusal: nil) : .updating)
                 case 3: action = machine.listWaitEnded(generator.next() % 3 == 0 ? .unavailable("x") : .usable(refusal: nil))

@@ -1,43 +1,42 @@
 import FuzzSupport
-import PinGate
 
-/// libFuzzer's entry: the first byte picks a chunk size, the rest is fed to a fresh
-/// `ConnectRequestParser` in chunks of that size, as a slow client would send it. The
-/// parser must never trap, must stop after its first verdict, and a request it accepts
-/// must name a port in range and a non-empty host.
+/// libFuzzer's entry: the first byte picks a chunk size, the rest is fed in chunks of that
+/// size, as a slow client would send it, to a fresh connection's head reading
+/// (`ConnectHeadReader`: NIOHTTP1's decoder, `ConnectHeadHandler` and `ConnectHeadCheck`,
+/// as `ConnectHandler` puts them in front of itself). Nothing may trap; there is at most
+/// one verdict; a request it accepts names a port in range and a non-empty host, whose
+/// authority text reads back as the same request; the bytes after an accepted head are
+/// handed on as they came.
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzzConnectRequest(_ start: UnsafePointer<UInt8>?, _ count: Int) -> CInt {
     guard let start else { return 0 }
     let bytes = UnsafeBufferPointer(start: start, count: count)
     guard let first = bytes.first else { return 0 }
     let chunk = Int(first % 64) + 1
-    var parser = ConnectRequestParser(maximumHeadBytes: 2048)
+    guard let reader = try? ConnectHeadReader(maximumHeadBytes: 2048) else { preconditionFailure("no reader") }
     var offset = 1
-    var decided = false
+    var outcome = ConnectHeadReader.Outcome.needMoreBytes
     while offset < bytes.count {
         let end = min(offset + chunk, bytes.count)
-        let outcome = parser.feed(bytes[offset..<end])
+        guard let next = try? reader.feed(bytes[offset..<end]) else { preconditionFailure("the embedded channel failed") }
+        outcome = next
         offset = end
-        switch outcome {
-        case .needMoreBytes:
-            continue
-        case .request(let request, _):
-            precondition(!decided, "a second verdict from one parser")
-            precondition((1...65535).contains(request.port) && !request.host.isEmpty, "accepted \(request)")
-            // The authority text must parse back to the same request (it goes in logs
-            // and in the upstream's SNI).
-            var again = ConnectRequestParser()
-            if case .request(let reparsed, _) = again.feed(Array("CONNECT \(request.authority) HTTP/1.1\r\n\r\n".utf8)) {
-                precondition(reparsed == request, "\(request.authority) reparsed as \(reparsed)")
-            } else {
-                preconditionFailure("\(request.authority) does not parse again")
-            }
-            decided = true
-        case .rejected(let rejection):
-            precondition(!decided, "a second verdict from one parser")
-            precondition([400, 405, 408, 431].contains(rejection.status), "status \(rejection.status)")
-            decided = true
+    }
+    precondition(reader.verdicts <= 1, "\(reader.verdicts) verdicts from one connection")
+    switch outcome {
+    case .needMoreBytes:
+        break
+    case .request(let request, let leftover):
+        precondition((1...65535).contains(request.port) && !request.host.isEmpty, "accepted \(request)")
+        precondition(bytes.suffix(leftover.count).elementsEqual(leftover), "the bytes after the head changed")
+        // The authority text must read back as the same request (it goes in logs and in the
+        // upstream's SNI).
+        guard case .request(let reparsed, _)? = try? ConnectHeadReader.read("CONNECT \(request.authority) HTTP/1.1\r\n\r\n") else {
+            preconditionFailure("\(request.authority) does not read again")
         }
+        precondition(reparsed == request, "\(request.authority) read again as \(reparsed)")
+    case .rejected(let rejection):
+        precondition([400, 405, 431].contains(rejection.status), "status \(rejection.status)")
     }
     return 0
 }

@@ -69,14 +69,21 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
         self.environment = environment
         tunnelBytes = TunnelBytes(statistics: environment.statistics)
         let configuration = environment.configuration
-        machine = ConnectStateMachine(
-            maximumHeadBytes: configuration.maximumHeadBytes,
-            limits: .init(headTimeoutSeconds: configuration.headTimeout.nanoseconds / 1_000_000_000))
+        machine = ConnectStateMachine(limits: .init(headTimeoutSeconds: configuration.headTimeout.nanoseconds / 1_000_000_000))
     }
 
     // MARK: channel events
 
     func handlerAdded(context: ChannelHandlerContext) {
+        // The head is read by NIOHTTP1's decoder in front (llhttp), which leaves after it.
+        do {
+            try ConnectHeadHandler.add(before: self, to: context.pipeline.syncOperations,
+                                       maximumHeadBytes: environment.configuration.maximumHeadBytes)
+        } catch {
+            environment.logger.error("could not set up a client connection's request decoder", metadata: ["error": "\(error)"])
+            context.close(promise: nil)
+            return
+        }
         // The child channel is usually active before its initializer runs.
         if context.channel.isActive { started(context: context) }
     }
@@ -108,6 +115,18 @@ final class ConnectHandler: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if let head = event as? ConnectHeadEvent {
+            // Refused and closing: nothing more is decided.
+            guard !lingering else { return }
+            switch head {
+            case .head(let head):
+                perform(machine.headReceived(head), context: context)
+            case .unreadable(let error):
+                let rejection = ConnectHeadCheck.rejection(for: error, maximumHeadBytes: environment.configuration.maximumHeadBytes)
+                perform(machine.headUnreadable(rejection), context: context)
+            }
+            return
+        }
         if event is TunnelDrainEvent {
             // The gate is draining. A connection still reading its CONNECT has nothing in
             // flight: it closes now, so a drain with no tunnel open ends at once (issue 31:

@@ -1,3 +1,4 @@
+import NIOHTTP1
 import PinList
 
 /// The life of one client connection, from its first byte to a joined tunnel or a
@@ -20,8 +21,8 @@ import PinList
 struct ConnectStateMachine<Upstream: Equatable> {
     /// Where the connection is.
     enum State {
-        /// Reading the CONNECT head; the parser holds what arrived so far.
-        case readingHead(ConnectRequestParser)
+        /// Reading the CONNECT head (NIOHTTP1's decoder reads it, `ConnectHeadHandler`).
+        case readingHead
         /// The head is complete; the driver is asked whether a usable list is in force.
         case checkingList(ConnectRequest, early: [UInt8])
         /// No usable list yet and an update is fetching one: wait for it (bounded).
@@ -123,9 +124,9 @@ struct ConnectStateMachine<Upstream: Equatable> {
         return false
     }
 
-    /// A machine for a new connection whose heads may be `maximumHeadBytes` long.
-    init(maximumHeadBytes: Int, limits: Limits = Limits()) {
-        state = .readingHead(ConnectRequestParser(maximumHeadBytes: maximumHeadBytes))
+    /// A machine for a new connection.
+    init(limits: Limits = Limits()) {
+        state = .readingHead
         self.limits = limits
     }
 
@@ -155,21 +156,38 @@ struct ConnectStateMachine<Upstream: Equatable> {
 
     // MARK: client bytes
 
-    /// Bytes arrived from the client.
+    /// The decoder read the request head: a CONNECT goes on to the list, anything else is
+    /// refused (`ConnectHeadCheck`).
+    mutating func headReceived(_ head: HTTPRequestHead) -> Action {
+        // One head per connection: the decoder leaves after it.
+        guard case .readingHead = state else { return .none }
+        switch ConnectHeadCheck.check(head) {
+        case .success(let request):
+            state = .checkingList(request, early: [])
+            return .checkList(request)
+        case .failure(let rejection):
+            state = .closed
+            return .refuse(.head(rejection), request: nil, upstream: nil)
+        }
+    }
+
+    /// The decoder could not read the request head: it is refused with `rejection`.
+    mutating func headUnreadable(_ rejection: HeadRejection) -> Action {
+        guard case .readingHead = state else { return .none }
+        state = .closed
+        return .refuse(.head(rejection), request: nil, upstream: nil)
+    }
+
+    /// Bytes arrived from the client after its head (before it, the decoder has them).
     mutating func bytesReceived(_ bytes: some Collection<UInt8>) -> Action {
         switch state {
-        case .readingHead(var parser):
-            switch parser.feed(bytes) {
-            case .needMoreBytes:
-                state = .readingHead(parser)
-                return .none
-            case .rejected(let rejection):
-                state = .closed
-                return .refuse(.head(rejection), request: nil, upstream: nil)
-            case .request(let request, let leftover):
-                state = .checkingList(request, early: leftover)
-                return .checkList(request)
-            }
+        case .readingHead:
+            // Never: the decoder reads until the head is complete, and hands on the bytes
+            // after it only then. Refused rather than taken for a head.
+            state = .closed
+            return .refuse(.head(HeadRejection(status: 400, reason: .badRequest,
+                                               detail: "bytes arrived before the request head was read")),
+                           request: nil, upstream: nil)
         case .checkingList(let request, var early):
             guard appendEarly(bytes, to: &early) else { return closeForEarlyBytes() }
             state = .checkingList(request, early: early)

@@ -1,0 +1,1 @@
+../../../Tests/PinGateTests/Support/ConnectHeadReader.swift
