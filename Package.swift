@@ -133,6 +133,10 @@ let package = Package(
                 "PinGate", "PinGateNIO", "PinListService", "PinGateTLS", "PinList", "PinGateCA",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                // NIOHTTP1 reads what the attacker intercepts and what the loopback origin
+                // answers; the interception reads a copy, in an embedded channel.
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

@@ -1,5 +1,7 @@
 import Foundation
 import NIOCore
+import NIOEmbedded
+import NIOHTTP1
 import PinGate
 import PinGateNIO
 import PinList
@@ -72,16 +74,27 @@ public final class InterceptionLog: Sendable {
 }
 
 /// Sits between the attacker's TLS (client side) and the relay, reads the first HTTP/1
-/// request head and the start of its body, records them, and passes every byte on.
+/// request head and the start of its body, records them, and passes every byte on as it
+/// came. The reading is NIOHTTP1's (llhttp), on a copy of the bytes: a decoder of its own
+/// in an `EmbeddedChannel`, since the relay behind must see the bytes themselves.
 final class InterceptionRecorder: ChannelInboundHandler {
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ByteBuffer
 
+    /// How much is read before the recorder gives up on a head.
     private static let limit = 16 * 1024
+    /// How much of a body is recorded.
+    private static let bodyPrefixBytes = 64
     private let log: InterceptionLog
     private let target: String
-    private var seen: [UInt8] = []
-    private var scanner = HTTPHeadScanner()
+    /// Made on the tunnel's loop, on the first bytes (an embedded channel belongs to the
+    /// thread that made it).
+    private var reader: EmbeddedChannel?
+    private var head: HTTPRequestHead?
+    private var body: [UInt8] = []
+    /// The first bytes as they came, recorded when they are not HTTP.
+    private var raw: [UInt8] = []
+    private var seen = 0
     private var recorded = false
 
     init(log: InterceptionLog, target: String) {
@@ -90,40 +103,56 @@ final class InterceptionRecorder: ChannelInboundHandler {
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        if !recorded {
-            seen.append(contentsOf: unwrapInboundIn(data).readableBytesView.prefix(Self.limit - seen.count))
-            recordIfComplete(final: seen.count >= Self.limit)
-        }
+        if !recorded { read(unwrapInboundIn(data)) }
         context.fireChannelRead(data)
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        if !recorded && !seen.isEmpty { recordIfComplete(final: true) }
+        if !recorded && seen > 0 { recordWhatWasRead() }
         context.fireChannelInactive()
     }
 
-    private func recordIfComplete(final: Bool) {
-        guard let end = scanner.end(in: seen) else {
-            if final { record(method: "?", path: "?", host: "?", body: String(decoding: seen, as: UTF8.self)) }
-            return
-        }
-        let head = String(decoding: seen[..<end.headEnd], as: UTF8.self)
-        let lines = head.split(omittingEmptySubsequences: false, whereSeparator: \.isNewline).map(String.init)
-        let requestLine = lines.first?.split(separator: " ") ?? []
-        let hostHeader = lines.dropFirst().first { $0.lowercased().hasPrefix("host:") }
-            .map { String($0.dropFirst(5)).trimmingCharacters(in: .whitespaces) } ?? ""
-        let body = String(decoding: seen[end.bodyStart...].prefix(64), as: UTF8.self)
-        let length = lines.dropFirst().first { $0.lowercased().hasPrefix("content-length:") }
-            .flatMap { Int($0.dropFirst(15).trimmingCharacters(in: .whitespaces)) } ?? 0
-        // Wait a little for the body's first bytes when one is announced.
-        if body.isEmpty && length > 0 && !final { return }
-        record(method: requestLine.first.map(String.init) ?? "?",
-               path: requestLine.dropFirst().first.map(String.init) ?? "?", host: hostHeader, body: body)
+    func handlerRemoved(context: ChannelHandlerContext) {
+        _ = try? reader?.finish(acceptAlreadyClosed: true)
+        reader = nil
     }
 
-    private func record(method: String, path: String, host: String, body: String) {
+    private func read(_ bytes: ByteBuffer) {
+        seen += bytes.readableBytes
+        raw += bytes.readableBytesView.prefix(Self.bodyPrefixBytes - raw.count)
+        let reader = self.reader ?? EmbeddedChannel(handler: ByteToMessageHandler(HTTPRequestDecoder()))
+        self.reader = reader
+        do {
+            try reader.writeInbound(bytes)
+            while let part = try reader.readInbound(as: HTTPServerRequestPart.self) {
+                switch part {
+                case .head(let read):
+                    head = read
+                case .body(let chunk):
+                    body += chunk.readableBytesView.prefix(Self.bodyPrefixBytes - body.count)
+                    // The body's first bytes are what an attacker wants (a password form):
+                    // recorded as soon as some came.
+                    return recordWhatWasRead()
+                case .end:
+                    return recordWhatWasRead()
+                }
+            }
+        } catch {
+            // Not HTTP/1.1: what came is recorded as it was.
+            return recordWhatWasRead()
+        }
+        if seen >= Self.limit { recordWhatWasRead() }
+    }
+
+    private func recordWhatWasRead() {
         recorded = true
-        seen = []
-        log.record(.init(time: Date(), target: target, method: method, path: path, host: host, bodyPrefix: body))
+        _ = try? reader?.finish(acceptAlreadyClosed: true)
+        reader = nil
+        guard let head else {
+            log.record(.init(time: Date(), target: target, method: "?", path: "?", host: "?", bodyPrefix: String(decoding: raw, as: UTF8.self)))
+            return
+        }
+        log.record(.init(time: Date(), target: target, method: head.method.rawValue, path: head.uri,
+                         host: head.headers.first(name: "host") ?? "", bodyPrefix: String(decoding: body, as: UTF8.self)))
     }
 }

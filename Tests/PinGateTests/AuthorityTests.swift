@@ -2,8 +2,8 @@ import Testing
 @testable import PinGateNIO
 
 /// The one `host:port` parser/formatter and the one end-of-head scanner, with no sockets.
-@Suite("Authority and HTTP head scanner")
-struct AuthorityAndHeadScannerTests {
+@Suite("Authority")
+struct AuthorityTests {
     @Test("host:port, IPv4 and bracketed IPv6 parse; formatting brackets IPv6 again", arguments: [
         ("127.0.0.1:8080", "127.0.0.1", 8080, "127.0.0.1:8080"),
         ("gate.example.test:443", "gate.example.test", 443, "gate.example.test:443"),
@@ -30,23 +30,5 @@ struct AuthorityAndHeadScannerTests {
     func portZero() throws {
         #expect(try Authority(parsing: "127.0.0.1:0", ports: 0...65535).port == 0)
         #expect(throws: Authority.ParseError.self) { try Authority(parsing: "127.0.0.1:0") }
-    }
-
-    @Test("the scanner finds CRLF CRLF and bare-LF ends, also when the terminator straddles two reads")
-    func scannerEnds() {
-        var scanner = HTTPHeadScanner()
-        var bytes = Array("CONNECT a.test:443 HTTP/1.1\r\nHost: a\r\n\r".utf8)
-        #expect(scanner.end(in: bytes) == nil)
-        bytes += Array("\nTLS".utf8)
-        let end = scanner.end(in: bytes)
-        #expect(end?.bodyStart == bytes.count - 3)
-        #expect(end.map { String(decoding: bytes[..<$0.headEnd], as: UTF8.self) } == "CONNECT a.test:443 HTTP/1.1\r\nHost: a\r")
-
-        var bare = HTTPHeadScanner()
-        let lf = Array("GET / HTTP/1.1\nHost: a\n\nbody".utf8)
-        #expect(bare.end(in: lf)?.bodyStart == lf.count - 4)
-
-        var none = HTTPHeadScanner()
-        #expect(none.end(in: Array("GET / HTTP/1.1\r\nHost: a\r\n".utf8)) == nil)
     }
 }
