@@ -86,6 +86,7 @@ public final class LoopbackOrigin: Sendable {
                             var limits = NIOHTTPDecoderLimitConfiguration()
                             limits.maxHeaderListSize = OriginAnswerHandler.maximumHead
                             limits.maxHeaderFieldSize = OriginAnswerHandler.maximumHead
+                            limits.maxHeaderFieldCount = 256
                             try channel.pipeline.syncOperations.addHandlers([
                                 ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .dropBytes, limitConfiguration: limits)),
                                 OriginAnswerHandler(body: body),

@@ -56,6 +56,7 @@ final class ProxyTunnelHandler: ChannelInboundHandler, RemovableChannelHandler {
         var limits = NIOHTTPDecoderLimitConfiguration()
         limits.maxHeaderListSize = maximumHead
         limits.maxHeaderFieldSize = maximumHead
+        limits.maxHeaderFieldCount = 256
         // The encoder writes the head as given: a CONNECT has no body to frame.
         var encoding = HTTPRequestEncoder.Configuration()
         encoding.automaticallySetFramingHeaders = false
@@ -146,7 +147,7 @@ final class ProxyTunnelHandler: ChannelInboundHandler, RemovableChannelHandler {
         switch state {
         case .awaitingAnswer:
             if case .headerOverflow? = error as? HTTPParserError {
-                fail(context: context, "the parent proxy's answer head is over 16 KiB")
+                fail(context: context, "the parent proxy's answer head is over 16 KiB or 256 fields")
             } else {
                 fail(context: context, "the parent proxy answered something that is not HTTP (\(error))")
             }

@@ -123,7 +123,7 @@ struct ConnectHeadTests {
     func oversized() throws {
         let big = "CONNECT a.test:443 HTTP/1.1\r\nX-Big: \(String(repeating: "a", count: 17 * 1024))\r\n\r\n"
         #expect(try Self.rejection(big) == HeadRejection(status: 431, reason: .headerTooLarge,
-                                                          detail: "the request head exceeds 16 KiB (its target and header fields)"))
+                                                          detail: "the request head exceeds 16 KiB (its target and header fields) or 256 fields"))
         let reader = try ConnectHeadReader()
         var outcome = try reader.feed(Array("CONNECT a.test:443 HTTP/1.1\r\n".utf8))
         var lines = 0
@@ -131,10 +131,17 @@ struct ConnectHeadTests {
             outcome = try reader.feed(Array("X-Filler: \(String(repeating: "b", count: 1000))\r\n".utf8))
             lines += 1
         }
-        #expect(outcome == .rejected(HeadRejection(status: 431, reason: .headerTooLarge, detail: "the request head exceeds 16 KiB (its target and header fields)")))
+        #expect(outcome == .rejected(HeadRejection(status: 431, reason: .headerTooLarge, detail: "the request head exceeds 16 KiB (its target and header fields) or 256 fields")))
         #expect(lines == 17)
         #expect(try Self.rejection("CONNECT a.test:443 HTTP/1.1\r\nX: \(String(repeating: "c", count: 200))\r\n\r\n", limit: 100)?.detail
-                == "the request head exceeds 100 bytes (its target and header fields)")
+                == "the request head exceeds 100 bytes (its target and header fields) or 256 fields")
+    }
+
+    @Test("at most 256 header fields: 256 empty ones are read, 257 are 431")
+    func fieldCount() throws {
+        let fields = { (count: Int) in "CONNECT a.test:443 HTTP/1.1\r\n" + String(repeating: "a:\r\n", count: count) + "\r\n" }
+        #expect(try Self.rejection(fields(256)) == nil)
+        #expect(try Self.rejection(fields(257))?.status == 431)
     }
 
     @Test("the limit counts the target and the fields' names and values: a head of exactly the limit is accepted, a byte more is 431")

@@ -55,13 +55,19 @@ public struct HeadRejection: Error, Sendable, Equatable {
 enum ConnectHeadCheck {
     /// The decoder's limits for heads of at most `maximumHeadBytes`: the request target and
     /// every header name and value count toward it (llhttp's measure; the line ends and
-    /// separators do not), and so does any one field.
+    /// separators do not), and so does any one field; and at most `maximumFields` fields.
     static func decoderLimits(maximumHeadBytes: Int) -> NIOHTTPDecoderLimitConfiguration {
         var limits = NIOHTTPDecoderLimitConfiguration()
         limits.maxHeaderListSize = maximumHeadBytes
         limits.maxHeaderFieldSize = maximumHeadBytes
+        limits.maxHeaderFieldCount = maximumFields
         return limits
     }
+
+    /// The most header fields a CONNECT head may have. NIO's default (65,534) would let 64 KiB
+    /// of empty fields (`a:` lines, one byte each toward the size) become 16,384 string
+    /// pairs per connection, before the head is refused; a CONNECT carries a handful.
+    static let maximumFields = 256
 
     /// The CONNECT request `head` asks for, or why it is refused: 405 for any other method
     /// (plain HTTP cannot be pinned), 400 for another version or a target that is not
@@ -90,7 +96,7 @@ enum ConnectHeadCheck {
         case .headerOverflow?:
             let limit = maximumHeadBytes % 1024 == 0 ? "\(maximumHeadBytes / 1024) KiB" : "\(maximumHeadBytes) bytes"
             return HeadRejection(status: 431, reason: .headerTooLarge,
-                                 detail: "the request head exceeds \(limit) (its target and header fields)")
+                                 detail: "the request head exceeds \(limit) (its target and header fields) or \(maximumFields) fields")
         case .invalidVersion?:
             // NIO's own check: a request line's version must be HTTP/1.x (an HTTP/2 preface
             // sent in clear ends here).
