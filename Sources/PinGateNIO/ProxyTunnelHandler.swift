@@ -20,8 +20,11 @@ public struct ParentProxyError: Error, CustomStringConvertible, Sendable, Equata
 /// The answer is read by NIOHTTP1 (llhttp): `add` puts its request encoder and response
 /// decoder in front of this handler. The decoder knows the request was a CONNECT, so a
 /// 2xx ends with its head (RFC 9110 §9.3.6). Nothing may follow it before the gate's
-/// ClientHello, since a TLS server speaks second; bytes that do are refused, as is an
-/// answer llhttp cannot read.
+/// ClientHello, since a TLS server speaks second. llhttp reads on after the 2xx until the
+/// decoder has left, so what does follow is read as a further answer: a whole one, or
+/// bytes that cannot start one, refuse the tunnel, as does an answer llhttp cannot read.
+/// (The start of an answer that never ends is consumed unseen; the TLS inside is verified
+/// end to end whatever the parent does.)
 final class ProxyTunnelHandler: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPClientResponsePart
     typealias OutboundOut = HTTPClientRequestPart
@@ -61,8 +64,8 @@ final class ProxyTunnelHandler: ChannelInboundHandler, RemovableChannelHandler {
         var encoding = HTTPRequestEncoder.Configuration()
         encoding.automaticallySetFramingHeaders = false
         let encoder = HTTPRequestEncoder(configuration: encoding)
-        // `.fireError`: bytes the decoder still holds as it leaves are the parent's, sent
-        // before the ClientHello, and refused.
+        // `.fireError`: bytes the decoder still holds as it leaves (after a `101`, where llhttp
+        // stops) are the parent's, sent before the ClientHello, and refused.
         let decoder = HTTPResponseDecoder(leftOverBytesStrategy: .fireError, informationalResponseStrategy: .drop,
                                           limitConfiguration: limits)
         try pipeline.addHandlers([encoder, ByteToMessageHandler(decoder), handler])

@@ -245,7 +245,7 @@ struct HTTP2UpstreamLaneTests {
         }
     }
 
-    @Test("a drain of the connection gives back the request credit held for it, to the tunnel that wrote while the channel was full; a tunnel that wrote while it was writable had its credit at once")
+    @Test("a drain of the connection gives back the request credit held for it, to the tunnel that wrote while the channel was full, at each drain; a tunnel that wrote while it was writable had its credit at once")
     func drainReachesTheTunnelThatWaits() throws {
         let harness = try Harness(lanes: 3)
         let full = try harness.request(on: 0, body: true)
@@ -261,8 +261,16 @@ struct HTTP2UpstreamLaneTests {
         harness.channel.pipeline.fireChannelWritabilityChanged()
         #expect(harness.clients[0].requestCredit[full] == 3_000)
         #expect(harness.clients[2].requestCredit[free] == 2_000)
+        // Again: the tunnel told at the last drain is listed anew for the next one.
+        harness.channel.isWritable = false
+        harness.routers[0].requestBody(full, ByteBuffer(repeating: 0x63, count: 1_000))
+        harness.routers[0].clientReadComplete()
+        #expect(harness.clients[0].requestCredit[full] == 3_000)
+        harness.channel.isWritable = true
+        harness.channel.pipeline.fireChannelWritabilityChanged()
+        #expect(harness.clients[0].requestCredit[full] == 4_000)
         try harness.toOrigin()
-        #expect(harness.uploaded.values.sorted() == [2_000, 3_000])
+        #expect(harness.uploaded.values.sorted() == [2_000, 4_000])
         #expect(harness.unplaced == 0)
     }
 }

@@ -1,3 +1,5 @@
+import Foundation
+import NIOCore
 import PinGateTestSupport
 import Testing
 @testable import PinGate
@@ -117,6 +119,38 @@ struct ConnectHeadTests {
         let unreadable = try ConnectHeadReader()
         _ = try unreadable.feed(Array("\u{16}\u{03}\u{01}\r\n\r\nCONNECT a.test:443 HTTP/1.1\r\n\r\n".utf8))
         #expect(unreadable.verdicts == 1)
+    }
+
+    @Test("a refused upgrade request (llhttp stops reading after it): what the client sends during the linger is neither handed on nor taken for anything, however much")
+    func refusedUpgrade() throws {
+        let reader = try ConnectHeadReader()
+        let outcome = try reader.feed(Array("GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n".utf8))
+        guard case .rejected(let rejection) = outcome else {
+            Issue.record("the upgrade GET was not refused: \(outcome)")
+            return
+        }
+        #expect(rejection.status == 405)
+        for _ in 0..<64 { _ = try reader.feed(repeatElement(0x41, count: 16 * 1024)) }
+        #expect(reader.verdicts == 1 && reader.errorsPassedOn == 0 && reader.decoding)
+        // The decoder holds at most the head and 64 KiB; past that, reads are dropped, each
+        // with an objection the handler takes (1 MiB came in 16 KiB reads: about 59 of them).
+        #expect(reader.objectionsAfterHead > 50, "\(reader.objectionsAfterHead)")
+        #expect(try reader.feed([0x42]) == outcome)
+    }
+
+    @Test("the connection's own errors before the head pass on to the handler behind, and are no refusal; a half-close mid-head is refused 400, since the head can never end")
+    func connectionErrors() throws {
+        let reset = try ConnectHeadReader()
+        _ = try reset.feed(Array("CONN".utf8))
+        reset.connectionFailed(IOError(errnoCode: ECONNRESET, reason: "read(descriptor:pointer:size:)"))
+        #expect(reset.errorsPassedOn == 1 && reset.verdicts == 0 && reset.outcome == .needMoreBytes)
+        let halfClosed = try ConnectHeadReader()
+        _ = try halfClosed.feed(Array("CONNECT a.test:443 HTTP/1.1\r\nHost: a".utf8))
+        guard case .rejected(let rejection) = try halfClosed.inputClosed() else {
+            Issue.record("a head cut short by a half-close was not refused")
+            return
+        }
+        #expect(rejection.status == 400 && halfClosed.errorsPassedOn == 0)
     }
 
     @Test("a head over the limit gets 431, in one field or many, whether or not its end came")

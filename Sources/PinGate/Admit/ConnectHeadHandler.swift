@@ -18,7 +18,9 @@ enum ConnectHeadEvent {
 /// as the end of HTTP on the connection (the tunnel's bytes follow, RFC 9110 §9.3.6): the
 /// request ends with its head and the decoder stops. Both handlers then leave, and the
 /// decoder hands on the bytes that followed the head, as they came (`.forwardBytes`: a
-/// client's early ClientHello). A head the decoder refuses goes on as `.unreadable`, and
+/// client's early ClientHello; one that half-closed in the same read loses them, which
+/// matters nothing, as its handshake cannot finish). A head the decoder refuses goes on as
+/// `.unreadable`, and
 /// nothing more is read; after any other method's head (refused) both stay, and take
 /// what the client still sends.
 final class ConnectHeadHandler: ChannelInboundHandler, RemovableChannelHandler {
@@ -35,13 +37,25 @@ final class ConnectHeadHandler: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     private var state = State.reading
+    /// The decoder's objections after the head, taken here: reads past its bound after a
+    /// refused upgrade request, or what followed a refused head. (For the tests: a count
+    /// that stays 0 while a refused client's bytes pile up would say the bound is gone.)
+    private(set) var objectionsAfterHead = 0
+
+    /// What the decoder may hold after a head: a CONNECT's early bytes (as many as
+    /// `ConnectStateMachine` takes) until the decoder has left.
+    static let maximumBytesAfterHead = 64 * 1024
 
     /// Adds the decoder and this handler in front of `handler` (the connection's
     /// `ConnectHandler`), for heads of at most `maximumHeadBytes`.
     static func add(before handler: ChannelHandler, to pipeline: ChannelPipeline.SynchronousOperations, maximumHeadBytes: Int) throws {
         let decoder = HTTPRequestDecoder(leftOverBytesStrategy: .forwardBytes,
                                          limitConfiguration: ConnectHeadCheck.decoderLimits(maximumHeadBytes: maximumHeadBytes))
-        try pipeline.addHandlers([ByteToMessageHandler(decoder), ConnectHeadHandler()], position: .before(handler))
+        // Bounded: after a refused upgrade request (a GET with `Upgrade`), llhttp stops and
+        // the decoder would keep everything the client sends during the refusal's linger.
+        // Past the bound it drops what comes, with an error this handler takes.
+        let bounded = ByteToMessageHandler(decoder, maximumBufferSize: maximumHeadBytes + maximumBytesAfterHead)
+        try pipeline.addHandlers([bounded, ConnectHeadHandler()], position: .before(handler))
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -62,12 +76,28 @@ final class ConnectHeadHandler: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        guard case .reading = state else { return }
+        // The connection's own errors (a reset, a TLS-less read failing) are `ConnectHandler`'s.
+        guard Self.isDecoders(error) else {
+            context.fireErrorCaught(error)
+            return
+        }
+        // After the head, the decoder's objections are to what a refused client still sends.
+        guard case .reading = state else {
+            objectionsAfterHead += 1
+            return
+        }
         state = .done
         // A client that closed mid-head is not refused: the end of input made the decoder
-        // object, and `ConnectHandler` hears the close itself.
+        // object, and `ConnectHandler` hears the close itself. (One that only half-closed is:
+        // its head can never end.)
         guard context.channel.isActive else { return }
         context.fireUserInboundEventTriggered(ConnectHeadEvent.unreadable(error))
+    }
+
+    /// Whether `error` is the decoder's: llhttp's, NIO's HTTP decoding's, or the bound's.
+    private static func isDecoders(_ error: any Error) -> Bool {
+        error is HTTPParserError || error is NIOHTTPDecoderError || error is ByteToMessageDecoderError
+            || error is ByteToMessageDecoderError.PayloadTooLargeError
     }
 
     /// This handler first, then the decoder: the bytes it hands on as it leaves go to

@@ -1,3 +1,4 @@
+import NIOCore
 import NIOHTTP1
 import PinGateNIO
 import PinGateTLS
@@ -92,6 +93,10 @@ enum ConnectHeadCheck {
     /// Why a head the decoder could not read is refused: 431 when it was over
     /// `maximumHeadBytes`, else 400 naming llhttp's objection.
     static func rejection(for error: any Error, maximumHeadBytes: Int) -> HeadRejection {
+        if error is ByteToMessageDecoderError.PayloadTooLargeError {
+            // Bytes that never made a head: more than the decoder holds.
+            return HeadRejection(status: 431, reason: .headerTooLarge, detail: "the request head never ended within the bytes a head may take")
+        }
         switch error as? HTTPParserError {
         case .headerOverflow?:
             let limit = maximumHeadBytes % 1024 == 0 ? "\(maximumHeadBytes / 1024) KiB" : "\(maximumHeadBytes) bytes"

@@ -27,6 +27,8 @@ public final class ConnectHeadReader {
         /// How many heads or refusals came (one at most, or the decoder read on).
         var verdicts = 0
         var leftover: [UInt8] = []
+        /// Errors that came past the head's reading (the connection's own).
+        var errors = 0
 
         init(maximumHeadBytes: Int) {
             self.maximumHeadBytes = maximumHeadBytes
@@ -34,6 +36,10 @@ public final class ConnectHeadReader {
 
         func channelRead(context: ChannelHandlerContext, data: NIOAny) {
             leftover += unwrapInboundIn(data).readableBytesView
+        }
+
+        func errorCaught(context: ChannelHandlerContext, error: Error) {
+            errors += 1
         }
 
         func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
@@ -81,6 +87,27 @@ public final class ConnectHeadReader {
 
     /// How many heads or refusals the decoder reported: never more than one.
     public var verdicts: Int { recorder.verdicts }
+
+    /// Errors that reached the handler behind (`ConnectHandler`'s place), not taken as a
+    /// head's refusal.
+    public var errorsPassedOn: Int { recorder.errors }
+
+    /// The decoder's objections `ConnectHeadHandler` took after the head (0 once it left).
+    public var objectionsAfterHead: Int {
+        (try? channel.pipeline.syncOperations.handler(type: ConnectHeadHandler.self))?.objectionsAfterHead ?? 0
+    }
+
+    /// The connection's own error (a reset, say), raised where the socket would raise it.
+    public func connectionFailed(_ error: Error) {
+        channel.pipeline.fireErrorCaught(error)
+    }
+
+    /// The client half-closes (its FIN, with half-closure allowed).
+    public func inputClosed() throws -> Outcome {
+        channel.pipeline.fireUserInboundEventTriggered(ChannelEvent.inputClosed)
+        channel.embeddedEventLoop.run()
+        return outcome
+    }
 
     /// Whether the decoder and `ConnectHeadHandler` are still in the pipeline.
     public var decoding: Bool {
