@@ -529,6 +529,72 @@ struct UpstreamPoolTests {
     print("closed", flush=True)
     """
 
+    /// A client that sends its ClientHello in the same write as the CONNECT (as eager
+    /// clients do), then reads the 200 and finishes TLS with what follows, and GETs `path`.
+    static let eagerClient = """
+    import socket, ssl, sys
+    port, target, host, ca, path = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+    context = ssl.create_default_context(cafile=ca)
+    context.set_alpn_protocols(["http/1.1"])
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_hostname=host)
+    try:
+        tls.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+    raw.sendall(f"CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode() + outgoing.read())
+    head = b""
+    while b"\\r\\n\\r\\n" not in head:
+        head += raw.recv(1)
+    print(head.split(b"\\r\\n")[0].decode(), flush=True)
+    def pump():
+        data = outgoing.read()
+        if data: raw.sendall(data)
+        chunk = raw.recv(65536)
+        if not chunk: raise ConnectionError("closed")
+        incoming.write(chunk)
+    while True:
+        try:
+            tls.do_handshake(); break
+        except ssl.SSLWantReadError:
+            pump()
+    tls.write(f"GET {path} HTTP/1.1\\r\\nHost: {target}\\r\\nConnection: close\\r\\n\\r\\n".encode())
+    raw.sendall(outgoing.read())
+    answer = b""
+    while True:
+        try:
+            data = tls.read(65536)
+            if not data: break
+            answer += data
+        except ssl.SSLWantReadError:
+            chunk = raw.recv(65536)
+            if not chunk: break
+            incoming.write(chunk)
+        except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+            break
+    print(answer.split(b"\\r\\n")[0].decode(), flush=True)
+    print(answer.split(b"\\r\\n\\r\\n", 1)[-1].decode(), end="", flush=True)
+    """
+
+    @Test("an eager client (its ClientHello in the same write as the CONNECT) on a warm pool, where the tunnel can be admitted before the head's decoder has left: the ClientHello reaches the client's TLS after the 200, and the GET is answered whole, over an h2 and an HTTP/1.1 origin",
+          arguments: [true, false])
+    func eagerClientOnAWarmPool(http2: Bool) async throws {
+        try await Self.withOrigin(http2: http2, configure: { $0.eventLoopThreads = 1 }) { gate, nginx, _ in
+            try await Self.fetch(gate, nginx)
+            #expect(await Self.waitForIdle(gate, 1))
+            let result = try await TestProcess.run("python3", ["-c", Self.eagerClient, "\(gate.port)", "\(Self.host):\(nginx.port)", Self.host,
+                                                               gate.caPath, "/a.txt"], timeout: 30)
+            let lines = result.stdout.split(separator: "\n", omittingEmptySubsequences: false)
+            #expect(result.status == 0, "\(result.stderr)")
+            #expect(lines.first == "HTTP/1.1 200 Connection established", "\(result.stdout)")
+            #expect(lines.dropFirst().first == "HTTP/1.1 200 OK", "\(result.stdout)")
+            #expect(result.stdout.hasSuffix("pooled\n"), "\(result.stdout)")
+            let pool = try #require(gate.server.upstreamPool)
+            #expect(pool.hits == 1 && pool.misses == 1, "\(pool)")
+        }
+    }
+
     @Test("over h2, 8 concurrent tunnels share one upstream connection (one event loop): each opens its streams on the connection the first one verified")
     func concurrentTunnelsShareH2() async throws {
         try await Self.withOrigin(http2: true, configure: { $0.eventLoopThreads = 1 }) { gate, nginx, _ in
