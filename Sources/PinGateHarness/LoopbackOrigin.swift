@@ -83,12 +83,8 @@ public final class LoopbackOrigin: Sendable {
                         ])
                         if case .http(let body) = behaviour {
                             // The request is read by NIOHTTP1 (llhttp), behind the counting.
-                            var limits = NIOHTTPDecoderLimitConfiguration()
-                            limits.maxHeaderListSize = OriginAnswerHandler.maximumHead
-                            limits.maxHeaderFieldSize = OriginAnswerHandler.maximumHead
-                            limits.maxHeaderFieldCount = 256
                             try channel.pipeline.syncOperations.addHandlers([
-                                ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .dropBytes, limitConfiguration: limits)),
+                                ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .dropBytes, limitConfiguration: HTTPHeadLimits.decoder(maximumHeadBytes: OriginAnswerHandler.maximumHead))),
                                 OriginAnswerHandler(body: body),
                             ])
                         }

@@ -34,7 +34,7 @@ final class ProxyTunnelHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     private enum State {
         /// The CONNECT is out (or about to be); its answer has not ended.
-        case awaitingAnswer(status: Int?)
+        case awaitingAnswer(headWas2xx: Bool)
         /// A 2xx ended: the codecs are leaving, then the real handlers take this place.
         case opening
         /// Opened, or failed: nothing more is done.
@@ -44,7 +44,7 @@ final class ProxyTunnelHandler: ChannelInboundHandler, RemovableChannelHandler {
     private let target: String
     private let onFailure: (Error) -> Void
     private let makeHandlers: () throws -> [ChannelHandler]
-    private var state = State.awaitingAnswer(status: nil)
+    private var state = State.awaitingAnswer(headWas2xx: false)
     private var sent = false
 
     /// `makeHandlers` builds what replaces this handler once the tunnel is open.
@@ -56,10 +56,6 @@ final class ProxyTunnelHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     /// Adds the codecs and the handler to `pipeline`, which holds nothing else yet.
     static func add(_ handler: ProxyTunnelHandler, to pipeline: ChannelPipeline.SynchronousOperations) throws {
-        var limits = NIOHTTPDecoderLimitConfiguration()
-        limits.maxHeaderListSize = maximumHead
-        limits.maxHeaderFieldSize = maximumHead
-        limits.maxHeaderFieldCount = 256
         // The encoder writes the head as given: a CONNECT has no body to frame.
         var encoding = HTTPRequestEncoder.Configuration()
         encoding.automaticallySetFramingHeaders = false
@@ -67,7 +63,7 @@ final class ProxyTunnelHandler: ChannelInboundHandler, RemovableChannelHandler {
         // `.fireError`: bytes the decoder still holds as it leaves (after a `101`, where llhttp
         // stops) are the parent's, sent before the ClientHello, and refused.
         let decoder = HTTPResponseDecoder(leftOverBytesStrategy: .fireError, informationalResponseStrategy: .drop,
-                                          limitConfiguration: limits)
+                                          limitConfiguration: HTTPHeadLimits.decoder(maximumHeadBytes: maximumHead))
         try pipeline.addHandlers([encoder, ByteToMessageHandler(decoder), handler])
     }
 
@@ -104,9 +100,9 @@ final class ProxyTunnelHandler: ChannelInboundHandler, RemovableChannelHandler {
             onFailure(error)
             context.close(promise: nil)
         case (.awaitingAnswer, .head(let head)):
-            state = .awaitingAnswer(status: Int(head.status.code))
-        case (.awaitingAnswer(let status?), .end):
-            open(context: context, status: status)
+            state = .awaitingAnswer(headWas2xx: true)
+        case (.awaitingAnswer(headWas2xx: true), .end):
+            open(context: context)
         case (.awaitingAnswer, .body), (.awaitingAnswer, .end):
             fail(context: context, "the parent proxy's answer to CONNECT \(target) was not HTTP")
         case (.opening, _):
@@ -119,7 +115,7 @@ final class ProxyTunnelHandler: ChannelInboundHandler, RemovableChannelHandler {
     /// The parent opened the tunnel: the codecs leave (the decoder watches what is
     /// written, and would take the TLS handler's records for requests), then the real
     /// handlers take this handler's place.
-    private func open(context: ChannelHandlerContext, status: Int) {
+    private func open(context: ChannelHandlerContext) {
         state = .opening
         let pipeline = context.pipeline.syncOperations
         if let encoder = try? pipeline.handler(type: HTTPRequestEncoder.self) {
@@ -150,7 +146,7 @@ final class ProxyTunnelHandler: ChannelInboundHandler, RemovableChannelHandler {
         switch state {
         case .awaitingAnswer:
             if case .headerOverflow? = error as? HTTPParserError {
-                fail(context: context, "the parent proxy's answer head is over 16 KiB or 256 fields")
+                fail(context: context, "the parent proxy's answer head is over 16 KiB or \(HTTPHeadLimits.maximumFields) fields")
             } else {
                 fail(context: context, "the parent proxy answered something that is not HTTP (\(error))")
             }

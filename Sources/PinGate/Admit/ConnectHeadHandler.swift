@@ -1,5 +1,6 @@
 import NIOCore
 import NIOHTTP1
+import PinGateNIO
 
 /// What `ConnectHeadHandler` tells `ConnectHandler` (a user inbound event).
 enum ConnectHeadEvent {
@@ -50,7 +51,7 @@ final class ConnectHeadHandler: ChannelInboundHandler, RemovableChannelHandler {
     /// `ConnectHandler`), for heads of at most `maximumHeadBytes`.
     static func add(before handler: ChannelHandler, to pipeline: ChannelPipeline.SynchronousOperations, maximumHeadBytes: Int) throws {
         let decoder = HTTPRequestDecoder(leftOverBytesStrategy: .forwardBytes,
-                                         limitConfiguration: ConnectHeadCheck.decoderLimits(maximumHeadBytes: maximumHeadBytes))
+                                         limitConfiguration: HTTPHeadLimits.decoder(maximumHeadBytes: maximumHeadBytes))
         // Bounded: after a refused upgrade request (a GET with `Upgrade`), llhttp stops and
         // the decoder would keep everything the client sends during the refusal's linger.
         // Past the bound it drops what comes, with an error this handler takes.

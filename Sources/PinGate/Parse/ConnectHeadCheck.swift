@@ -1,4 +1,3 @@
-import NIOCore
 import NIOHTTP1
 import PinGateNIO
 import PinGateTLS
@@ -54,22 +53,6 @@ public struct HeadRejection: Error, Sendable, Equatable {
 /// adds is what a CONNECT must be (RFC 9110 §9.3.6): the method CONNECT, HTTP/1.0 or
 /// HTTP/1.1, and an authority-form target naming a host and a port.
 enum ConnectHeadCheck {
-    /// The decoder's limits for heads of at most `maximumHeadBytes`: the request target and
-    /// every header name and value count toward it (llhttp's measure; the line ends and
-    /// separators do not), and so does any one field; and at most `maximumFields` fields.
-    static func decoderLimits(maximumHeadBytes: Int) -> NIOHTTPDecoderLimitConfiguration {
-        var limits = NIOHTTPDecoderLimitConfiguration()
-        limits.maxHeaderListSize = maximumHeadBytes
-        limits.maxHeaderFieldSize = maximumHeadBytes
-        limits.maxHeaderFieldCount = maximumFields
-        return limits
-    }
-
-    /// The most header fields a CONNECT head may have. NIO's default (65,534) would let 64 KiB
-    /// of empty fields (`a:` lines, one byte each toward the size) become 16,384 string
-    /// pairs per connection, before the head is refused; a CONNECT carries a handful.
-    static let maximumFields = 256
-
     /// The CONNECT request `head` asks for, or why it is refused: 405 for any other method
     /// (plain HTTP cannot be pinned), 400 for another version or a target that is not
     /// `host:port`.
@@ -93,15 +76,11 @@ enum ConnectHeadCheck {
     /// Why a head the decoder could not read is refused: 431 when it was over
     /// `maximumHeadBytes`, else 400 naming llhttp's objection.
     static func rejection(for error: any Error, maximumHeadBytes: Int) -> HeadRejection {
-        if error is ByteToMessageDecoderError.PayloadTooLargeError {
-            // Bytes that never made a head: more than the decoder holds.
-            return HeadRejection(status: 431, reason: .headerTooLarge, detail: "the request head never ended within the bytes a head may take")
-        }
         switch error as? HTTPParserError {
         case .headerOverflow?:
             let limit = maximumHeadBytes % 1024 == 0 ? "\(maximumHeadBytes / 1024) KiB" : "\(maximumHeadBytes) bytes"
             return HeadRejection(status: 431, reason: .headerTooLarge,
-                                 detail: "the request head exceeds \(limit) (its target and header fields) or \(maximumFields) fields")
+                                 detail: "the request head exceeds \(limit) (its target and header fields) or \(HTTPHeadLimits.maximumFields) fields")
         case .invalidVersion?:
             // NIO's own check: a request line's version must be HTTP/1.x (an HTTP/2 preface
             // sent in clear ends here).
