@@ -52,19 +52,16 @@ final class HTTP2Wire {
     /// credits the other leg with them). When the session cannot produce its output the
     /// connection cannot go on: it is closed.
     func write(_ context: ChannelHandlerContext, flush: Bool) -> [Int32: Int] {
-        var buffer: ByteBuffer?
+        var output = OutputPieces(allocator: context.channel.allocator)
         do {
-            try session.takeOutput { chunk in
-                if buffer == nil { buffer = context.channel.allocator.buffer(capacity: max(chunk.count, 16 * 1024)) }
-                buffer?.writeBytes(chunk)
-            }
+            try session.takeOutput { output.append($0) }
         } catch {
             context.close(promise: nil)
             return session.takeSentBodyBytes()
         }
-        if let buffer { context.write(NIOAny(buffer), promise: nil) }
+        let wrote = output.finish { context.write(NIOAny($0), promise: nil) }
         if flush { context.flush() }
-        if buffer != nil || receivedSinceStamp || lastActivity == nil {
+        if wrote || receivedSinceStamp || lastActivity == nil {
             // The loop's clock, not the wall's: one read per write burst, and virtual under test.
             let now = context.eventLoop.now
             lastActivity = now
@@ -122,11 +119,14 @@ final class HTTP2Wire {
     }
 
     /// Queues body bytes on `streamID`; false when the stream cannot take them (reset it).
+    ///
+    /// When the peer's windows let the bytes go at once, the session keeps the buffer
+    /// itself until they are framed, and copies them once, into the output (they were
+    /// copied three times: into a queue, into nghttp2's frame buffer, and out of it); bytes
+    /// that must wait are copied into the session's queue (`HTTP2Session.sendBody`).
     func sendBody(_ streamID: Int32, _ bytes: ByteBuffer) -> Bool {
         do {
-            try session.sendBody(streamID: streamID, count: bytes.readableBytes, endStream: false) {
-                $0.append(contentsOf: bytes.readableBytesView)
-            }
+            try session.sendBody(streamID: streamID, piece: BodyPiece(bytes), endStream: false)
             return true
         } catch {
             return false
@@ -141,6 +141,83 @@ final class HTTP2Wire {
             return true
         } catch {
             return false
+        }
+    }
+
+    /// Where `write` puts what the session serializes: buffers of whole TLS records
+    /// (`pieceBytes`), so a burst of DATA is never copied again by a growing buffer, and
+    /// the TLS handler seals each as full records. They go to the channel only once the
+    /// session is done (`finish`): a write must not reach the pipeline while the session
+    /// is still framing.
+    struct OutputPieces {
+        /// Four records of plaintext (RFC 8446 §5.1: 2^14 bytes each).
+        static let pieceBytes = 4 * 16_384
+        /// The first piece of a write: a burst of control frames and heads fits.
+        static let firstPieceBytes = 16_384
+        let allocator: ByteBufferAllocator
+        /// The piece being filled, and how many bytes it takes.
+        private var current: ByteBuffer?
+        private var currentLimit = 0
+        /// Pieces filled, in order, waiting for `finish`.
+        private var full: [ByteBuffer] = []
+
+        init(allocator: ByteBufferAllocator) {
+            self.allocator = allocator
+        }
+
+        /// Copies `bytes` in.
+        mutating func append(_ bytes: UnsafeRawBufferPointer) {
+            var rest = bytes
+            while !rest.isEmpty {
+                var buffer: ByteBuffer
+                if let current {
+                    buffer = current
+                    self.current = nil
+                } else {
+                    currentLimit = full.isEmpty ? Self.firstPieceBytes : Self.pieceBytes
+                    buffer = allocator.buffer(capacity: currentLimit)
+                }
+                let room = currentLimit - buffer.readableBytes
+                if room <= 0 {
+                    full.append(buffer)
+                    continue
+                }
+                let run = min(room, rest.count)
+                buffer.writeBytes(UnsafeRawBufferPointer(rebasing: rest[..<run]))
+                rest = UnsafeRawBufferPointer(rebasing: rest[run...])
+                current = buffer
+            }
+        }
+
+        /// Hands every piece to `write`, in order; true when there was any.
+        mutating func finish(write: (ByteBuffer) -> Void) -> Bool {
+            var wrote = false
+            for piece in full {
+                write(piece)
+                wrote = true
+            }
+            full = []
+            if let buffer = current, buffer.readableBytes > 0 {
+                write(buffer)
+                wrote = true
+            }
+            current = nil
+            return wrote
+        }
+    }
+
+    /// Body bytes given to the session as the buffer they came in (`HTTP2BodyBytes`).
+    struct BodyPiece: HTTP2BodyBytes {
+        let buffer: ByteBuffer
+
+        init(_ buffer: ByteBuffer) {
+            self.buffer = buffer
+        }
+
+        var count: Int { buffer.readableBytes }
+
+        func withBytes(in range: Range<Int>, _ body: (UnsafeRawBufferPointer) -> Void) {
+            buffer.withUnsafeReadableBytes { body(UnsafeRawBufferPointer(rebasing: $0[range])) }
         }
     }
 

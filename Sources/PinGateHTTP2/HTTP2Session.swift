@@ -149,8 +149,9 @@ public final class HTTP2Session {
     // callbacks reach it only from inside `receive` and `takeOutput`, which hold no access
     // to it while nghttp2 runs. The checks cost about 4,000 instructions per keep-alive
     // request (issue 32, callgrind; five per header field alone). `outgoing` keeps its
-    // check, as `sendBody`'s access spans the caller's `append`; `nameValueScratch` keeps
-    // its own too, touched once per header block, where the check costs little.
+    // check, as writing a DATA frame's payload spans calls out (the owner's bytes and its
+    // output sink); `nameValueScratch` keeps its own too, touched once per header block,
+    // where the check costs little.
     /// The session's allocator, which keeps its outbound frame buffer on pages of its own
     /// and the small blocks nghttp2 frees for its next exchange.
     private let allocator: UnsafeMutablePointer<pg_nghttp2_allocator>
@@ -174,6 +175,24 @@ public final class HTTP2Session {
     @exclusivity(unchecked) private var headerBlock: HeaderBlock?
     /// Body bytes queued to send, by stream, with whether the stream ends after them.
     private var outgoing: [Int32: OutgoingBody] = [:]
+    /// The DATA frame nghttp2 asked for last (`sendData`), which `takeOutput` writes from
+    /// the stream's queue between two calls of `mem_send`; nil when none waits.
+    @exclusivity(unchecked) private var pendingDataFrame: PendingDataFrame?
+    /// DATA frames nghttp2 asked to send that the session could not: the stream had no
+    /// queue, it held fewer bytes than the frame, or nghttp2 asked again for another frame
+    /// than the one written, or not at all. Each ends the session (`takeOutput` throws, and
+    /// its owner closes the connection); none is expected, and tests check it stays 0.
+    @exclusivity(unchecked) public private(set) var unsendableDataFrames = 0
+
+    /// A DATA frame nghttp2 framed with `NGHTTP2_DATA_FLAG_NO_COPY`: its 9-byte header (as
+    /// nghttp2 serialized it), where its payload comes from, and whether it was written.
+    private struct PendingDataFrame {
+        var header: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8)
+        var streamID: Int32
+        var length: Int
+        var padding: Int
+        var written = false
+    }
     /// The peer's streams closed lately, and of those the ones this side reset: nghttp2
     /// keeps no closed streams here (`nghttp2_option_set_no_closed_streams`), so without
     /// this record a HEADERS or DATA frame on a closed stream would be ignored, not answered
@@ -229,8 +248,7 @@ public final class HTTP2Session {
     private var nameValueScratch = NameValueScratch()
 
     private struct OutgoingBody {
-        var bytes: [UInt8] = []
-        var offset = 0
+        var queue = HTTP2BodyQueue()
         var ended = false
         var deferred = false
         /// Sent as a HEADERS frame after the last DATA frame (RFC 9113 §8.1).
@@ -417,12 +435,30 @@ public final class HTTP2Session {
             var chunk: UnsafePointer<UInt8>?
             let length = nghttp2_session_mem_send(session, &chunk)
             if length < 0 { throw HTTP2Error(code: Int32(length), operation: "sending frames") }
-            guard length > 0, let chunk else { break }
-            if let buffer = allocator.pointee.frame_buffer, frameBufferTouched != Int.max {
-                let end = UnsafeRawPointer(chunk) + length - UnsafeRawPointer(buffer)
-                if end > frameBufferTouched { frameBufferTouched = end }
+            if length > 0, let chunk {
+                if let buffer = allocator.pointee.frame_buffer, frameBufferTouched != Int.max {
+                    let end = UnsafeRawPointer(chunk) + length - UnsafeRawPointer(buffer)
+                    if end > frameBufferTouched { frameBufferTouched = end }
+                }
+                sink(UnsafeRawBufferPointer(start: chunk, count: length))
+                continue
             }
-            sink(UnsafeRawBufferPointer(start: chunk, count: length))
+            // `mem_send` returned 0: all is sent, or a DATA frame waits for its payload
+            // (`sendData` asked nghttp2 to wait). It is written here, in its place after
+            // the frames before it; the next `mem_send` hears that it went and goes on.
+            guard var frame = pendingDataFrame else { break }
+            // Either is not expected: nghttp2 dropping a written frame instead of asking
+            // again (its stream cannot close between the two calls), or the frame's bytes
+            // missing. Both leave the peer and nghttp2 disagreeing about what was sent, so
+            // the connection ends here (the owner closes it on the error).
+            guard !frame.written, writeData(frame, to: sink) else {
+                pendingDataFrame = nil
+                unsendableDataFrames += 1
+                throw HTTP2Error(code: NGHTTP2_ERR_CALLBACK_FAILURE.rawValue,
+                                 operation: "writing DATA frame on stream \(frame.streamID) (\(frame.length) bytes)")
+            }
+            frame.written = true
+            pendingDataFrame = frame
         }
         // nghttp2 returned 0: its last frame is done and the frame buffer holds nothing live.
         outputDrained = true
@@ -535,21 +571,27 @@ public final class HTTP2Session {
     /// windows allow.
     public func sendBody(streamID: Int32, _ bytes: [UInt8], endStream: Bool,
                          trailers: [HTTP2HeaderField]? = nil) throws(HTTP2Error) {
-        try sendBody(streamID: streamID, count: bytes.count, endStream: endStream, trailers: trailers) { $0.append(contentsOf: bytes) }
+        try sendBody(streamID: streamID, piece: bytes, endStream: endStream, trailers: trailers)
     }
 
-    /// As `sendBody(streamID:_:endStream:trailers:)`, with the bytes appended by `append`
-    /// straight into the session's queue (one copy, from wherever the caller holds them).
-    /// `append` runs with the queue borrowed in place: it must not call back into the
-    /// session.
-    public func sendBody(streamID: Int32, count: Int, endStream: Bool, trailers: [HTTP2HeaderField]? = nil,
-                         append: (inout [UInt8]) -> Void) throws(HTTP2Error) {
-        // In place: a copy taken out of the dictionary and stored back shares its bytes, and
-        // the append would copy everything still queued, for every chunk of an upload.
+    /// As `sendBody(streamID:_:endStream:trailers:)`, with `piece` itself kept until it is
+    /// framed when the peer's windows let all of it go at once: its bytes are then copied
+    /// once, into the output of the next `takeOutput`. A piece that would wait for the
+    /// windows, or is small (`heldPieceMinimum`), is copied now instead, so that what a
+    /// slow peer holds is the bytes it owes, not the buffers they came in.
+    public func sendBody(streamID: Int32, piece: some HTTP2BodyBytes, endStream: Bool,
+                         trailers: [HTTP2HeaderField]? = nil) throws(HTTP2Error) {
+        // In place: a copy taken out of the dictionary and stored back would share the
+        // queue's storage, and the append would copy all of it.
         guard let index = outgoing.index(forKey: streamID) else {
             throw HTTP2Error(code: NGHTTP2_ERR_INVALID_STATE.rawValue, operation: "sending a body on stream \(streamID)")
         }
-        if count > 0 { append(&outgoing.values[index].bytes) }
+        let queued = outgoing.values[index].queue.count
+        if piece.count >= Self.heldPieceMinimum && queued + piece.count <= sendWindow(streamID) {
+            outgoing.values[index].queue.append(piece)
+        } else {
+            outgoing.values[index].queue.appendCopy(piece)
+        }
         outgoing.values[index].ended = outgoing.values[index].ended || endStream
         if endStream, let trailers, !trailers.isEmpty { outgoing.values[index].trailers = trailers }
         let wasDeferred = outgoing.values[index].deferred
@@ -558,6 +600,25 @@ public final class HTTP2Session {
             let result = nghttp2_session_resume_data(session, streamID)
             guard result == 0 else { throw HTTP2Error(code: result, operation: "resuming stream \(streamID)") }
         }
+    }
+
+    /// How `streamID`'s queued body is kept: pieces held as given, and bytes copied (tests).
+    func queuedBodyShape(_ streamID: Int32) -> (heldPieces: Int, copiedBytes: Int)? {
+        outgoing[streamID].map { ($0.queue.heldPieceSlots, $0.queue.copiedBytes) }
+    }
+
+    /// The smallest piece `sendBody(streamID:piece:…)` keeps as it is: below it, copying
+    /// the bytes costs less than a slot for the piece and the buffer it holds.
+    public static let heldPieceMinimum = 4_096
+
+    /// How many DATA payload bytes the peer's windows let this side send on `streamID`
+    /// now: the lesser of the stream's and the connection's (0 for a stream not open).
+    /// Other streams' queued bytes are not taken off the connection's share: nghttp2
+    /// may send theirs first, and a piece kept then waits a little longer.
+    public func sendWindow(_ streamID: Int32) -> Int {
+        let stream = nghttp2_session_get_stream_remote_window_size(session, streamID)
+        let connection = nghttp2_session_get_remote_window_size(session)
+        return max(0, Int(min(stream, connection)))
     }
 
     /// Sends a header block on `streamID` that is neither the request nor the final
@@ -731,29 +792,32 @@ public final class HTTP2Session {
 
     private static func bodyProvider() -> nghttp2_data_provider {
         var provider = nghttp2_data_provider()
-        provider.read_callback = { session, streamID, buffer, length, flags, _, userData in
-            guard let owner = HTTP2Session.owner(userData), let buffer, let flags else {
+        provider.read_callback = { _, streamID, _, length, flags, _, userData in
+            guard let owner = HTTP2Session.owner(userData), let flags else {
                 return Int(NGHTTP2_ERR_CALLBACK_FAILURE.rawValue)
             }
-            return owner.readBody(streamID: streamID, into: buffer, length: length, flags: flags)
+            return owner.readBody(streamID: streamID, length: length, flags: flags)
         }
         return provider
     }
 
-    private func readBody(streamID: Int32, into buffer: UnsafeMutablePointer<UInt8>, length: Int,
-                          flags: UnsafeMutablePointer<UInt32>) -> Int {
+    /// nghttp2 is framing DATA on `streamID`: says how many queued bytes the frame carries
+    /// (up to `length`), and with `NGHTTP2_DATA_FLAG_NO_COPY` that `sendData` writes them.
+    /// Nothing is taken from the queue here; the bytes leave it when they are written.
+    private func readBody(streamID: Int32, length: Int, flags: UnsafeMutablePointer<UInt32>) -> Int {
         guard let index = outgoing.index(forKey: streamID) else { return Int(NGHTTP2_ERR_CALLBACK_FAILURE.rawValue) }
-        // In place, as in `sendBody`: trimming a copy would copy what is left.
-        guard let count = Self.take(from: &outgoing.values[index], into: buffer, length: length) else {
+        let available = outgoing.values[index].queue.count
+        if available == 0 && !outgoing.values[index].ended {
             // Nothing to send yet: nghttp2 asks again after `resume_data`.
+            outgoing.values[index].deferred = true
             return Int(NGHTTP2_ERR_DEFERRED.rawValue)
         }
-        if count > 0 { sentBodyBytes[streamID, default: 0] += count }
-        let body = outgoing.values[index]
-        if body.ended && body.offset == body.bytes.count {
+        let count = min(available, length)
+        flags.pointee |= NGHTTP2_DATA_FLAG_NO_COPY.rawValue
+        if outgoing.values[index].ended && count == available {
             flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue
-            outgoing.remove(at: index)
-            if let trailers = body.trailers {
+            if let trailers = outgoing.values[index].trailers {
+                outgoing.values[index].trailers = nil
                 // The stream ends with the trailers' HEADERS frame, not this DATA frame;
                 // nghttp2 allows submitting them from inside this callback.
                 flags.pointee |= NGHTTP2_DATA_FLAG_NO_END_STREAM.rawValue
@@ -766,26 +830,53 @@ public final class HTTP2Session {
         return count
     }
 
-    /// Copies up to `length` queued bytes of `body` into `buffer` and returns how many;
-    /// nil (and `body` marked deferred) when none are queued and more are to come.
-    private static func take(from body: inout OutgoingBody, into buffer: UnsafeMutablePointer<UInt8>, length: Int) -> Int? {
-        let available = body.bytes.count - body.offset
-        if available == 0 && !body.ended {
-            body.deferred = true
-            return nil
+    /// nghttp2 is sending a DATA frame on `streamID` that `readBody` framed without its
+    /// payload. The frame is written by `takeOutput`, which holds the output, not here:
+    /// the first call records it and asks nghttp2 to wait (`NGHTTP2_ERR_WOULDBLOCK`, after
+    /// which `mem_send` returns 0 and nghttp2 calls again with the same frame); the second,
+    /// once `takeOutput` has written it, lets nghttp2 go on.
+    private func sendData(streamID: Int32, header: UnsafePointer<UInt8>, length: Int, padding: Int) -> Int32 {
+        if let frame = pendingDataFrame, frame.written {
+            pendingDataFrame = nil
+            guard frame.streamID == streamID, frame.length == length else {
+                unsendableDataFrames += 1
+                return NGHTTP2_ERR_CALLBACK_FAILURE.rawValue
+            }
+            return 0
         }
-        let count = min(available, length)
-        let offset = body.offset
-        body.bytes.withUnsafeBufferPointer { source in
-            if let base = source.baseAddress, count > 0 { buffer.update(from: base + offset, count: count) }
+        guard pendingDataFrame == nil, let index = outgoing.index(forKey: streamID),
+              outgoing.values[index].queue.count >= length else {
+            unsendableDataFrames += 1
+            return NGHTTP2_ERR_CALLBACK_FAILURE.rawValue
         }
-        body.offset += count
-        // Drop what was sent once it is most of the buffer, so a long stream does not grow it.
-        if body.offset > 64 * 1024 && body.offset * 2 > body.bytes.count {
-            body.bytes.removeFirst(body.offset)
-            body.offset = 0
+        pendingDataFrame = PendingDataFrame(header: (header[0], header[1], header[2], header[3], header[4], header[5],
+                                                     header[6], header[7], header[8]),
+                                            streamID: streamID, length: length, padding: padding)
+        return NGHTTP2_ERR_WOULDBLOCK.rawValue
+    }
+
+    /// Writes `frame` to `sink`: its header, then its payload from the stream's queue, with
+    /// the padding RFC 9113 §6.1 lays out around it when nghttp2 chose any (it does not: no
+    /// padding callback is set). The stream's record goes once its last byte is written.
+    /// False, with nothing written, when the stream's queue is gone or short: not expected
+    /// (`sendData` found it whole a moment ago, and nothing ran since); the caller ends the
+    /// session, since nghttp2 counted a frame the peer will not get.
+    private func writeData(_ frame: PendingDataFrame, to sink: (UnsafeRawBufferPointer) -> Void) -> Bool {
+        guard let index = outgoing.index(forKey: frame.streamID), outgoing.values[index].queue.count >= frame.length else {
+            return false
         }
-        return count
+        withUnsafeBytes(of: frame.header) { sink($0) }
+        if frame.padding > 0 {
+            withUnsafeBytes(of: UInt8(truncatingIfNeeded: frame.padding - 1)) { sink($0) }
+        }
+        _ = outgoing.values[index].queue.send(frame.length, to: sink)
+        if frame.padding > 1 {
+            let zeros = [UInt8](repeating: 0, count: frame.padding - 1)
+            zeros.withUnsafeBytes { sink($0) }
+        }
+        if frame.length > 0 { sentBodyBytes[frame.streamID, default: 0] += frame.length }
+        if outgoing.values[index].ended && outgoing.values[index].queue.isEmpty { outgoing.remove(at: index) }
+        return true
     }
 
     private static func owner(_ userData: UnsafeMutableRawPointer?) -> HTTP2Session? {
@@ -899,11 +990,18 @@ public final class HTTP2Session {
             }
             return 0
         }
+        nghttp2_session_callbacks_set_send_data_callback(callbacks) { _, frame, header, length, _, userData in
+            guard let owner = HTTP2Session.owner(userData), let frame, let header else {
+                return NGHTTP2_ERR_CALLBACK_FAILURE.rawValue
+            }
+            return owner.sendData(streamID: frame.pointee.hd.stream_id, header: header, length: length,
+                                  padding: Int(frame.pointee.data.padlen))
+        }
         nghttp2_session_callbacks_set_on_stream_close_callback(callbacks) { _, streamID, errorCode, userData in
             guard let owner = HTTP2Session.owner(userData) else { return 0 }
             if owner.headerBlock?.streamID == streamID { owner.headerBlock = nil }
-            if let body = owner.outgoing.removeValue(forKey: streamID), body.bytes.count > body.offset {
-                owner.discardedBodyBytes[streamID, default: 0] += body.bytes.count - body.offset
+            if let body = owner.outgoing.removeValue(forKey: streamID), !body.queue.isEmpty {
+                owner.discardedBodyBytes[streamID, default: 0] += body.queue.count
             }
             owner.activeStreams.remove(streamID)
             owner.closedStreams.insert(streamID)
