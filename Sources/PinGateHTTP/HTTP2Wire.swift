@@ -155,9 +155,9 @@ final class HTTP2Wire {
         /// The first piece of a write: a burst of control frames and heads fits.
         static let firstPieceBytes = 16_384
         let allocator: ByteBufferAllocator
-        /// The piece being filled, and how many bytes it takes.
+        /// The piece being filled: the first (`firstPieceBytes`) while none is full, then
+        /// a later one (`pieceBytes`).
         private var current: ByteBuffer?
-        private var currentLimit = 0
         /// Pieces filled, in order, waiting for `finish`.
         private var full: [ByteBuffer] = []
 
@@ -169,23 +169,19 @@ final class HTTP2Wire {
         mutating func append(_ bytes: UnsafeRawBufferPointer) {
             var rest = bytes
             while !rest.isEmpty {
-                var buffer: ByteBuffer
-                if let current {
-                    buffer = current
-                    self.current = nil
-                } else {
-                    currentLimit = full.isEmpty ? Self.firstPieceBytes : Self.pieceBytes
-                    buffer = allocator.buffer(capacity: currentLimit)
-                }
-                let room = currentLimit - buffer.readableBytes
-                if room <= 0 {
-                    full.append(buffer)
-                    continue
-                }
-                let run = min(room, rest.count)
+                let limit = full.isEmpty ? Self.firstPieceBytes : Self.pieceBytes
+                // Taken out of `current` before the write: a second reference would make the
+                // write copy the whole buffer (copy on write).
+                var buffer = current.take() ?? allocator.buffer(capacity: limit)
+                let run = min(limit - buffer.readableBytes, rest.count)
                 buffer.writeBytes(UnsafeRawBufferPointer(rebasing: rest[..<run]))
                 rest = UnsafeRawBufferPointer(rebasing: rest[run...])
-                current = buffer
+                if buffer.readableBytes == limit {
+                    full.append(buffer)
+                    current = nil
+                } else {
+                    current = buffer
+                }
             }
         }
 

@@ -190,7 +190,6 @@ public final class HTTP2Session {
         var header: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8)
         var streamID: Int32
         var length: Int
-        var padding: Int
         var written = false
     }
     /// The peer's streams closed lately, and of those the ones this side reset: nghttp2
@@ -609,13 +608,13 @@ public final class HTTP2Session {
 
     /// The smallest piece `sendBody(streamID:piece:…)` keeps as it is: below it, copying
     /// the bytes costs less than a slot for the piece and the buffer it holds.
-    public static let heldPieceMinimum = 4_096
+    static let heldPieceMinimum = 4_096
 
     /// How many DATA payload bytes the peer's windows let this side send on `streamID`
     /// now: the lesser of the stream's and the connection's (0 for a stream not open).
     /// Other streams' queued bytes are not taken off the connection's share: nghttp2
     /// may send theirs first, and a piece kept then waits a little longer.
-    public func sendWindow(_ streamID: Int32) -> Int {
+    func sendWindow(_ streamID: Int32) -> Int {
         let stream = nghttp2_session_get_stream_remote_window_size(session, streamID)
         let connection = nghttp2_session_get_remote_window_size(session)
         return max(0, Int(min(stream, connection)))
@@ -834,7 +833,8 @@ public final class HTTP2Session {
     /// payload. The frame is written by `takeOutput`, which holds the output, not here:
     /// the first call records it and asks nghttp2 to wait (`NGHTTP2_ERR_WOULDBLOCK`, after
     /// which `mem_send` returns 0 and nghttp2 calls again with the same frame); the second,
-    /// once `takeOutput` has written it, lets nghttp2 go on.
+    /// once `takeOutput` has written it, lets nghttp2 go on. A padded frame is refused: no
+    /// padding callback is set, so nghttp2 pads nothing.
     private func sendData(streamID: Int32, header: UnsafePointer<UInt8>, length: Int, padding: Int) -> Int32 {
         if let frame = pendingDataFrame, frame.written {
             pendingDataFrame = nil
@@ -844,20 +844,19 @@ public final class HTTP2Session {
             }
             return 0
         }
-        guard pendingDataFrame == nil, let index = outgoing.index(forKey: streamID),
+        guard pendingDataFrame == nil, padding == 0, let index = outgoing.index(forKey: streamID),
               outgoing.values[index].queue.count >= length else {
             unsendableDataFrames += 1
             return NGHTTP2_ERR_CALLBACK_FAILURE.rawValue
         }
         pendingDataFrame = PendingDataFrame(header: (header[0], header[1], header[2], header[3], header[4], header[5],
                                                      header[6], header[7], header[8]),
-                                            streamID: streamID, length: length, padding: padding)
+                                            streamID: streamID, length: length)
         return NGHTTP2_ERR_WOULDBLOCK.rawValue
     }
 
-    /// Writes `frame` to `sink`: its header, then its payload from the stream's queue, with
-    /// the padding RFC 9113 §6.1 lays out around it when nghttp2 chose any (it does not: no
-    /// padding callback is set). The stream's record goes once its last byte is written.
+    /// Writes `frame` to `sink`: its header, then its payload from the stream's queue. The
+    /// stream's record goes once its last byte is written.
     /// False, with nothing written, when the stream's queue is gone or short: not expected
     /// (`sendData` found it whole a moment ago, and nothing ran since); the caller ends the
     /// session, since nghttp2 counted a frame the peer will not get.
@@ -866,14 +865,7 @@ public final class HTTP2Session {
             return false
         }
         withUnsafeBytes(of: frame.header) { sink($0) }
-        if frame.padding > 0 {
-            withUnsafeBytes(of: UInt8(truncatingIfNeeded: frame.padding - 1)) { sink($0) }
-        }
         _ = outgoing.values[index].queue.send(frame.length, to: sink)
-        if frame.padding > 1 {
-            let zeros = [UInt8](repeating: 0, count: frame.padding - 1)
-            zeros.withUnsafeBytes { sink($0) }
-        }
         if frame.length > 0 { sentBodyBytes[frame.streamID, default: 0] += frame.length }
         if outgoing.values[index].ended && outgoing.values[index].queue.isEmpty { outgoing.remove(at: index) }
         return true

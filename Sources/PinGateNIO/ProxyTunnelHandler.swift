@@ -99,7 +99,7 @@ final class ProxyTunnelHandler: ChannelInboundHandler, RemovableChannelHandler {
             state = .finished
             onFailure(error)
             context.close(promise: nil)
-        case (.awaitingAnswer, .head(let head)):
+        case (.awaitingAnswer, .head):
             state = .awaitingAnswer(headWas2xx: true)
         case (.awaitingAnswer(headWas2xx: true), .end):
             open(context: context)

@@ -78,20 +78,12 @@ struct HTTP2BodyQueueTests {
 
     @Test("a piece sent whole is let go at once, not when the queue is compacted")
     func sentPieceIsReleased() {
-        final class Owner {}
-        /// A piece whose storage is an object, to see who holds it.
-        struct TrackedPiece: HTTP2BodyBytes {
-            let owner: Owner
-            let bytes: [UInt8]
-            var count: Int { bytes.count }
-            func withBytes(in range: Range<Int>, _ body: (UnsafeRawBufferPointer) -> Void) { bytes.withBytes(in: range, body) }
-        }
         var queue = HTTP2BodyQueue()
-        weak var first: Owner?
+        weak var first: PieceStorage?
         do {
-            let owner = Owner()
-            first = owner
-            queue.append(TrackedPiece(owner: owner, bytes: [1, 2, 3]))
+            let storage = PieceStorage()
+            first = storage
+            queue.append(TrackedPiece(storage: storage, bytes: [1, 2, 3]))
         }
         queue.append([4, 5, 6])
         #expect(first != nil, "queued, it is held")
@@ -210,22 +202,14 @@ struct HTTP2BodyQueueTests {
 
     @Test("a piece the windows let go at once is held as it is, then let go once sent; one that must wait, or a small one, is copied at once, so its owner's buffer is free")
     func holdOrCopy() throws {
-        final class Storage {}
-        /// A piece whose storage is an object, to see whether the session holds it.
-        struct TrackedPiece: HTTP2BodyBytes {
-            let storage: Storage
-            let bytes: [UInt8]
-            var count: Int { bytes.count }
-            func withBytes(in range: Range<Int>, _ body: (UnsafeRawBufferPointer) -> Void) { bytes.withBytes(in: range, body) }
-        }
         let (client, server) = try Self.answering(window: 20_000)
         #expect(server.sendWindow(1) == 20_000)
 
-        weak var held: Storage?
-        weak var waiting: Storage?
-        weak var small: Storage?
+        weak var held: PieceStorage?
+        weak var waiting: PieceStorage?
+        weak var small: PieceStorage?
         do {
-            let first = Storage(), second = Storage(), third = Storage()
+            let first = PieceStorage(), second = PieceStorage(), third = PieceStorage()
             held = first
             waiting = second
             small = third
@@ -322,4 +306,16 @@ struct HTTP2BodyQueueTests {
         }
         #expect(server.unsendableDataFrames == 0)
     }
+}
+
+/// The storage a tracked piece keeps alive: a weak reference to it says whether anything
+/// still holds the piece.
+private final class PieceStorage {}
+
+/// Body bytes whose storage is an object, to see who holds them.
+private struct TrackedPiece: HTTP2BodyBytes {
+    let storage: PieceStorage
+    let bytes: [UInt8]
+    var count: Int { bytes.count }
+    func withBytes(in range: Range<Int>, _ body: (UnsafeRawBufferPointer) -> Void) { bytes.withBytes(in: range, body) }
 }

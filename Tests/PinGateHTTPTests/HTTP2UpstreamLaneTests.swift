@@ -143,7 +143,7 @@ struct HTTP2UpstreamLaneTests {
         /// One read burst of the upstream's channel: each chunk one read.
         func burst(_ chunks: [[UInt8]]) throws {
             for chunk in chunks where !chunk.isEmpty {
-                channel.pipeline.fireChannelRead(NIOAny(ByteBuffer(bytes: chunk)))
+                channel.pipeline.fireChannelRead(ByteBuffer(bytes: chunk))
             }
             channel.pipeline.fireChannelReadComplete()
             try channel.throwIfErrorCaught()

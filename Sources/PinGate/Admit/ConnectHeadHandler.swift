@@ -21,9 +21,8 @@ enum ConnectHeadEvent {
 /// decoder hands on the bytes that followed the head, as they came (`.forwardBytes`: a
 /// client's early ClientHello; one that half-closed in the same read loses them, which
 /// matters nothing, as its handshake cannot finish). A head the decoder refuses goes on as
-/// `.unreadable`, and
-/// nothing more is read; after any other method's head (refused) both stay, and take
-/// what the client still sends.
+/// `.unreadable`, and nothing more is read; after any other method's head (refused) both
+/// stay, and take what the client still sends.
 final class ConnectHeadHandler: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPServerRequestPart
     typealias InboundOut = Never
